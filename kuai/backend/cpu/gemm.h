@@ -1,0 +1,36 @@
+// Dense fp32 matrix multiply for the CPU backend: the single entry point every matmul, linear and
+// batched matmul goes through. Row-major, BLAS-style transposes and leading dimensions. Each call
+// is routed to oneDNN's matmul primitive or to OpenBLAS, whichever measured faster for the shape
+// class on this machine (see gemm.cpp for the table and bench/bench_gemm.cpp for how it was
+// measured). gemm_reference is the naive oracle the tests compare against.
+#pragma once
+
+#include <cstdint>
+
+namespace kuai::cpu {
+
+enum class GemmBackend { kAuto, kOpenBLAS, kOneDNN };
+
+// Force a backend (tests, benchmarks); kAuto restores the measured choice.
+void set_gemm_backend(GemmBackend backend);
+GemmBackend gemm_backend();
+
+// C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C, all row-major.
+// op(A) = A (M,K) with row stride lda when !trans_a, else A is (K,M) with row stride lda.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+
+// `batch` independent products; matrix i uses A + a_off[i], B + b_off[i], C + c_off[i]
+// (offsets in elements). Parallel over the batch when the matrices are small.
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const int64_t* a_off, const float* B, int64_t ldb,
+                  const int64_t* b_off, float beta, float* C, int64_t ldc, const int64_t* c_off,
+                  int64_t batch);
+
+// Naive triple loop in double accumulation: the oracle.
+void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc);
+
+}  // namespace kuai::cpu

@@ -1,0 +1,80 @@
+// Raw-pointer fp32 kernels of the CPU backend, one family per source file (elementwise.cpp,
+// reduce.cpp, softmax.cpp, layer_norm.cpp, embedding.cpp, cross_entropy.cpp, optim.cpp).
+// OpenMP-parallel; hot loops are compiled for AVX-512, AVX2+FMA and a portable baseline and the
+// best one the running CPU supports is picked at load time. Every function here has a naive
+// counterpart in reference.h that the tests compare against. All tensors contiguous, row-major.
+#pragma once
+
+#include <cstdint>
+
+namespace kuai::cpu {
+
+// ---- elementwise (n elements) ----
+void add(const float* a, const float* b, float* y, int64_t n);
+void sub(const float* a, const float* b, float* y, int64_t n);
+void mul(const float* a, const float* b, float* y, int64_t n);
+void div(const float* a, const float* b, float* y, int64_t n);
+void scale(const float* x, float s, float* y, int64_t n);           // y = s * x
+void axpy(float alpha, const float* x, float* y, int64_t n);        // y += alpha * x
+void fill(float* y, float value, int64_t n);
+// Row broadcast: y(rows, cols) = x(rows, cols) OP b(cols).
+void add_row(const float* x, const float* b, float* y, int64_t rows, int64_t cols);
+void mul_row(const float* x, const float* b, float* y, int64_t rows, int64_t cols);
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+void gelu_forward(const float* x, float* y, int64_t n);
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);  // dx = dy * gelu'(x)
+
+// ---- reductions ----
+// x viewed as (outer, n, inner): y(outer, inner) = sum over the middle axis. Fixed summation
+// order (deterministic whatever the thread count).
+void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner);
+double sum_squares(const float* x, int64_t n);                      // deterministic
+
+// ---- softmax over the last axis of (rows, cols) ----
+// y = softmax(scale * x). With causal, row r is query (r % cols) of a (cols x cols) score
+// matrix: columns j > r % cols are masked (y = 0 there).
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, float scale,
+                     bool causal);
+// dx = scale * y * (dy - sum(y * dy)) per row.
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                      float scale);
+
+// ---- LayerNorm over the last axis of x (N, C) ----
+void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
+                        float* rstd, int64_t N, int64_t C, float eps);
+// Writes dx (N, C), dw (C) and db (C) (overwrites, does not accumulate).
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C);
+
+// ---- embedding: out(N, C) = W[idx[i]] ----
+void embedding_forward(const float* W, const int32_t* idx, float* out, int64_t N, int64_t C);
+// dW (V, C) = scatter-add of dout rows at idx (overwrites dW). Deterministic.
+void embedding_backward(const float* dout, const int32_t* idx, float* dW, int64_t N, int64_t C,
+                        int64_t V);
+
+// ---- fused softmax + cross-entropy over logits (N, V) ----
+// Writes lse[i] = logsumexp(logits[i]); returns the sum of -log p[target] over rows whose target
+// != ignore_index and stores their number in *count.
+double cross_entropy_forward(const float* logits, const int32_t* targets, float* lse, int64_t N,
+                             int64_t V, int32_t ignore_index, int64_t* count);
+// dlogits[i] = (softmax(logits[i]) - onehot(target[i])) * grad_scale; zero rows where ignored.
+void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
+                            float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                            float grad_scale);
+
+// ---- optimizers: one pass over a parameter's elements ----
+struct AdamWParams {
+  float lr, beta1, beta2, eps, weight_decay;
+  float bias_correction1;  // 1 - beta1^t
+  float bias_correction2;  // 1 - beta2^t
+  float grad_scale;        // gradients are multiplied by this first (clipping / unscaling)
+};
+// p -= lr * (mhat / (sqrt(vhat) + eps) + weight_decay * p), PyTorch AdamW semantics.
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& hp);
+// PyTorch SGD semantics: g' = g*grad_scale + wd*p; buf = momentum*buf + (1-dampening)*g'
+// (buf = g' on the first step); p -= lr * (nesterov ? g' + momentum*buf : buf).
+void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+              float dampening, float weight_decay, bool nesterov, bool first_step,
+              float grad_scale);
+
+}  // namespace kuai::cpu

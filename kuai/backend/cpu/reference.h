@@ -1,0 +1,36 @@
+// Naive references for the CPU kernels in kernels.h: plain loops, double accumulation, no
+// threads, no vectorisation. They are the oracles the kernel tests compare against and must stay
+// obviously correct rather than fast.
+#pragma once
+
+#include <cstdint>
+
+#include "kuai/backend/cpu/kernels.h"
+
+namespace kuai::cpu::ref {
+
+void gelu_forward(const float* x, float* y, int64_t n);
+void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);
+void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner);
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, float scale,
+                     bool causal);
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                      float scale);
+void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
+                        float* rstd, int64_t N, int64_t C, float eps);
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C);
+void embedding_forward(const float* W, const int32_t* idx, float* out, int64_t N, int64_t C);
+void embedding_backward(const float* dout, const int32_t* idx, float* dW, int64_t N, int64_t C,
+                        int64_t V);
+double cross_entropy_forward(const float* logits, const int32_t* targets, float* lse, int64_t N,
+                             int64_t V, int32_t ignore_index, int64_t* count);
+void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
+                            float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                            float grad_scale);
+void adamw_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamWParams& hp);
+void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float momentum,
+              float dampening, float weight_decay, bool nesterov, bool first_step,
+              float grad_scale);
+
+}  // namespace kuai::cpu::ref
