@@ -1,0 +1,46 @@
+# Entry points. `make train` installs what is missing, builds, and trains the default GPT on the
+# King James Bible; `make test` builds and runs every test (also under ASan+UBSan).
+BUILD ?= build
+BUILD_SAN ?= build-asan
+JOBS ?= $(shell nproc)
+KUAI = $(BUILD)/kuai
+
+.PHONY: setup build build-asan train test test-fast bench bench-peer golden clean format
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+build-asan: setup
+	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKUAI_SANITIZE=address,undefined >/dev/null
+	@cmake --build $(BUILD_SAN) -j $(JOBS) --target kuai_tests
+
+train: build
+	$(KUAI) train --config configs/kjv.toml
+
+test-fast: build
+	cd $(BUILD) && ctest --output-on-failure -j 1
+
+test: build build-asan
+	cd $(BUILD) && ctest --output-on-failure -j 1
+	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  OMP_NUM_THREADS=2 ./kuai_tests --gtest_brief=1
+
+bench: build
+	$(KUAI) bench all --threads=2
+	@if [ -x $(BUILD)/kuai_bench_ops ]; then $(BUILD)/kuai_bench_ops --benchmark_min_time=0.2; fi
+
+bench-peer: build
+	/usr/bin/python3 bench/peer_compare.py --kuai $(KUAI)
+
+golden:
+	/usr/bin/python3 tests/golden/make_golden.py
+
+format:
+	clang-format -i $$(git ls-files '*.cpp' '*.h')
+
+clean:
+	rm -rf $(BUILD) $(BUILD_SAN)

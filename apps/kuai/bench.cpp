@@ -1,0 +1,108 @@
+// `kuai bench [gemm|bandwidth|adamw|all] [--threads=N]`. Each row is a median of repeated
+// measurements in this one process; the GEMM ceiling (2048^3 fp32) is the reference the model
+// FLOP rates are quoted against, the triad bandwidth the floor AdamW is quoted against.
+#include "bench.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <iostream>
+
+#include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/isa.h"
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/ops.h"
+#include "kuai/core/rng.h"
+
+namespace kuai::app {
+namespace {
+
+double median_ms(int reps, const std::function<void()>& f) {
+  std::vector<double> t;
+  f();  // warm up
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+double bench_gemm() {
+  const int64_t n = 2048;
+  Generator g(1, 0);
+  Tensor a = g.normal({n, n}), b = g.normal({n, n}), c = zeros({n, n});
+  const double ms = median_ms(5, [&] {
+    cpu::gemm(false, false, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
+              c.data<float>(), n);
+  });
+  const double gflops = 2.0 * n * n * n / (ms * 1e6);
+  std::cout << fmt::format("gemm      2048^3 fp32 NN: {:.2f} ms, {:.1f} GFLOP/s ({} threads, {})\n",
+                           ms, gflops, omp_get_max_threads(), cpu::isa_name());
+  std::cout << fmt::format("RESULT gemm_gflops={:.1f}\n", gflops);
+  return gflops;
+}
+
+// STREAM triad a = b + s*c over arrays far larger than the caches: 12 bytes per element.
+double bench_triad() {
+  const int64_t n = int64_t{1} << 26;  // 256 MiB per array
+  Tensor a = zeros({n}), b = full({n}, 1.0f), c = full({n}, 2.0f);
+  float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  const float* pc = c.data<float>();
+  const double ms = median_ms(7, [&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+  });
+  const double gbs = 12.0 * static_cast<double>(n) / (ms * 1e6);
+  std::cout << fmt::format("bandwidth triad, 3 x 256 MiB: {:.1f} GB/s\n", gbs);
+  std::cout << fmt::format("RESULT triad_gbs={:.1f}\n", gbs);
+  return gbs;
+}
+
+void bench_adamw(double triad_gbs) {
+  const int64_t n = 124'439'808;  // parameters of GPT-2 124M (tied embeddings)
+  Generator g(2, 0);
+  Tensor p = g.normal({n}, 0.0f, 0.02f), grad = g.normal({n}, 0.0f, 1e-3f);
+  Tensor m = zeros({n}), v = zeros({n});
+  cpu::AdamWParams hp{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f, 1.0f};
+  const double ms = median_ms(5, [&] {
+    cpu::adamw_step(p.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), n, hp);
+  });
+  const double floor_ms = 28.0 * static_cast<double>(n) / (triad_gbs * 1e6);
+  std::cout << fmt::format(
+      "adamw     124M params: {:.1f} ms; floor at triad bandwidth (28 B/param) {:.1f} ms; "
+      "ratio {:.2f}\n",
+      ms, floor_ms, ms / floor_ms);
+  std::cout << fmt::format("RESULT adamw_ms={:.1f} adamw_floor_ms={:.1f} adamw_ratio={:.2f}\n", ms,
+                           floor_ms, ms / floor_ms);
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+  std::string what = "all";
+  for (const std::string& a : args) {
+    if (a.rfind("--threads=", 0) == 0)
+      omp_set_num_threads(std::stoi(a.substr(10)));
+    else if (a.rfind("--", 0) != 0)
+      what = a;
+    else
+      throw std::invalid_argument("bench: unknown option " + a);
+  }
+  if (what != "all" && what != "gemm" && what != "bandwidth" && what != "adamw")
+    throw std::invalid_argument("bench: unknown benchmark '" + what +
+                                "' (one of: all, gemm, bandwidth, adamw)");
+  if (what == "gemm" || what == "all") bench_gemm();
+  double triad = 0;
+  if (what == "bandwidth" || what == "adamw" || what == "all") triad = bench_triad();
+  if (what == "adamw" || what == "all") bench_adamw(triad);
+  return 0;
+}
+
+}  // namespace kuai::app

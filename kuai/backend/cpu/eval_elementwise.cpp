@@ -1,0 +1,143 @@
+// CPU evaluation of the copy and elementwise primitives: strided copies, casts, concatenation,
+// broadcasting binary ops (flat and row-broadcast fast paths, a strided general path), scale
+// and GELU.
+#include <cstring>
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/strided.h"
+#include "kuai/core/primitives.h"
+
+namespace kuai {
+
+void Copy::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const Tensor& x = in[0];
+  cpu::copy_strided(x.raw_data(), x.strides(), out[0].raw_data(), out[0].strides(), x.shape(),
+                    dtype_size(x.dtype()));
+}
+
+void Cast::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  convert(in[0].raw_data(), in[0].dtype(), out[0].raw_data(), to_, in[0].numel());
+}
+
+void Concat::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  Tensor& y = out[0];
+  const int64_t es = dtype_size(y.dtype());
+  int64_t start = 0;
+  for (const Tensor& x : in) {
+    char* dst = static_cast<char*>(y.raw_data()) + start * y.strides()[dim_] * es;
+    cpu::copy_strided(x.raw_data(), x.strides(), dst, y.strides(), x.shape(), es);
+    start += x.shape()[dim_];
+  }
+}
+
+void NarrowBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  Tensor& y = out[0];
+  const int64_t es = dtype_size(y.dtype());
+  std::memset(y.raw_data(), 0, static_cast<size_t>(y.nbytes()));
+  char* dst = static_cast<char*>(y.raw_data()) + start_ * y.strides()[dim_] * es;
+  cpu::copy_strided(in[0].raw_data(), in[0].strides(), dst, y.strides(), in[0].shape(), es);
+}
+
+namespace {
+
+template <typename F>
+void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& y, F f) {
+  // Strides of a and b broadcast to y's shape (0 on broadcast dims).
+  const Shape& shape = y.shape();
+  const size_t nd = shape.size();
+  auto bstrides = [&](const Tensor& t) {
+    Shape s(nd, 0);
+    const size_t lead = nd - t.shape().size();
+    for (size_t i = 0; i < t.shape().size(); ++i)
+      s[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+    return s;
+  };
+  Shape sh = shape, sa = bstrides(a), sb = bstrides(b), sy = y.strides();
+  cpu::collapse_dims(sh, sa, sb, sy);
+  const int64_t n = static_cast<int64_t>(sh.size());
+  const int64_t inner = sh[n - 1];
+  const int64_t rows = shape_numel(sh) / inner;
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* py = y.data<float>();
+#pragma omp parallel for schedule(static) if (rows * inner > (1 << 16) && rows > 1)
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t oa = 0, ob = 0, oy = 0, rem = r;
+    for (int64_t k = n - 2; k >= 0; --k) {
+      const int64_t idx = rem % sh[k];
+      rem /= sh[k];
+      oa += idx * sa[k];
+      ob += idx * sb[k];
+      oy += idx * sy[k];
+    }
+    for (int64_t i = 0; i < inner; ++i)
+      py[oy + i * sy[n - 1]] = f(pa[oa + i * sa[n - 1]], pb[ob + i * sb[n - 1]]);
+  }
+}
+
+// b's shape, without leading ones, equals the trailing dims of y: a row broadcast.
+bool is_row_broadcast(const Tensor& b, const Tensor& y) {
+  Shape s = b.shape();
+  while (!s.empty() && s.front() == 1) s.erase(s.begin());
+  if (s.size() > y.shape().size()) return false;
+  return std::equal(s.begin(), s.end(), y.shape().end() - static_cast<int64_t>(s.size()));
+}
+
+}  // namespace
+
+void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  Tensor& y = out[0];
+  const int64_t n = y.numel();
+  if (a.shape() == b.shape()) {
+    const float* pa = a.data<float>();
+    const float* pb = b.data<float>();
+    float* py = y.data<float>();
+    switch (op_) {
+      case BinaryOp::kAdd: cpu::add(pa, pb, py, n); return;
+      case BinaryOp::kSub: cpu::sub(pa, pb, py, n); return;
+      case BinaryOp::kMul: cpu::mul(pa, pb, py, n); return;
+      case BinaryOp::kDiv: cpu::div(pa, pb, py, n); return;
+    }
+  }
+  const bool commutes = op_ == BinaryOp::kAdd || op_ == BinaryOp::kMul;
+  const Tensor* full = nullptr;
+  const Tensor* row = nullptr;
+  if (a.shape() == y.shape() && b.numel() > 0 && is_row_broadcast(b, y)) {
+    full = &a;
+    row = &b;
+  } else if (commutes && b.shape() == y.shape() && a.numel() > 0 && is_row_broadcast(a, y)) {
+    full = &b;
+    row = &a;
+  }
+  if (full != nullptr && commutes) {
+    const int64_t cols = row->numel();
+    if (op_ == BinaryOp::kAdd)
+      cpu::add_row(full->data<float>(), row->data<float>(), y.data<float>(), n / cols, cols);
+    else
+      cpu::mul_row(full->data<float>(), row->data<float>(), y.data<float>(), n / cols, cols);
+    return;
+  }
+  switch (op_) {
+    case BinaryOp::kAdd: broadcast_loop(a, b, y, [](float u, float v) { return u + v; }); return;
+    case BinaryOp::kSub: broadcast_loop(a, b, y, [](float u, float v) { return u - v; }); return;
+    case BinaryOp::kMul: broadcast_loop(a, b, y, [](float u, float v) { return u * v; }); return;
+    case BinaryOp::kDiv: broadcast_loop(a, b, y, [](float u, float v) { return u / v; }); return;
+  }
+}
+
+void Scale::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  cpu::scale(in[0].data<float>(), s_, out[0].data<float>(), in[0].numel());
+}
+
+void Gelu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  cpu::gelu_forward(in[0].data<float>(), out[0].data<float>(), in[0].numel());
+}
+
+void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
+                     in[0].numel());
+}
+
+}  // namespace kuai

@@ -1,0 +1,127 @@
+// CPU evaluation of matmul and linear. Operands may be strided views: any matrix whose rows or
+// columns are unit-stride maps onto a BLAS layout (a transpose flag and a leading dimension),
+// so q/k/v slices and transposed weights are multiplied in place without copies. Batches become
+// one tall GEMM when the rows of every batch are evenly spaced, else a batched call.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/ops.h"
+#include "kuai/core/primitives.h"
+
+namespace kuai {
+namespace {
+
+struct MatLayout {
+  bool trans;  // stored column-major (the matrix is a transposed row-major block)
+  int64_t ld;
+};
+
+// Layout of the last two dims of t as a BLAS operand, if there is one.
+std::optional<MatLayout> mat_layout(const Tensor& t) {
+  const int64_t rows = t.shape()[t.dim() - 2], cols = t.shape()[t.dim() - 1];
+  const int64_t rs = t.strides()[t.dim() - 2], cs = t.strides()[t.dim() - 1];
+  if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<int64_t>(1, cols)))
+    return MatLayout{false, rows == 1 ? std::max<int64_t>(1, cols) : rs};
+  if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<int64_t>(1, rows)))
+    return MatLayout{true, cols == 1 ? std::max<int64_t>(1, rows) : cs};
+  return std::nullopt;
+}
+
+// Element offsets of every matrix of the batch dims of t (which has `batch_dims` of them,
+// matching `shape`), or all zeros when t has no batch dims.
+std::vector<int64_t> batch_offsets(const Tensor& t, const Shape& batch_shape) {
+  const int64_t count = shape_numel(batch_shape);
+  std::vector<int64_t> off(count, 0);
+  if (t.dim() == 2) return off;
+  const int64_t nb = static_cast<int64_t>(batch_shape.size());
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t rem = i, o = 0;
+    for (int64_t k = nb - 1; k >= 0; --k) {
+      o += (rem % batch_shape[k]) * t.strides()[k];
+      rem /= batch_shape[k];
+    }
+    off[i] = o;
+  }
+  return off;
+}
+
+// Whether the batch dims of t fold into its rows: row-major with every batch step equal to the
+// rows it covers.
+bool folds_into_rows(const Tensor& t, const MatLayout& l) {
+  if (l.trans) return false;
+  int64_t expected = t.shape()[t.dim() - 2] * l.ld;
+  for (int64_t k = t.dim() - 3; k >= 0; --k) {
+    if (t.shape()[k] != 1 && t.strides()[k] != expected) return false;
+    expected *= t.shape()[k];
+  }
+  return true;
+}
+
+}  // namespace
+
+void Matmul::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  Tensor a = in[0], b = in[1];
+  Tensor& y = out[0];
+  std::optional<MatLayout> la = mat_layout(a), lb = mat_layout(b);
+  if (!la) {
+    a = contiguous(a.detach());
+    la = mat_layout(a);
+  }
+  if (!lb) {
+    b = contiguous(b.detach());
+    lb = mat_layout(b);
+  }
+  const int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1], N = b.shape().back();
+  const Shape batch_shape(y.shape().begin(), y.shape().end() - 2);
+  const int64_t batch = shape_numel(batch_shape);
+  if (y.numel() == 0) return;
+  if (K == 0) {
+    cpu::fill(y.data<float>(), 0.0f, y.numel());
+    return;
+  }
+  const float* pa = a.data<float>();
+  const float* pb = b.data<float>();
+  float* py = y.data<float>();
+  if (b.dim() == 2 && folds_into_rows(a, *la)) {
+    cpu::gemm(false, lb->trans, M * batch, N, K, 1.0f, pa, la->ld, pb, lb->ld, 0.0f, py, N);
+    return;
+  }
+  if (batch == 1) {
+    cpu::gemm(la->trans, lb->trans, M, N, K, 1.0f, pa, la->ld, pb, lb->ld, 0.0f, py, N);
+    return;
+  }
+  std::vector<int64_t> oa = batch_offsets(a, batch_shape), ob = batch_offsets(b, batch_shape);
+  std::vector<int64_t> oy(batch);
+  for (int64_t i = 0; i < batch; ++i) oy[i] = i * M * N;
+  cpu::gemm_batched(la->trans, lb->trans, M, N, K, 1.0f, pa, la->ld, oa.data(), pb, lb->ld,
+                    ob.data(), 0.0f, py, N, oy.data(), batch);
+}
+
+void Linear::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  Tensor& y = out[0];
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  const int64_t R = K == 0 ? 0 : x.numel() / K;
+  if (y.numel() == 0) return;
+  float beta = 0.0f;
+  if (in.size() == 3) {
+    const float* bias = in[2].data<float>();
+    float* py = y.data<float>();
+#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+    for (int64_t r = 0; r < R; ++r) std::copy(bias, bias + N, py + r * N);
+    beta = 1.0f;
+  }
+  if (K == 0) {
+    if (beta == 0.0f) cpu::fill(y.data<float>(), 0.0f, y.numel());
+    return;
+  }
+  cpu::gemm(false, true, R, N, K, 1.0f, x.data<float>(), K, w.data<float>(), K, beta,
+            y.data<float>(), N);
+}
+
+}  // namespace kuai

@@ -1,0 +1,242 @@
+// fp32 GEMM for the CPU backend: routes each product to oneDNN's matmul primitive or to OpenBLAS
+// (cblas_sgemm), whichever bench/bench_gemm.cpp measured faster for its shape class; also the
+// batched form used by attention and the double-accumulated reference the tests trust.
+#include "kuai/backend/cpu/gemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <unordered_map>
+
+namespace kuai::cpu {
+namespace {
+
+std::atomic<GemmBackend> g_backend{GemmBackend::kAuto};
+
+// RULE_PLACEHOLDER
+GemmBackend measured_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+  return GemmBackend::kOneDNN;
+}
+
+// Products below this many multiply-adds (M*N*K) run one per thread, in parallel over the batch,
+// in gemm_batched; above it each product is threaded on its own.
+constexpr int64_t kBatchParallelMaxMacs = int64_t{1} << 30;
+
+GemmBackend resolve_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+  const GemmBackend forced = g_backend.load(std::memory_order_relaxed);
+  if (forced != GemmBackend::kAuto) return forced;
+  return measured_backend(trans_a, trans_b, M, N, K);
+}
+
+// Everything a oneDNN matmul primitive is specialised on. alpha becomes an output scale and beta a
+// sum post-op, both fixed at creation; `threads` is the team size the primitive partitions its
+// work for (1 inside an OpenMP parallel region, where oneDNN runs sequentially).
+struct MatmulKey {
+  int64_t m, n, k, lda, ldb, ldc;
+  bool trans_a, trans_b;
+  float alpha, beta;
+  int threads;
+  bool operator==(const MatmulKey&) const = default;
+};
+
+struct MatmulKeyHash {
+  size_t operator()(const MatmulKey& key) const {
+    size_t h = 0;
+    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
+      mix(std::hash<int64_t>{}(v));
+    }
+    mix(std::hash<float>{}(key.alpha));
+    mix(std::hash<float>{}(key.beta));
+    mix(static_cast<size_t>(key.threads) << 2 | size_t{key.trans_a} << 1 | size_t{key.trans_b});
+    return h;
+  }
+};
+
+struct CachedMatmul {
+  dnnl::matmul primitive;
+  dnnl::memory::desc a_md, b_md, c_md;
+};
+
+// Process-wide, thread-safe cache of created matmul primitives, so steady-state training steps
+// create none. Bounded: when full it is emptied (entries in use stay alive through shared_ptr).
+class MatmulCache {
+ public:
+  static MatmulCache& instance() {
+    static MatmulCache cache;
+    return cache;
+  }
+
+  std::shared_ptr<const CachedMatmul> get(const MatmulKey& key) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = entries_.find(key);
+      if (it != entries_.end()) return it->second;
+    }
+    std::shared_ptr<const CachedMatmul> made = create(key);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (entries_.size() >= kMaxEntries) entries_.clear();
+    return entries_.emplace(key, std::move(made)).first->second;
+  }
+
+  const dnnl::engine& engine() const { return engine_; }
+
+ private:
+  static constexpr size_t kMaxEntries = 512;
+
+  std::shared_ptr<const CachedMatmul> create(const MatmulKey& key) const {
+    using dims = dnnl::memory::dims;
+    const auto f32 = dnnl::memory::data_type::f32;
+    // Logical op(A) is (M,K): row-major strides {lda,1}, or {1,lda} when A is stored (K,M).
+    dnnl::memory::desc a_md(dims{key.m, key.k}, f32,
+                            key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
+    dnnl::memory::desc b_md(dims{key.k, key.n}, f32,
+                            key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
+    dnnl::memory::desc c_md(dims{key.m, key.n}, f32, dims{key.ldc, 1});
+    dnnl::primitive_attr attr;
+    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+    if (key.beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(key.beta);
+      attr.set_post_ops(ops);
+    }
+    // oneDNN sizes its work split by omp_get_max_threads() of the creating thread.
+    const int saved_threads = omp_get_max_threads();
+    if (key.threads != saved_threads) omp_set_num_threads(key.threads);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
+    auto made = std::make_shared<CachedMatmul>(CachedMatmul{dnnl::matmul(pd), a_md, b_md, c_md});
+    if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
+    return made;
+  }
+
+  std::mutex mutex_;
+  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
+  std::unordered_map<MatmulKey, std::shared_ptr<const CachedMatmul>, MatmulKeyHash> entries_;
+};
+
+void run_onednn(const CachedMatmul& mm, const float* A, const float* B, float* C) {
+  const dnnl::engine& engine = MatmulCache::instance().engine();
+  thread_local dnnl::stream stream(engine);
+  dnnl::memory a(mm.a_md, engine, const_cast<float*>(A));
+  dnnl::memory b(mm.b_md, engine, const_cast<float*>(B));
+  dnnl::memory c(mm.c_md, engine, C);
+  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+}
+
+MatmulKey matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     int64_t lda, int64_t ldb, float beta, int64_t ldc) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  return MatmulKey{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, threads};
+}
+
+void run_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  // OpenBLAS's OpenMP build runs single-threaded when called inside a parallel region.
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
+              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
+              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+// C = beta * C for the degenerate products (K == 0 or alpha == 0); beta == 0 writes zeros so
+// NaN garbage in C is ignored, as BLAS does.
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = C + i * ldc;
+    for (int64_t j = 0; j < N; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
+// True when the product does no multiply at all and has been completed by scale_c.
+bool handle_degenerate(int64_t M, int64_t N, int64_t K, float alpha, float beta, float* C,
+                       int64_t ldc) {
+  if (M <= 0 || N <= 0) return true;
+  if (K > 0 && alpha != 0.0f) return false;
+  if (beta != 1.0f) scale_c(M, N, beta, C, ldc);
+  return true;
+}
+
+}  // namespace
+
+void set_gemm_backend(GemmBackend backend) { g_backend.store(backend, std::memory_order_relaxed); }
+
+GemmBackend gemm_backend() { return g_backend.load(std::memory_order_relaxed); }
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc) {
+  if (handle_degenerate(M, N, K, alpha, beta, C, ldc)) return;
+  if (resolve_backend(trans_a, trans_b, M, N, K) == GemmBackend::kOpenBLAS) {
+    run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  auto mm = MatmulCache::instance().get(
+      matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
+  run_onednn(*mm, A, B, C);
+}
+
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const int64_t* a_off, const float* B, int64_t ldb,
+                  const int64_t* b_off, float beta, float* C, int64_t ldc, const int64_t* c_off,
+                  int64_t batch) {
+  if (batch <= 0) return;
+  const bool parallel_over_batch = batch > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 &&
+                                   M * N * K <= kBatchParallelMaxMacs;
+  if (!parallel_over_batch) {
+    for (int64_t i = 0; i < batch; ++i) {
+      gemm(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
+           C + c_off[i], ldc);
+    }
+    return;
+  }
+  if (M <= 0 || N <= 0) return;
+  // Resolve the backend and the single-threaded primitive once, outside the parallel region.
+  const bool degenerate = K <= 0 || alpha == 0.0f;
+  const GemmBackend backend = resolve_backend(trans_a, trans_b, M, N, K);
+  std::shared_ptr<const CachedMatmul> mm;
+  if (!degenerate && backend == GemmBackend::kOneDNN) {
+    mm = MatmulCache::instance().get(
+        MatmulKey{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, 1});
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < batch; ++i) {
+    float* c = C + c_off[i];
+    if (degenerate) {
+      handle_degenerate(M, N, K, alpha, beta, c, ldc);
+    } else if (mm) {
+      run_onednn(*mm, A + a_off[i], B + b_off[i], c);
+    } else {
+      run_openblas(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
+                   c, ldc);
+    }
+  }
+}
+
+void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0.0;
+      for (int64_t p = 0; p < K; ++p) {
+        const double a = trans_a ? A[p * lda + i] : A[i * lda + p];
+        const double b = trans_b ? B[j * ldb + p] : B[p * ldb + j];
+        acc += a * b;
+      }
+      float* c = C + i * ldc + j;
+      const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * *c;
+      *c = static_cast<float>(static_cast<double>(alpha) * acc + prior);
+    }
+  }
+}
+
+}  // namespace kuai::cpu

@@ -1,0 +1,178 @@
+// LayerNorm over the last axis of x (N, C), forward and backward, fp32. Statistics use a corrected
+// two-pass scheme (mean, then the sum of deviations and of their squares, which also corrects the
+// mean), so inputs with a large common offset keep full precision. The weight and bias gradients
+// are reduced over a row partition that depends only on N, never on the thread count, so they are
+// bit-identical whatever OMP_NUM_THREADS is.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kuai/backend/cpu/isa.h"
+#include "kuai/backend/cpu/kernels.h"
+
+namespace kuai::cpu {
+namespace {
+
+constexpr int64_t kLanes = 32;             // independent accumulators per row reduction
+constexpr int64_t kMinParallel = 1 << 15;  // elements below which one thread does it all
+constexpr int64_t kMaxBwdBlocks = 64;      // row blocks of the dw/db reduction
+constexpr int64_t kMinBwdBlockRows = 8;
+constexpr int64_t kReduceColChunk = 256;  // columns per task when summing the partials
+
+// Rows [begin, end) of `n` that thread `t` of `nt` owns under an even static split.
+inline void thread_range(int64_t n, int t, int nt, int64_t* begin, int64_t* end) {
+  const int64_t base = n / nt, extra = n % nt;
+  *begin = t * base + std::min<int64_t>(t, extra);
+  *end = *begin + base + (t < extra ? 1 : 0);
+}
+
+inline float lanes_sum(const float* acc) {
+  float s = 0.0f;
+  for (int64_t j = 0; j < kLanes; ++j) s += acc[j];
+  return s;
+}
+
+// (N, C) rows [r0, r1).
+KUAI_CLONES void forward_rows(const float* x, const float* w, const float* b, float* y, float* mean,
+                              float* rstd, int64_t r0, int64_t r1, int64_t C, float eps) {
+  const int64_t cv = C - C % kLanes;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float acc[kLanes] = {};
+    for (int64_t c = 0; c < cv; c += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += xr[c + j];
+    float sum = lanes_sum(acc);
+    for (int64_t c = cv; c < C; ++c) sum += xr[c];
+    const float m0 = sum / static_cast<float>(C);
+
+    // Deviations from m0: their sum corrects m0, their squares give the variance.
+    float s1[kLanes] = {}, s2[kLanes] = {};
+    for (int64_t c = 0; c < cv; c += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float d = xr[c + j] - m0;
+        s1[j] += d;
+        s2[j] += d * d;
+      }
+    float d1 = lanes_sum(s1), d2 = lanes_sum(s2);
+    for (int64_t c = cv; c < C; ++c) {
+      const float d = xr[c] - m0;
+      d1 += d;
+      d2 += d * d;
+    }
+    const float delta = d1 / static_cast<float>(C);
+    const float var = std::max(d2 / static_cast<float>(C) - delta * delta, 0.0f);
+    const float rs = 1.0f / std::sqrt(var + eps);
+    mean[r] = m0 + delta;
+    rstd[r] = rs;
+    for (int64_t c = 0; c < C; ++c) yr[c] = ((xr[c] - m0) - delta) * rs * w[c] + b[c];
+  }
+}
+
+// Rows [r0, r1) of (N, C): writes dx and this block's partial dw, db (C each, overwritten).
+KUAI_CLONES void backward_block(const float* dy, const float* x, const float* w, const float* mean,
+                                const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
+                                int64_t r1, int64_t C) {
+  const int64_t cv = C - C % kLanes;
+  for (int64_t c = 0; c < C; ++c) pdw[c] = 0.0f;
+  for (int64_t c = 0; c < C; ++c) pdb[c] = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* dyr = dy + r * C;
+    const float* xr = x + r * C;
+    float* dxr = dx + r * C;
+    const float m = mean[r], rs = rstd[r];
+    // dxhat = dy * w; needs mean(dxhat) and mean(dxhat * xhat) over the row.
+    float a1[kLanes] = {}, a2[kLanes] = {};
+    for (int64_t c = 0; c < cv; c += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float g = dyr[c + j];
+        const float xh = (xr[c + j] - m) * rs;
+        const float dxh = g * w[c + j];
+        a1[j] += dxh;
+        a2[j] += dxh * xh;
+        pdw[c + j] += g * xh;
+        pdb[c + j] += g;
+      }
+    float sum1 = lanes_sum(a1), sum2 = lanes_sum(a2);
+    for (int64_t c = cv; c < C; ++c) {
+      const float g = dyr[c];
+      const float xh = (xr[c] - m) * rs;
+      const float dxh = g * w[c];
+      sum1 += dxh;
+      sum2 += dxh * xh;
+      pdw[c] += g * xh;
+      pdb[c] += g;
+    }
+    const float mean1 = sum1 / static_cast<float>(C);
+    const float mean2 = sum2 / static_cast<float>(C);
+    for (int64_t c = 0; c < C; ++c) {
+      const float xh = (xr[c] - m) * rs;
+      dxr[c] = rs * (dyr[c] * w[c] - mean1 - xh * mean2);
+    }
+  }
+}
+
+// out[c] = sum over blocks b (in order) of part[b * stride + c], for c in [c0, c1).
+KUAI_CLONES void sum_partials(const float* part, int64_t blocks, int64_t stride, float* out,
+                              int64_t c0, int64_t c1) {
+  for (int64_t c = c0; c < c1; ++c) out[c] = 0.0f;
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const float* p = part + blk * stride;
+    for (int64_t c = c0; c < c1; ++c) out[c] += p[c];
+  }
+}
+
+}  // namespace
+
+void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
+                        float* rstd, int64_t N, int64_t C, float eps) {
+  if (N <= 0 || C <= 0) return;
+#pragma omp parallel if (N * C >= kMinParallel && N > 1)
+  {
+    int64_t r0, r1;
+    thread_range(N, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+    if (r0 < r1) forward_rows(x, w, b, y, mean, rstd, r0, r1, C, eps);
+  }
+}
+
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C) {
+  if (C <= 0) return;
+  if (N <= 0) {
+    std::fill(dw, dw + C, 0.0f);
+    std::fill(db, db + C, 0.0f);
+    return;
+  }
+  // The block partition is a function of N only: that is what makes dw, db deterministic.
+  const int64_t rows_per_block =
+      std::max((N + kMaxBwdBlocks - 1) / kMaxBwdBlocks, std::min(N, kMinBwdBlockRows));
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  // (blocks, 2, C): per block, partial dw then partial db.
+  static thread_local std::vector<float> partials;
+  if (partials.size() < static_cast<size_t>(blocks * 2 * C)) partials.resize(blocks * 2 * C);
+  float* part = partials.data();
+  const int64_t col_chunks = (C + kReduceColChunk - 1) / kReduceColChunk;
+
+#pragma omp parallel if (N * C >= kMinParallel && N > 1)
+  {
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t r0 = blk * rows_per_block;
+      const int64_t r1 = std::min(N, r0 + rows_per_block);
+      float* pdw = part + blk * 2 * C;
+      backward_block(dy, x, w, mean, rstd, dx, pdw, pdw + C, r0, r1, C);
+    }
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < 2 * col_chunks; ++k) {
+      const bool is_db = k >= col_chunks;
+      const int64_t c0 = (k % col_chunks) * kReduceColChunk;
+      const int64_t c1 = std::min(C, c0 + kReduceColChunk);
+      sum_partials(part + (is_db ? C : 0), blocks, 2 * C, is_db ? db : dw, c0, c1);
+    }
+  }
+}
+
+}  // namespace kuai::cpu

@@ -1,0 +1,127 @@
+// Deterministic reductions: sum over the middle axis of (outer, n, inner) (bias gradients, means)
+// and the sum of squares (gradient norms for clipping). Work is cut into blocks whose boundaries
+// depend only on the shape; each block's partial sum is computed by one thread in a fixed order
+// with double accumulators, and partials are combined sequentially. The result is therefore
+// bit-identical for any OMP_NUM_THREADS, and accurate to about one float rounding.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kuai/backend/cpu/isa.h"
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/parallel_chunks.h"
+
+namespace kuai::cpu {
+namespace {
+
+constexpr int64_t kBlock = int64_t{1} << 15;  // elements per partial sum (128 KiB of floats)
+constexpr int64_t kCols = 512;                // columns per task when inner > 1 (4 KiB of doubles)
+constexpr int kLanes = 16;                    // independent accumulators in contiguous sums
+
+// Pairwise combination of the lane accumulators, in a fixed order.
+[[gnu::always_inline]] inline double combine_lanes(double* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// Sum of x[0, n) with kLanes interleaved accumulators: element i goes to lane i % kLanes, so the
+// order of additions is fixed by n alone (the same for every ISA clone).
+KUAI_CLONES double sum_contig(const float* x, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) acc[k] += static_cast<double>(x[i + k]);
+  for (int k = 0; i + k < n; ++k) acc[k] += static_cast<double>(x[i + k]);
+  return combine_lanes(acc);
+}
+
+KUAI_CLONES double sum_squares_contig(const float* x, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const double v = static_cast<double>(x[i + k]);
+      acc[k] += v * v;
+    }
+  }
+  for (int k = 0; i + k < n; ++k) {
+    const double v = static_cast<double>(x[i + k]);
+    acc[k] += v * v;
+  }
+  return combine_lanes(acc);
+}
+
+// acc(w) = sum over rows of x(rows, w) whose rows are `stride` floats apart; rows summed in order.
+KUAI_CLONES void sum_rows(const float* x, int64_t rows, int64_t stride, int64_t w, double* acc) {
+  for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * stride;
+#pragma GCC ivdep
+    for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(xr[j]);
+  }
+}
+
+}  // namespace
+
+// x (outer, n, inner) -> y (outer, inner).
+void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner) {
+  if (outer <= 0 || inner <= 0) return;
+  if (n <= 0) {
+    fill(y, 0.0f, outer * inner);
+    return;
+  }
+  if (inner == 1) {
+    // Each row of length n is cut into blocks of kBlock; partial (outer, nblk).
+    const int64_t nblk = (n + kBlock - 1) / kBlock;
+    std::vector<double> partial(outer * nblk);
+    parallel_tasks(outer * nblk, outer * n > kBlock, [&](int64_t t) {
+      const int64_t o = t / nblk, b = t % nblk;
+      const int64_t begin = b * kBlock;
+      partial[t] = sum_contig(x + o * n + begin, std::min(kBlock, n - begin));
+    });
+    for (int64_t o = 0; o < outer; ++o) {
+      double s = 0.0;
+      for (int64_t b = 0; b < nblk; ++b) s += partial[o * nblk + b];
+      y[o] = static_cast<float>(s);
+    }
+    return;
+  }
+  // Tasks are (outer, row block, column chunk) tiles of about kBlock elements; partial holds one
+  // double row per (outer, row block): (outer, nblk, inner).
+  const int64_t width = std::min(inner, kCols);
+  const int64_t ncol = (inner + width - 1) / width;
+  const int64_t rows_per_blk = std::max<int64_t>(1, kBlock / width);
+  const int64_t nblk = (n + rows_per_blk - 1) / rows_per_blk;
+  std::vector<double> partial(outer * nblk * inner);
+  parallel_tasks(outer * nblk * ncol, outer * n * inner > kBlock, [&](int64_t t) {
+    const int64_t c = t % ncol, ob = t / ncol;
+    const int64_t o = ob / nblk, b = ob % nblk;
+    const int64_t r0 = b * rows_per_blk, c0 = c * width;
+    sum_rows(x + (o * n + r0) * inner + c0, std::min(rows_per_blk, n - r0), inner,
+             std::min(width, inner - c0), partial.data() + ob * inner + c0);
+  });
+  parallel_chunks(outer * inner, kBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) {
+      const int64_t o = k / inner, j = k % inner;
+      double s = 0.0;
+      for (int64_t b = 0; b < nblk; ++b) s += partial[(o * nblk + b) * inner + j];
+      y[k] = static_cast<float>(s);
+    }
+  });
+}
+
+double sum_squares(const float* x, int64_t n) {
+  if (n <= 0) return 0.0;
+  const int64_t nblk = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(nblk);
+  parallel_tasks(nblk, nblk > 1, [&](int64_t b) {
+    const int64_t begin = b * kBlock;
+    partial[b] = sum_squares_contig(x + begin, std::min(kBlock, n - begin));
+  });
+  double s = 0.0;
+  for (int64_t b = 0; b < nblk; ++b) s += partial[b];
+  return s;
+}
+
+}  // namespace kuai::cpu

@@ -1,0 +1,104 @@
+// Softmax over the last axis of (rows, cols), forward and backward, with an optional scale
+// (attention's 1/sqrt(d)) and causal mask (row r is query r % cols of a square score matrix).
+// Rows are independent: OpenMP splits them into chunks, each chunk runs a KUAI_CLONES loop. The
+// forward is the usual max-subtracted three-pass form (max, exp + sum, normalise) with the
+// vectorised exp of vec_math.h; row sums use fixed lanes, so results do not depend on threads.
+#include <algorithm>
+#include <cstdint>
+
+#include "kuai/backend/cpu/isa.h"
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/parallel_chunks.h"
+#include "kuai/backend/cpu/vec_math.h"
+
+namespace kuai::cpu {
+namespace {
+
+constexpr int64_t kChunk = int64_t{1} << 13;  // elements per parallel chunk (whole rows)
+constexpr int kLanes = 16;                    // independent accumulators for max / sums
+
+// Sum of the lanes in a fixed pairwise order.
+[[gnu::always_inline]] inline float combine_sum(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
+// y = softmax(scale * x) over the first len entries of one row, zeros over [len, cols).
+[[gnu::always_inline]] inline void softmax_row(const float* x, float* y, int64_t len, int64_t cols,
+                                               float scale) {
+  // NaN in x propagates through the exp/sum below whatever the max makes of it.
+  float mx = -__builtin_inff();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < len; ++j) mx = std::max(mx, scale * x[j]);
+
+  float lane[kLanes];
+  for (int k = 0; k < kLanes; ++k) lane[k] = 0.0f;
+  int64_t j = 0;
+  for (; j + kLanes <= len; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const float e = vm::exp(scale * x[j + k] - mx);
+      y[j + k] = e;
+      lane[k] += e;
+    }
+  }
+  for (int k = 0; j + k < len; ++k) {
+    const float e = vm::exp(scale * x[j + k] - mx);
+    y[j + k] = e;
+    lane[k] += e;
+  }
+  const float inv = 1.0f / combine_sum(lane);
+  for (j = 0; j < len; ++j) y[j] *= inv;
+  for (j = len; j < cols; ++j) y[j] = 0.0f;
+}
+
+// Rows [r0, r0 + nrows) of x, y (rows, cols).
+KUAI_CLONES void softmax_forward_rows(const float* x, float* y, int64_t r0, int64_t nrows,
+                                      int64_t cols, float scale, bool causal) {
+  for (int64_t r = r0; r < r0 + nrows; ++r) {
+    const int64_t len = causal ? r % cols + 1 : cols;
+    softmax_row(x + r * cols, y + r * cols, len, cols, scale);
+  }
+}
+
+// dx = scale * y * (dy - sum(y * dy)) for rows [r0, r0 + nrows).
+KUAI_CLONES void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t r0,
+                                       int64_t nrows, int64_t cols, float scale) {
+  for (int64_t r = r0; r < r0 + nrows; ++r) {
+    const float* yr = y + r * cols;
+    const float* dyr = dy + r * cols;
+    float* dxr = dx + r * cols;
+    float lane[kLanes] = {};
+    int64_t j = 0;
+    for (; j + kLanes <= cols; j += kLanes)
+      for (int k = 0; k < kLanes; ++k) lane[k] += yr[j + k] * dyr[j + k];
+    for (int k = 0; j + k < cols; ++k) lane[k] += yr[j + k] * dyr[j + k];
+    const float dot = combine_sum(lane);
+#pragma GCC ivdep
+    for (j = 0; j < cols; ++j) dxr[j] = scale * yr[j] * (dyr[j] - dot);
+  }
+}
+
+}  // namespace
+
+// x, y (rows, cols).
+void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, float scale,
+                     bool causal) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, kChunk / cols);
+  parallel_chunks(rows, rows_per_chunk, [&](int64_t r, int64_t e) {
+    softmax_forward_rows(x, y, r, e - r, cols, scale, causal);
+  });
+}
+
+// y, dy, dx (rows, cols). Masked entries have y = 0, so their dx is 0 without a causal flag.
+void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
+                      float scale) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, kChunk / cols);
+  parallel_chunks(rows, rows_per_chunk, [&](int64_t r, int64_t e) {
+    softmax_backward_rows(y, dy, dx, r, e - r, cols, scale);
+  });
+}
+
+}  // namespace kuai::cpu

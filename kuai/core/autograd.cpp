@@ -1,0 +1,228 @@
+// The autograd engine (see autograd.h).
+#include "kuai/core/autograd.h"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <queue>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "kuai/core/ops.h"
+
+namespace kuai::autograd {
+namespace {
+
+thread_local bool g_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+
+class PrimitiveNode final : public Node {
+ public:
+  PrimitiveNode(std::shared_ptr<const Primitive> p, std::vector<Tensor> in, std::vector<Tensor> out,
+                std::vector<bool> needs_grad)
+      : prim_(std::move(p)),
+        in_(std::move(in)),
+        out_(std::move(out)),
+        needs_grad_(std::move(needs_grad)) {}
+
+  std::string_view name() const override { return prim_->name(); }
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    if (released_)
+      throw std::runtime_error(fmt::format(
+          "backward through {} a second time: its saved tensors were already freed",
+          prim_->name()));
+    std::vector<Tensor> g = prim_->vjp(in_, out_, grads, needs_grad_);
+    if (g.size() != in_.size())
+      throw std::logic_error(fmt::format("{}: vjp returned {} gradients for {} inputs",
+                                         prim_->name(), g.size(), in_.size()));
+    for (size_t i = 0; i < g.size(); ++i) {
+      if (!g[i].defined() || !needs_grad_[i]) {
+        g[i] = Tensor();
+        continue;
+      }
+      if (g[i].shape() != in_[i].shape())
+        throw std::logic_error(fmt::format("{}: gradient {} has shape {}, input has {}",
+                                           prim_->name(), i, shape_str(g[i].shape()),
+                                           shape_str(in_[i].shape())));
+    }
+    return g;
+  }
+
+  void release() override {
+    in_.clear();
+    out_.clear();
+    released_ = true;
+  }
+
+ private:
+  std::shared_ptr<const Primitive> prim_;
+  std::vector<Tensor> in_, out_;
+  std::vector<bool> needs_grad_;
+  bool released_ = false;
+};
+
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& leaf) : leaf_(leaf) {}
+  std::string_view name() const override { return "AccumulateGrad"; }
+
+  std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
+    std::shared_ptr<TensorImpl> leaf = leaf_.lock();
+    if (!leaf || grads.empty() || !grads[0].defined()) return {};
+    Tensor g = std::move(grads[0]);
+    grads.clear();
+    if (!leaf->grad) {
+      // Adopt the buffer when nobody else can see it; otherwise copy.
+      const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
+                             g.is_contiguous() && g.offset() == 0;
+      leaf->grad = exclusive ? g.impl_ptr() : clone(g).impl_ptr();
+    } else {
+      add_(Tensor(leaf->grad), g);
+    }
+    Tensor final_grad(leaf->grad);
+    for (const GradHook& hook : leaf->hooks) hook(final_grad);
+    return {};
+  }
+
+ private:
+  std::weak_ptr<TensorImpl> leaf_;
+};
+
+std::shared_ptr<Node> accumulator_for(const Tensor& leaf) {
+  TensorImpl* impl = leaf.impl();
+  if (auto acc = impl->grad_accumulator.lock()) return acc;
+  auto acc = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+  acc->num_outputs = 1;
+  acc->sequence = g_sequence++;
+  impl->grad_accumulator = acc;
+  return acc;
+}
+
+Edge edge_for(const Tensor& t) {
+  if (t.grad_fn()) return Edge{t.grad_fn(), t.output_nr()};
+  if (t.requires_grad()) return Edge{accumulator_for(t), 0};
+  return Edge{};
+}
+
+void accumulate_into(Tensor& slot, Tensor g) {
+  if (!slot.defined()) {
+    slot = std::move(g);
+    return;
+  }
+  const bool exclusive = slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
+                         slot.is_contiguous();
+  if (exclusive)
+    add_(slot, g);
+  else
+    slot = add(slot, g);
+}
+
+}  // namespace
+
+bool GradMode::enabled() { return g_grad_enabled; }
+void GradMode::set_enabled(bool on) { g_grad_enabled = on; }
+
+void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>& graph_in,
+            const std::vector<Tensor>& eval_in, std::vector<Tensor>& out) {
+  std::vector<bool> needs(graph_in.size(), false);
+  bool any = false;
+  for (size_t i = 0; i < graph_in.size(); ++i) {
+    needs[i] = graph_in[i].requires_grad() && p->differentiable(i);
+    any = any || needs[i];
+  }
+  if (!any) return;
+  std::vector<Tensor> saved_in, saved_out;
+  saved_in.reserve(eval_in.size());
+  for (size_t i = 0; i < eval_in.size(); ++i)
+    saved_in.push_back(p->saves_input(i) ? eval_in[i].detach()
+                                         : Tensor::meta(eval_in[i].shape(), eval_in[i].dtype(),
+                                                        eval_in[i].device()));
+  for (size_t j = 0; j < out.size(); ++j)
+    saved_out.push_back(p->saves_output(j)
+                            ? out[j].detach()
+                            : Tensor::meta(out[j].shape(), out[j].dtype(), out[j].device()));
+  auto node = std::make_shared<PrimitiveNode>(p, std::move(saved_in), std::move(saved_out), needs);
+  node->num_outputs = static_cast<int>(out.size());
+  node->sequence = g_sequence++;
+  node->next.resize(graph_in.size());
+  for (size_t i = 0; i < graph_in.size(); ++i)
+    if (needs[i]) node->next[i] = edge_for(graph_in[i]);
+  for (size_t j = 0; j < out.size(); ++j) {
+    TensorImpl* o = out[j].impl();
+    if (!is_floating(o->dtype)) continue;
+    o->grad_fn = node;
+    o->output_nr = static_cast<int>(j);
+    o->requires_grad = true;
+  }
+}
+
+void backward(const Tensor& root, const Tensor& grad_output) {
+  if (!root.requires_grad())
+    throw std::invalid_argument("backward: tensor does not require grad: " + root.str());
+  Tensor grad = grad_output;
+  if (!grad.defined()) {
+    if (root.numel() != 1)
+      throw std::invalid_argument("backward: grad_output is required for non-scalar " + root.str());
+    grad = full(root.shape(), 1.0f, root.dtype(), root.device());
+  } else if (grad.shape() != root.shape()) {
+    throw std::invalid_argument(fmt::format("backward: grad_output {} does not match {}",
+                                            shape_str(grad.shape()), shape_str(root.shape())));
+  }
+  NoGradGuard no_grad;
+  Edge root_edge = edge_for(root);
+
+  // Count, for every node reachable from the root, how many edges point at it.
+  std::unordered_map<Node*, int> deps;
+  {
+    std::vector<Node*> stack{root_edge.node.get()};
+    std::unordered_map<Node*, bool> seen{{root_edge.node.get(), true}};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      for (const Edge& e : n->next) {
+        if (!e.node) continue;
+        deps[e.node.get()]++;
+        if (!seen[e.node.get()]) {
+          seen[e.node.get()] = true;
+          stack.push_back(e.node.get());
+        }
+      }
+    }
+  }
+
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence < b->sequence;
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
+                      decltype(later_first)>
+      ready(later_first);
+  std::unordered_map<Node*, std::vector<Tensor>> buffers;
+  buffers[root_edge.node.get()].resize(root_edge.node->num_outputs);
+  buffers[root_edge.node.get()][root_edge.input_nr] = grad;
+  ready.push(root_edge.node);
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+    bool any = false;
+    for (const Tensor& g : grads) any = any || g.defined();
+    std::vector<Tensor> out;
+    if (any) out = node->apply(std::move(grads));
+    node->release();
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Edge& e = node->next[i];
+      if (!e.node) continue;
+      if (i < out.size() && out[i].defined()) {
+        std::vector<Tensor>& buf = buffers[e.node.get()];
+        if (buf.empty()) buf.resize(e.node->num_outputs);
+        accumulate_into(buf[e.input_nr], std::move(out[i]));
+      }
+      if (--deps[e.node.get()] == 0) ready.push(e.node);
+    }
+  }
+}
+
+}  // namespace kuai::autograd

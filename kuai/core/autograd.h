@@ -1,0 +1,62 @@
+// Reverse-mode automatic differentiation. Every op dispatched with grad mode on and an input
+// that requires grad records a PrimitiveNode holding what its vjp needs (nothing more). Leaves
+// get one AccumulateGrad node, shared by all their uses. backward() walks the graph in reverse
+// topological order driven by dependency counts (most recent node first among the ready ones),
+// sums gradients per node, frees each node's saved tensors as soon as it has run, accumulates
+// into leaves' .grad and fires their grad-ready hooks exactly once, when the gradient is final.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "kuai/core/primitive.h"
+
+namespace kuai::autograd {
+
+class GradMode {
+ public:
+  static bool enabled();
+  static void set_enabled(bool on);
+};
+
+// Disables graph recording in its scope (inference, optimizer steps, inside backward).
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(GradMode::enabled()) { GradMode::set_enabled(false); }
+  ~NoGradGuard() { GradMode::set_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+class Node;
+struct Edge {
+  std::shared_ptr<Node> node;  // null: this input needs no gradient
+  int input_nr = 0;            // which of node's gradient slots it feeds
+};
+
+class Node {
+ public:
+  virtual ~Node() = default;
+  virtual std::string_view name() const = 0;
+  // grads has one entry per output of the forward op (undefined = zero).
+  virtual std::vector<Tensor> apply(std::vector<Tensor>&& grads) = 0;
+  virtual void release() {}  // drop saved tensors
+
+  std::vector<Edge> next;  // one per input of the forward op
+  int num_outputs = 1;
+  uint64_t sequence = 0;  // creation order; later nodes run first among ready ones
+};
+
+// Record p's node for outputs `out` (called by dispatch). graph_in are the caller's inputs (the
+// graph edges), eval_in the tensors the kernel saw (what is saved).
+void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>& graph_in,
+            const std::vector<Tensor>& eval_in, std::vector<Tensor>& out);
+
+void backward(const Tensor& root, const Tensor& grad_output);
+
+}  // namespace kuai::autograd

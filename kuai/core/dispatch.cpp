@@ -1,0 +1,55 @@
+// The single dispatch point (see dispatch.h).
+#include "kuai/core/dispatch.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "kuai/core/autograd.h"
+#include "kuai/core/ops.h"
+
+namespace kuai {
+
+void Primitive::eval_cuda(std::span<const Tensor>, std::span<Tensor>) const {
+  throw std::runtime_error(fmt::format("{} has no CUDA implementation in this build", name()));
+}
+
+void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
+  const Device d = in.empty() ? (out.empty() ? kCPU : out[0].device()) : in[0].device();
+  if (d.type == DeviceType::kCPU)
+    p.eval_cpu(in, out);
+  else
+    p.eval_cuda(in, out);
+}
+
+std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Tensor> in) {
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!in[i].defined())
+      throw std::invalid_argument(fmt::format("{}: input {} is undefined", p->name(), i));
+    if (in[i].device() != in[0].device())
+      throw std::invalid_argument(fmt::format("{}: inputs on different devices ({} and {})",
+                                              p->name(), in[0].device().str(),
+                                              in[i].device().str()));
+  }
+  // The graph edges follow the caller's tensors; the kernels see contiguous copies if needed.
+  std::vector<Tensor> graph_in = in;
+  for (size_t i = 0; i < in.size(); ++i)
+    if (!p->is_view() && !p->accepts_strided(i) && !in[i].is_contiguous())
+      in[i] = contiguous(in[i].detach());
+
+  std::vector<Tensor> out;
+  if (p->is_view()) {
+    out = p->make_views(in);
+  } else {
+    std::vector<TensorSpec> specs = p->infer(in);
+    const Device device = in.empty() ? kCPU : in[0].device();
+    out.reserve(specs.size());
+    for (const TensorSpec& s : specs) out.push_back(Tensor::empty(s.shape, s.dtype, device));
+    evaluate(*p, in, out);
+  }
+
+  if (autograd::GradMode::enabled()) autograd::record(p, graph_in, in, out);
+  return out;
+}
+
+}  // namespace kuai

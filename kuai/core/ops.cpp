@@ -1,0 +1,267 @@
+// The op library (see ops.h): argument normalisation, then one primitive through dispatch().
+#include "kuai/core/ops.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/dispatch.h"
+#include "kuai/core/primitives.h"
+#include "kuai/core/shape_util.h"
+
+namespace kuai {
+namespace {
+
+Tensor run1(std::shared_ptr<const Primitive> p, std::vector<Tensor> in) {
+  return dispatch(std::move(p), std::move(in))[0];
+}
+
+void require_cpu(std::string_view op, const Tensor& t) {
+  if (t.device().type != DeviceType::kCPU)
+    throw std::runtime_error(fmt::format("{}: device {} is not supported", op, t.device().str()));
+}
+
+}  // namespace
+
+// ---- creation ----
+
+Tensor full(const Shape& shape, float value, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  require_cpu("full", t);
+  if (dtype == DType::kF32) {
+    cpu::fill(t.data<float>(), value, t.numel());
+  } else {
+    // Convert once, then replicate the element.
+    const int64_t es = dtype_size(dtype);
+    char one_value[8];
+    convert(&value, DType::kF32, one_value, dtype, 1);
+    char* p = static_cast<char*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(p + i * es, one_value, es);
+  }
+  return t;
+}
+
+Tensor zeros(const Shape& shape, DType dtype, Device device) {
+  Tensor t = Tensor::empty(shape, dtype, device);
+  require_cpu("zeros", t);
+  std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));
+  return t;
+}
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape))
+    throw std::invalid_argument(fmt::format("from_vector: {} values for shape {}", values.size(),
+                                            shape_str(shape)));
+  Tensor t = Tensor::empty(shape, DType::kF32, device);
+  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device) {
+  if (static_cast<int64_t>(values.size()) != shape_numel(shape))
+    throw std::invalid_argument(fmt::format("from_vector: {} values for shape {}", values.size(),
+                                            shape_str(shape)));
+  Tensor t = Tensor::empty(shape, DType::kI32, device);
+  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(int32_t));
+  return t;
+}
+
+Tensor arange(int64_t n, DType dtype, Device device) {
+  Tensor t = Tensor::empty({n}, DType::kF32, device);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(i);
+  return dtype == DType::kF32 ? t : cast(t, dtype);
+}
+
+// ---- views ----
+
+Tensor reshape(const Tensor& x, Shape shape) {
+  int64_t known = 1, infer_at = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer_at >= 0) throw std::invalid_argument("reshape: more than one -1 in the shape");
+      infer_at = static_cast<int64_t>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer_at >= 0) shape[infer_at] = known == 0 ? 0 : x.numel() / known;
+  if (shape_numel(shape) != x.numel())
+    throw std::invalid_argument(fmt::format("reshape: cannot view {} as {}", shape_str(x.shape()),
+                                            shape_str(shape)));
+  if (shape == x.shape()) return x;
+  if (auto strides = view_strides(x.shape(), x.strides(), shape))
+    return run1(std::make_shared<View>(shape, *strides), {x});
+  return run1(std::make_shared<View>(shape, contiguous_strides(shape)), {contiguous(x)});
+}
+
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
+  if (static_cast<int64_t>(dims.size()) != x.dim())
+    throw std::invalid_argument(fmt::format("permute: {} dims for {}", dims.size(), x.str()));
+  std::vector<int64_t> d(dims.size());
+  std::vector<bool> seen(dims.size(), false);
+  for (size_t i = 0; i < dims.size(); ++i) {
+    d[i] = normalize_dim("permute", dims[i], x.dim());
+    if (seen[d[i]]) throw std::invalid_argument("permute: repeated dim");
+    seen[d[i]] = true;
+  }
+  return run1(std::make_shared<Permute>(std::move(d)), {x});
+}
+
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  d0 = normalize_dim("transpose", d0, x.dim());
+  d1 = normalize_dim("transpose", d1, x.dim());
+  std::vector<int64_t> dims(x.dim());
+  for (int64_t i = 0; i < x.dim(); ++i) dims[i] = i;
+  std::swap(dims[d0], dims[d1]);
+  return run1(std::make_shared<Permute>(std::move(dims)), {x});
+}
+
+Tensor expand(const Tensor& x, const Shape& shape) {
+  if (shape == x.shape()) return x;
+  if (broadcast_shapes("expand", x.shape(), shape) != shape)
+    throw std::invalid_argument(
+        fmt::format("expand: cannot expand {} to {}", shape_str(x.shape()), shape_str(shape)));
+  return run1(std::make_shared<Expand>(shape), {x});
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  dim = normalize_dim("chunk", dim, x.dim());
+  if (chunks <= 0 || x.shape()[dim] % chunks != 0)
+    throw std::invalid_argument(fmt::format("chunk: dim {} of size {} does not split into {}",
+                                            dim, x.shape()[dim], chunks));
+  return dispatch(std::make_shared<Chunk>(chunks, dim), {x});
+}
+
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  dim = normalize_dim("narrow", dim, x.dim());
+  if (start < 0 || length < 0 || start + length > x.shape()[dim])
+    throw std::invalid_argument(fmt::format("narrow: [{}, {}) outside dim {} of {}", start,
+                                            start + length, dim, x.str()));
+  return run1(std::make_shared<Narrow>(dim, start, length), {x});
+}
+
+// ---- copies ----
+
+Tensor contiguous(const Tensor& x) { return run1(std::make_shared<Copy>(), {x}); }
+Tensor clone(const Tensor& x) { return run1(std::make_shared<Copy>(), {x}); }
+Tensor cast(const Tensor& x, DType dtype) { return run1(std::make_shared<Cast>(dtype), {x}); }
+
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  if (xs.empty()) throw std::invalid_argument("cat: no tensors");
+  dim = normalize_dim("cat", dim, xs[0].dim());
+  return run1(std::make_shared<Concat>(dim), xs);
+}
+
+// ---- elementwise ----
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  return run1(std::make_shared<Binary>(BinaryOp::kAdd), {a, b});
+}
+Tensor sub(const Tensor& a, const Tensor& b) {
+  return run1(std::make_shared<Binary>(BinaryOp::kSub), {a, b});
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  return run1(std::make_shared<Binary>(BinaryOp::kMul), {a, b});
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  return run1(std::make_shared<Binary>(BinaryOp::kDiv), {a, b});
+}
+Tensor scale(const Tensor& x, float s) { return run1(std::make_shared<Scale>(s), {x}); }
+Tensor gelu(const Tensor& x) { return run1(std::make_shared<Gelu>(), {x}); }
+Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
+  return run1(std::make_shared<GeluBackward>(), {x, grad});
+}
+
+void add_(const Tensor& a, const Tensor& b) {
+  check_same_shape("add_", a, b);
+  check_float32("add_", a);
+  check_float32("add_", b);
+  require_cpu("add_", a);
+  if (!a.is_contiguous()) throw std::invalid_argument("add_: destination must be contiguous");
+  Tensor bc = b.contiguous();
+  cpu::add(a.data<float>(), bc.data<float>(), a.data<float>(), a.numel());
+}
+
+// ---- reductions ----
+
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {
+  dim = normalize_dim("sum", dim, x.dim());
+  return run1(std::make_shared<Sum>(dim, keepdim), {x});
+}
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim) {
+  dim = normalize_dim("mean", dim, x.dim());
+  return scale(sum(x, dim, keepdim), 1.0f / static_cast<float>(x.shape()[dim]));
+}
+Tensor sum(const Tensor& x) { return reshape(sum(reshape(x, {-1}), 0), {}); }
+Tensor mean(const Tensor& x) { return scale(sum(x), 1.0f / static_cast<float>(x.numel())); }
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  Tensor t = x;
+  const int64_t lead = t.dim() - static_cast<int64_t>(shape.size());
+  if (lead < 0)
+    throw std::invalid_argument(
+        fmt::format("sum_to: cannot reduce {} to {}", shape_str(x.shape()), shape_str(shape)));
+  if (lead > 0) {
+    Shape rest(t.shape().begin() + lead, t.shape().end());
+    t = sum(reshape(t, [&] {
+              Shape s{-1};
+              s.insert(s.end(), rest.begin(), rest.end());
+              return s;
+            }()),
+            0);
+  }
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (shape[i] == 1 && t.shape()[i] != 1) t = sum(t, static_cast<int64_t>(i), true);
+  if (t.shape() != shape)
+    throw std::invalid_argument(
+        fmt::format("sum_to: cannot reduce {} to {}", shape_str(x.shape()), shape_str(shape)));
+  return t;
+}
+
+// ---- linear algebra ----
+
+Tensor matmul(const Tensor& a, const Tensor& b) { return run1(std::make_shared<Matmul>(), {a, b}); }
+
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  if (b.defined()) return run1(std::make_shared<Linear>(), {x, w, b});
+  return run1(std::make_shared<Linear>(), {x, w});
+}
+
+// ---- normalisation, softmax, losses ----
+
+Tensor softmax(const Tensor& x, float scale_factor, bool causal) {
+  return run1(std::make_shared<Softmax>(scale_factor, causal), {x});
+}
+Tensor softmax_backward(const Tensor& y, const Tensor& grad, float scale_factor) {
+  return run1(std::make_shared<SoftmaxBackward>(scale_factor), {y, grad});
+}
+
+LayerNormOut layer_norm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  std::vector<Tensor> out = dispatch(std::make_shared<LayerNorm>(eps), {x, w, b});
+  return {out[0], out[1], out[2]};
+}
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
+  return layer_norm_with_stats(x, w, b, eps).y;
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  return run1(std::make_shared<Embedding>(), {weight, indices});
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index) {
+  return run1(std::make_shared<CrossEntropy>(ignore_index), {logits, targets});
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal) {
+  const float s = 1.0f / std::sqrt(static_cast<float>(q.shape().back()));
+  Tensor scores = matmul(q, transpose(k, -2, -1));  // (B, H, T, T)
+  return matmul(softmax(scores, s, causal), v);     // (B, H, T, d)
+}
+
+}  // namespace kuai

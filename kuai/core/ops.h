@@ -1,0 +1,83 @@
+// The op library: free functions that build a primitive and send it through dispatch(), plus
+// creation functions. PyTorch names and semantics unless a comment says otherwise. Float ops
+// take float32 (mixed precision casts at the dispatch point); indices are int32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kuai/core/tensor.h"
+
+namespace kuai {
+
+// ---- creation ----
+Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = kCPU);
+Tensor full(const Shape& shape, float value, DType dtype = DType::kF32, Device device = kCPU);
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = kCPU);
+Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device = kCPU);
+Tensor arange(int64_t n, DType dtype = DType::kI32, Device device = kCPU);
+
+// ---- views (share storage; differentiable) ----
+Tensor reshape(const Tensor& x, Shape shape);  // one dim may be -1; copies only if it must
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);  // equal parts
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor expand(const Tensor& x, const Shape& shape);  // broadcast view (stride 0)
+
+// ---- copies ----
+Tensor contiguous(const Tensor& x);  // always copies
+Tensor clone(const Tensor& x);
+Tensor cast(const Tensor& x, DType dtype);
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
+
+// ---- elementwise, NumPy broadcasting ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor scale(const Tensor& x, float s);  // s * x
+Tensor gelu(const Tensor& x);            // tanh approximation
+Tensor gelu_backward(const Tensor& x, const Tensor& grad);
+// In place, outside autograd: a += b (same shape). Used for gradient accumulation.
+void add_(const Tensor& a, const Tensor& b);
+
+// ---- reductions ----
+Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor sum(const Tensor& x);   // all elements -> scalar (shape ())
+Tensor mean(const Tensor& x);  // all elements -> scalar
+Tensor sum_to(const Tensor& x, const Shape& shape);  // undo broadcasting
+
+// ---- linear algebra ----
+// (..., M, K) @ (..., K, N); batch dims equal, or one side 2-D. Transposed views are free.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x (..., K) @ w(N, K)^T + b(N); bias may be undefined.
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b = Tensor());
+
+// ---- normalisation, softmax, losses ----
+// softmax(scale * x) over the last axis; causal masks column j > row's query index.
+Tensor softmax(const Tensor& x, float scale = 1.0f, bool causal = false);
+Tensor softmax_backward(const Tensor& y, const Tensor& grad, float scale);
+struct LayerNormOut {
+  Tensor y, mean, rstd;  // mean, rstd: (N) fp32, over all leading dims
+};
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps = 1e-5f);
+LayerNormOut layer_norm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, float eps);
+Tensor embedding(const Tensor& weight, const Tensor& indices);  // (V, C), (...) -> (..., C)
+// Mean over targets != ignore_index of -log softmax(logits)[target]. logits (N, V), targets (N).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
+// Naive causal (or not) attention: softmax(q k^T / sqrt(d)) v over (B, H, T, d) views.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = true);
+
+// ---- operators ----
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator*(const Tensor& a, float s) { return scale(a, s); }
+inline Tensor operator*(float s, const Tensor& a) { return scale(a, s); }
+inline Tensor operator/(const Tensor& a, float s) { return scale(a, 1.0f / s); }
+
+}  // namespace kuai

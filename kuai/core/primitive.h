@@ -1,0 +1,48 @@
+// One class per op. A primitive knows its name and class (read by autocast and fusion), infers
+// its outputs' shapes and dtypes, evaluates itself per backend (eval_cpu lives in
+// backend/cpu/eval_<family>.cpp), and says how to differentiate itself by composing other ops
+// (vjp). Backward of a fused op is a primitive of its own (LayerNormBackward, ...).
+#pragma once
+
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "kuai/core/tensor.h"
+
+namespace kuai {
+
+enum class OpClass { kMatmul, kElementwise, kReduction, kNormalization, kAttention, kView, kOther };
+
+struct TensorSpec {
+  Shape shape;
+  DType dtype = DType::kF32;
+};
+
+class Primitive {
+ public:
+  virtual ~Primitive() = default;
+  virtual std::string_view name() const = 0;
+  virtual OpClass op_class() const = 0;
+  // Output shapes and dtypes; throws with the op's name and the offending shapes on mismatch.
+  virtual std::vector<TensorSpec> infer(std::span<const Tensor> in) const = 0;
+  virtual void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const = 0;
+  virtual void eval_cuda(std::span<const Tensor> in, std::span<Tensor> out) const;
+  // Gradients of the inputs given the outputs' gradients (an undefined grad_out means zero).
+  // needs_grad[i] says whether input i's gradient is wanted; return undefined where not.
+  // Inputs and outputs not listed by saves_input / saves_output arrive as meta tensors.
+  virtual std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                                  std::span<const Tensor> grad_out,
+                                  const std::vector<bool>& needs_grad) const = 0;
+  virtual bool saves_input(size_t i) const { return true; }
+  virtual bool saves_output(size_t i) const { return false; }
+  // Whether input i may arrive as a strided view; otherwise dispatch makes it contiguous.
+  virtual bool accepts_strided(size_t i) const { return false; }
+  // View primitives return their outputs as views of the inputs instead of being evaluated.
+  virtual bool is_view() const { return false; }
+  virtual std::vector<Tensor> make_views(std::span<const Tensor> in) const { return {}; }
+  // Integer inputs (indices, targets) never receive gradients.
+  virtual bool differentiable(size_t input) const { return true; }
+};
+
+}  // namespace kuai

@@ -1,0 +1,437 @@
+// Shape inference and vector-Jacobian products of the primitives (evaluation is per backend).
+#include "kuai/core/primitives.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "kuai/core/dispatch.h"
+#include "kuai/core/ops.h"
+#include "kuai/core/shape_util.h"
+
+namespace kuai {
+namespace {
+
+[[noreturn]] void not_twice(std::string_view op) {
+  throw std::logic_error(fmt::format("{} is not differentiable (no double backward)", op));
+}
+
+std::vector<Tensor> one(Tensor t) { return {std::move(t)}; }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Views
+
+std::vector<TensorSpec> ViewPrimitive::infer(std::span<const Tensor>) const { return {}; }
+void ViewPrimitive::eval_cpu(std::span<const Tensor>, std::span<Tensor>) const {}
+
+std::vector<Tensor> View::make_views(std::span<const Tensor> in) const {
+  return one(Tensor::view_of(in[0], shape_, strides_, in[0].offset()));
+}
+std::vector<Tensor> View::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                              std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(reshape(g[0], in[0].shape()));
+}
+
+std::vector<Tensor> Permute::make_views(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  Shape shape(dims_.size()), strides(dims_.size());
+  for (size_t i = 0; i < dims_.size(); ++i) {
+    shape[i] = x.shape()[dims_[i]];
+    strides[i] = x.strides()[dims_[i]];
+  }
+  return one(Tensor::view_of(x, std::move(shape), std::move(strides), x.offset()));
+}
+std::vector<Tensor> Permute::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                 std::span<const Tensor> g, const std::vector<bool>&) const {
+  std::vector<int64_t> inverse(dims_.size());
+  for (size_t i = 0; i < dims_.size(); ++i) inverse[dims_[i]] = static_cast<int64_t>(i);
+  return one(permute(g[0], inverse));
+}
+
+std::vector<Tensor> Expand::make_views(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  const int64_t lead = static_cast<int64_t>(shape_.size()) - x.dim();
+  Shape strides(shape_.size(), 0);
+  for (int64_t i = 0; i < x.dim(); ++i)
+    strides[lead + i] = x.shape()[i] == shape_[lead + i] ? x.strides()[i] : 0;
+  return one(Tensor::view_of(x, shape_, std::move(strides), x.offset()));
+}
+std::vector<Tensor> Expand::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(sum_to(g[0], in[0].shape()));
+}
+
+std::vector<Tensor> Chunk::make_views(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  const int64_t part = x.shape()[dim_] / chunks_;
+  std::vector<Tensor> out;
+  Shape shape = x.shape();
+  shape[dim_] = part;
+  for (int64_t c = 0; c < chunks_; ++c)
+    out.push_back(
+        Tensor::view_of(x, shape, x.strides(), x.offset() + c * part * x.strides()[dim_]));
+  return out;
+}
+std::vector<Tensor> Chunk::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                               std::span<const Tensor> g, const std::vector<bool>&) const {
+  std::vector<Tensor> parts;
+  for (size_t c = 0; c < g.size(); ++c)
+    parts.push_back(g[c].defined() ? g[c] : zeros(out[c].shape(), out[c].dtype(), out[c].device()));
+  return one(cat(parts, dim_));
+}
+
+std::vector<Tensor> Narrow::make_views(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  Shape shape = x.shape();
+  shape[dim_] = length_;
+  return one(Tensor::view_of(x, std::move(shape), x.strides(),
+                             x.offset() + start_ * x.strides()[dim_]));
+}
+std::vector<Tensor> Narrow::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>&) const {
+  return dispatch(std::make_shared<NarrowBackward>(in[0].shape(), dim_, start_), {g[0]});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Copies
+
+std::vector<TensorSpec> Copy::infer(std::span<const Tensor> in) const {
+  return {{in[0].shape(), in[0].dtype()}};
+}
+std::vector<Tensor> Copy::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                              std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(g[0]);
+}
+
+std::vector<TensorSpec> Cast::infer(std::span<const Tensor> in) const {
+  return {{in[0].shape(), to_}};
+}
+std::vector<Tensor> Cast::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                              std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(cast(g[0], in[0].dtype()));
+}
+
+std::vector<TensorSpec> Concat::infer(std::span<const Tensor> in) const {
+  if (in.empty()) throw std::invalid_argument("cat: no tensors");
+  Shape shape = in[0].shape();
+  const int64_t d = dim_;
+  if (d < 0 || d >= in[0].dim())
+    throw std::invalid_argument(fmt::format("cat: dim {} out of range for {}", d, in[0].str()));
+  for (size_t i = 1; i < in.size(); ++i) {
+    bool ok = in[i].dim() == in[0].dim() && in[i].dtype() == in[0].dtype();
+    for (int64_t k = 0; ok && k < in[0].dim(); ++k)
+      ok = k == d || in[i].shape()[k] == in[0].shape()[k];
+    if (!ok)
+      throw std::invalid_argument(fmt::format("cat: {} and {} do not match outside dim {}",
+                                              in[0].str(), in[i].str(), d));
+    shape[d] += in[i].shape()[d];
+  }
+  return {{shape, in[0].dtype()}};
+}
+std::vector<Tensor> Concat::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>& needs) const {
+  std::vector<Tensor> out(in.size());
+  int64_t start = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    const int64_t len = in[i].shape()[dim_];
+    if (needs[i]) out[i] = narrow(g[0], dim_, start, len);
+    start += len;
+  }
+  return out;
+}
+
+std::vector<TensorSpec> NarrowBackward::infer(std::span<const Tensor> in) const {
+  return {{shape_, in[0].dtype()}};
+}
+std::vector<Tensor> NarrowBackward::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                        std::span<const Tensor> g,
+                                        const std::vector<bool>&) const {
+  return one(narrow(g[0], dim_, start_, in[0].shape()[dim_]));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Elementwise
+
+std::string_view Binary::name() const {
+  switch (op_) {
+    case BinaryOp::kAdd: return "add";
+    case BinaryOp::kSub: return "sub";
+    case BinaryOp::kMul: return "mul";
+    case BinaryOp::kDiv: return "div";
+  }
+  return "binary";
+}
+
+std::vector<TensorSpec> Binary::infer(std::span<const Tensor> in) const {
+  check_float32(name(), in[0]);
+  check_float32(name(), in[1]);
+  return {{broadcast_shapes(name(), in[0].shape(), in[1].shape()), DType::kF32}};
+}
+
+std::vector<Tensor> Binary::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>& needs) const {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const Tensor& gy = g[0];
+  std::vector<Tensor> out(2);
+  switch (op_) {
+    case BinaryOp::kAdd:
+      if (needs[0]) out[0] = sum_to(gy, a.shape());
+      if (needs[1]) out[1] = sum_to(gy, b.shape());
+      break;
+    case BinaryOp::kSub:
+      if (needs[0]) out[0] = sum_to(gy, a.shape());
+      if (needs[1]) out[1] = sum_to(scale(gy, -1.0f), b.shape());
+      break;
+    case BinaryOp::kMul:
+      if (needs[0]) out[0] = sum_to(mul(gy, b), a.shape());
+      if (needs[1]) out[1] = sum_to(mul(gy, a), b.shape());
+      break;
+    case BinaryOp::kDiv:
+      if (needs[0]) out[0] = sum_to(div(gy, b), a.shape());
+      if (needs[1]) out[1] = sum_to(scale(div(mul(gy, a), mul(b, b)), -1.0f), b.shape());
+      break;
+  }
+  return out;
+}
+
+std::vector<TensorSpec> Scale::infer(std::span<const Tensor> in) const {
+  check_float32(name(), in[0]);
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> Scale::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                               std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(scale(g[0], s_));
+}
+
+std::vector<TensorSpec> Gelu::infer(std::span<const Tensor> in) const {
+  check_float32(name(), in[0]);
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> Gelu::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                              std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(gelu_backward(in[0], g[0]));
+}
+
+std::vector<TensorSpec> GeluBackward::infer(std::span<const Tensor> in) const {
+  check_same_shape(name(), in[0], in[1]);
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> GeluBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                      std::span<const Tensor>, const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions
+
+std::vector<TensorSpec> Sum::infer(std::span<const Tensor> in) const {
+  check_float32(name(), in[0]);
+  Shape s = in[0].shape();
+  if (dim_ < 0 || dim_ >= in[0].dim())
+    throw std::invalid_argument(fmt::format("sum: dim {} out of range for {}", dim_, in[0].str()));
+  if (keepdim_)
+    s[dim_] = 1;
+  else
+    s.erase(s.begin() + dim_);
+  return {{s, DType::kF32}};
+}
+std::vector<Tensor> Sum::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                             std::span<const Tensor> g, const std::vector<bool>&) const {
+  Shape kept = in[0].shape();
+  kept[dim_] = 1;
+  return one(expand(reshape(g[0], kept), in[0].shape()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Linear algebra
+
+std::vector<TensorSpec> Matmul::infer(std::span<const Tensor> in) const {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  check_float32(name(), a);
+  check_float32(name(), b);
+  if (a.dim() < 2 || b.dim() < 2 || a.shape().back() != b.shape()[b.dim() - 2])
+    throw std::invalid_argument(
+        fmt::format("matmul: cannot multiply {} by {}", shape_str(a.shape()), shape_str(b.shape())));
+  Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  if (!ba.empty() && !bb.empty() && ba != bb)
+    throw std::invalid_argument(fmt::format("matmul: batch dims of {} and {} differ",
+                                            shape_str(a.shape()), shape_str(b.shape())));
+  Shape out = ba.empty() ? bb : ba;
+  out.push_back(a.shape()[a.dim() - 2]);
+  out.push_back(b.shape().back());
+  return {{out, DType::kF32}};
+}
+
+std::vector<Tensor> Matmul::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>& needs) const {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  const Tensor& gy = g[0];
+  std::vector<Tensor> out(2);
+  if (needs[0]) {
+    if (a.dim() == 2 && b.dim() > 2) {  // a was broadcast over b's batch
+      Tensor ga = matmul(gy, transpose(b, -1, -2));
+      out[0] = sum_to(ga, a.shape());
+    } else {
+      out[0] = matmul(gy, transpose(b, -1, -2));
+    }
+  }
+  if (needs[1]) {
+    if (b.dim() == 2 && a.dim() > 2) {  // fold a's batch into rows: (K, R) @ (R, N)
+      const int64_t K = a.shape().back(), N = gy.shape().back();
+      out[1] = matmul(transpose(reshape(a, {-1, K}), 0, 1), reshape(gy, {-1, N}));
+    } else if (a.dim() == 2 && b.dim() > 2) {
+      out[1] = matmul(transpose(a, -1, -2), gy);
+    } else {
+      out[1] = matmul(transpose(a, -1, -2), gy);
+    }
+  }
+  return out;
+}
+
+std::vector<TensorSpec> Linear::infer(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  for (const Tensor& t : in) check_float32(name(), t);
+  if (x.dim() < 1 || w.dim() != 2 || x.shape().back() != w.shape()[1])
+    throw std::invalid_argument(fmt::format("linear: input {} does not fit weight {}",
+                                            shape_str(x.shape()), shape_str(w.shape())));
+  if (in.size() == 3 && (in[2].dim() != 1 || in[2].shape()[0] != w.shape()[0]))
+    throw std::invalid_argument(fmt::format("linear: bias {} does not fit weight {}",
+                                            shape_str(in[2].shape()), shape_str(w.shape())));
+  Shape out = x.shape();
+  out.back() = w.shape()[0];
+  return {{out, DType::kF32}};
+}
+
+std::vector<Tensor> Linear::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>& needs) const {
+  const Tensor& x = in[0];
+  const Tensor& w = in[1];
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  Tensor g2 = reshape(g[0], {-1, N});  // (R, N)
+  std::vector<Tensor> out(in.size());
+  if (needs[0]) out[0] = reshape(matmul(g2, w), x.shape());                   // (R, K)
+  if (needs[1]) out[1] = matmul(transpose(g2, 0, 1), reshape(x, {-1, K}));  // (N, K)
+  if (in.size() == 3 && needs[2]) out[2] = sum(g2, 0);                        // (N)
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Normalisation, softmax, losses
+
+std::vector<TensorSpec> Softmax::infer(std::span<const Tensor> in) const {
+  check_float32(name(), in[0]);
+  if (in[0].dim() < 1) throw std::invalid_argument("softmax: needs at least one dimension");
+  if (causal_ && (in[0].dim() < 2 || in[0].shape().back() != in[0].shape()[in[0].dim() - 2]))
+    throw std::invalid_argument("softmax: causal needs square (..., T, T) scores, got " +
+                                shape_str(in[0].shape()));
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> Softmax::vjp(std::span<const Tensor>, std::span<const Tensor> out,
+                                 std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(softmax_backward(out[0], g[0], scale_));
+}
+
+std::vector<TensorSpec> SoftmaxBackward::infer(std::span<const Tensor> in) const {
+  check_same_shape(name(), in[0], in[1]);
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> SoftmaxBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                         std::span<const Tensor>, const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+std::vector<TensorSpec> LayerNorm::infer(std::span<const Tensor> in) const {
+  for (const Tensor& t : in) check_float32(name(), t);
+  const Tensor& x = in[0];
+  if (x.dim() < 1) throw std::invalid_argument("layer_norm: needs at least one dimension");
+  const int64_t C = x.shape().back();
+  for (size_t i = 1; i < 3; ++i)
+    if (in[i].dim() != 1 || in[i].shape()[0] != C)
+      throw std::invalid_argument(fmt::format("layer_norm: {} {} does not fit input {}",
+                                              i == 1 ? "weight" : "bias", shape_str(in[i].shape()),
+                                              shape_str(x.shape())));
+  const int64_t N = C == 0 ? 0 : x.numel() / C;
+  return {{x.shape(), DType::kF32}, {{N}, DType::kF32}, {{N}, DType::kF32}};
+}
+std::vector<Tensor> LayerNorm::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                                   std::span<const Tensor> g, const std::vector<bool>& needs) const {
+  if (!g[0].defined()) return std::vector<Tensor>(3);
+  return dispatch(std::make_shared<LayerNormBackward>(), {in[0], in[1], out[1], out[2], g[0]});
+}
+
+std::vector<TensorSpec> LayerNormBackward::infer(std::span<const Tensor> in) const {
+  check_same_shape(name(), in[0], in[4]);
+  return {{in[0].shape(), DType::kF32}, {in[1].shape(), DType::kF32}, {in[1].shape(), DType::kF32}};
+}
+std::vector<Tensor> LayerNormBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                           std::span<const Tensor>,
+                                           const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+std::vector<TensorSpec> Embedding::infer(std::span<const Tensor> in) const {
+  const Tensor& w = in[0];
+  const Tensor& idx = in[1];
+  check_float32(name(), w);
+  if (w.dim() != 2) throw std::invalid_argument("embedding: weight must be 2-D, got " + w.str());
+  if (idx.dtype() != DType::kI32)
+    throw std::invalid_argument("embedding: indices must be int32, got " + idx.str());
+  Shape out = idx.shape();
+  out.push_back(w.shape()[1]);
+  return {{out, DType::kF32}};
+}
+std::vector<Tensor> Embedding::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                   std::span<const Tensor> g, const std::vector<bool>&) const {
+  return {dispatch(std::make_shared<EmbeddingBackward>(in[0].shape()[0]), {in[1], g[0]})[0],
+          Tensor()};
+}
+
+std::vector<TensorSpec> EmbeddingBackward::infer(std::span<const Tensor> in) const {
+  const int64_t C = in[1].shape().back();
+  if (in[1].numel() != in[0].numel() * C)
+    throw std::invalid_argument(fmt::format("embedding_backward: grad {} does not fit indices {}",
+                                            shape_str(in[1].shape()), shape_str(in[0].shape())));
+  return {{{num_, C}, DType::kF32}};
+}
+std::vector<Tensor> EmbeddingBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                           std::span<const Tensor>,
+                                           const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+std::vector<TensorSpec> CrossEntropy::infer(std::span<const Tensor> in) const {
+  const Tensor& logits = in[0];
+  const Tensor& targets = in[1];
+  check_float32(name(), logits);
+  if (logits.dim() != 2 || targets.dim() != 1 || targets.shape()[0] != logits.shape()[0] ||
+      targets.dtype() != DType::kI32)
+    throw std::invalid_argument(fmt::format(
+        "cross_entropy: expected logits (N, V) float32 and targets (N) int32, got {} and {}",
+        logits.str(), targets.str()));
+  const int64_t N = logits.shape()[0];
+  return {{{}, DType::kF32}, {{N}, DType::kF32}, {{}, DType::kF32}};
+}
+std::vector<Tensor> CrossEntropy::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                                      std::span<const Tensor> g, const std::vector<bool>&) const {
+  if (!g[0].defined()) return std::vector<Tensor>(2);
+  return {dispatch(std::make_shared<CrossEntropyBackward>(ignore_),
+                   {in[0], in[1], out[1], out[2], g[0]})[0],
+          Tensor()};
+}
+
+std::vector<TensorSpec> CrossEntropyBackward::infer(std::span<const Tensor> in) const {
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> CrossEntropyBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                              std::span<const Tensor>,
+                                              const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+}  // namespace kuai

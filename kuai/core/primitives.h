@@ -1,0 +1,278 @@
+// The primitive classes, one per op. infer() and vjp() are defined in primitives.cpp; each
+// eval_cpu() in backend/cpu/eval_<family>.cpp. Adding an op means: a class here, its eval, its
+// vjp, its test entry in tests/core/test_ops.cpp.
+#pragma once
+
+#include "kuai/core/primitive.h"
+
+namespace kuai {
+
+#define KUAI_PRIMITIVE_COMMON(NAME, CLASS)                                                   \
+  std::string_view name() const override { return NAME; }                                  \
+  OpClass op_class() const override { return CLASS; }                                      \
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;                \
+  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;         \
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,          \
+                          std::span<const Tensor> grad_out, const std::vector<bool>& needs) \
+      const override;
+
+// ---- views: no evaluation, outputs alias the input ----
+class ViewPrimitive : public Primitive {
+ public:
+  OpClass op_class() const override { return OpClass::kView; }
+  bool is_view() const override { return true; }
+  bool accepts_strided(size_t) const override { return true; }
+  bool saves_input(size_t) const override { return false; }
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;
+  void eval_cpu(std::span<const Tensor>, std::span<Tensor>) const override;
+};
+
+class View final : public ViewPrimitive {  // reshape without a copy (strides must allow it)
+ public:
+  View(Shape shape, Shape strides) : shape_(std::move(shape)), strides_(std::move(strides)) {}
+  std::string_view name() const override { return "view"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+
+ private:
+  Shape shape_, strides_;
+};
+
+class Permute final : public ViewPrimitive {
+ public:
+  explicit Permute(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
+  std::string_view name() const override { return "permute"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+
+ private:
+  std::vector<int64_t> dims_;
+};
+
+class Expand final : public ViewPrimitive {  // broadcast to a larger shape with stride 0
+ public:
+  explicit Expand(Shape shape) : shape_(std::move(shape)) {}
+  std::string_view name() const override { return "expand"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+
+ private:
+  Shape shape_;
+};
+
+class Chunk final : public ViewPrimitive {  // `chunks` equal slices along dim, as outputs
+ public:
+  Chunk(int64_t chunks, int64_t dim) : chunks_(chunks), dim_(dim) {}
+  std::string_view name() const override { return "chunk"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+
+ private:
+  int64_t chunks_, dim_;
+};
+
+class Narrow final : public ViewPrimitive {
+ public:
+  Narrow(int64_t dim, int64_t start, int64_t length) : dim_(dim), start_(start), length_(length) {}
+  std::string_view name() const override { return "narrow"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+
+ private:
+  int64_t dim_, start_, length_;
+};
+
+// ---- copies ----
+class Copy final : public Primitive {  // strided -> contiguous
+ public:
+  KUAI_PRIMITIVE_COMMON("copy", OpClass::kElementwise)
+  bool accepts_strided(size_t) const override { return true; }
+  bool saves_input(size_t) const override { return false; }
+};
+
+class Cast final : public Primitive {
+ public:
+  explicit Cast(DType to) : to_(to) {}
+  KUAI_PRIMITIVE_COMMON("cast", OpClass::kElementwise)
+  bool saves_input(size_t) const override { return false; }
+
+ private:
+  DType to_;
+};
+
+class Concat final : public Primitive {
+ public:
+  explicit Concat(int64_t dim) : dim_(dim) {}
+  KUAI_PRIMITIVE_COMMON("cat", OpClass::kOther)
+  bool accepts_strided(size_t) const override { return true; }
+  bool saves_input(size_t) const override { return false; }
+
+ private:
+  int64_t dim_;
+};
+
+// Gradient of narrow: a zero tensor of `shape` with the slice set to the input.
+class NarrowBackward final : public Primitive {
+ public:
+  NarrowBackward(Shape shape, int64_t dim, int64_t start)
+      : shape_(std::move(shape)), dim_(dim), start_(start) {}
+  KUAI_PRIMITIVE_COMMON("narrow_backward", OpClass::kOther)
+  bool saves_input(size_t) const override { return false; }
+
+ private:
+  Shape shape_;
+  int64_t dim_, start_;
+};
+
+// ---- elementwise ----
+enum class BinaryOp { kAdd, kSub, kMul, kDiv };
+class Binary final : public Primitive {
+ public:
+  explicit Binary(BinaryOp op) : op_(op) {}
+  std::string_view name() const override;
+  OpClass op_class() const override { return OpClass::kElementwise; }
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;
+  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+  bool saves_input(size_t i) const override { return op_ == BinaryOp::kMul || op_ == BinaryOp::kDiv; }
+  BinaryOp op() const { return op_; }
+
+ private:
+  BinaryOp op_;
+};
+
+class Scale final : public Primitive {
+ public:
+  explicit Scale(float s) : s_(s) {}
+  KUAI_PRIMITIVE_COMMON("scale", OpClass::kElementwise)
+  bool saves_input(size_t) const override { return false; }
+
+ private:
+  float s_;
+};
+
+class Gelu final : public Primitive {
+ public:
+  KUAI_PRIMITIVE_COMMON("gelu", OpClass::kElementwise)
+};
+
+class GeluBackward final : public Primitive {  // (x, dy) -> dx
+ public:
+  KUAI_PRIMITIVE_COMMON("gelu_backward", OpClass::kElementwise)
+};
+
+// ---- reductions ----
+class Sum final : public Primitive {
+ public:
+  Sum(int64_t dim, bool keepdim) : dim_(dim), keepdim_(keepdim) {}
+  KUAI_PRIMITIVE_COMMON("sum", OpClass::kReduction)
+  bool saves_input(size_t) const override { return false; }
+
+ private:
+  int64_t dim_;
+  bool keepdim_;
+};
+
+// ---- linear algebra ----
+class Matmul final : public Primitive {
+ public:
+  KUAI_PRIMITIVE_COMMON("matmul", OpClass::kMatmul)
+  bool accepts_strided(size_t) const override { return true; }
+};
+
+class Linear final : public Primitive {  // (x, w[, b])
+ public:
+  KUAI_PRIMITIVE_COMMON("linear", OpClass::kMatmul)
+  bool saves_input(size_t i) const override { return i < 2; }
+};
+
+// ---- normalisation, softmax, losses ----
+class Softmax final : public Primitive {
+ public:
+  Softmax(float scale, bool causal) : scale_(scale), causal_(causal) {}
+  KUAI_PRIMITIVE_COMMON("softmax", OpClass::kNormalization)
+  bool saves_input(size_t) const override { return false; }
+  bool saves_output(size_t) const override { return true; }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+class SoftmaxBackward final : public Primitive {  // (y, dy) -> dx
+ public:
+  explicit SoftmaxBackward(float scale) : scale_(scale) {}
+  KUAI_PRIMITIVE_COMMON("softmax_backward", OpClass::kNormalization)
+
+ private:
+  float scale_;
+};
+
+class LayerNorm final : public Primitive {  // (x, w, b) -> (y, mean, rstd)
+ public:
+  explicit LayerNorm(float eps) : eps_(eps) {}
+  KUAI_PRIMITIVE_COMMON("layer_norm", OpClass::kNormalization)
+  bool saves_input(size_t i) const override { return i < 2; }
+  bool saves_output(size_t j) const override { return j > 0; }
+
+ private:
+  float eps_;
+};
+
+class LayerNormBackward final : public Primitive {  // (x, w, mean, rstd, dy) -> (dx, dw, db)
+ public:
+  KUAI_PRIMITIVE_COMMON("layer_norm_backward", OpClass::kNormalization)
+};
+
+class Embedding final : public Primitive {  // (weight, indices) -> rows
+ public:
+  KUAI_PRIMITIVE_COMMON("embedding", OpClass::kOther)
+  bool saves_input(size_t i) const override { return i == 1; }
+  bool differentiable(size_t i) const override { return i == 0; }
+};
+
+class EmbeddingBackward final : public Primitive {  // (indices, dout) -> dweight (V, C)
+ public:
+  explicit EmbeddingBackward(int64_t num_embeddings) : num_(num_embeddings) {}
+  KUAI_PRIMITIVE_COMMON("embedding_backward", OpClass::kOther)
+
+ private:
+  int64_t num_;
+};
+
+class CrossEntropy final : public Primitive {  // (logits, targets) -> (loss, lse, count)
+ public:
+  explicit CrossEntropy(int32_t ignore_index) : ignore_(ignore_index) {}
+  KUAI_PRIMITIVE_COMMON("cross_entropy", OpClass::kNormalization)
+  bool saves_output(size_t j) const override { return j > 0; }
+  bool differentiable(size_t i) const override { return i == 0; }
+
+ private:
+  int32_t ignore_;
+};
+
+// (logits, targets, lse, count, dloss) -> dlogits
+class CrossEntropyBackward final : public Primitive {
+ public:
+  explicit CrossEntropyBackward(int32_t ignore_index) : ignore_(ignore_index) {}
+  KUAI_PRIMITIVE_COMMON("cross_entropy_backward", OpClass::kNormalization)
+
+ private:
+  int32_t ignore_;
+};
+
+#undef KUAI_PRIMITIVE_COMMON
+
+}  // namespace kuai

@@ -1,0 +1,152 @@
+// Tensor handle: construction, views, shape helpers, and the member shortcuts into ops.h.
+#include "kuai/core/tensor.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+#include "kuai/core/autograd.h"
+#include "kuai/core/ops.h"
+
+namespace kuai {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "(";
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) out += ", ";
+    out += std::to_string(s[i]);
+  }
+  if (s.size() == 1) out += ",";
+  return out + ")";
+}
+
+int64_t shape_numel(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Shape contiguous_strides(const Shape& s) {
+  Shape st(s.size());
+  int64_t acc = 1;
+  for (int64_t i = static_cast<int64_t>(s.size()) - 1; i >= 0; --i) {
+    st[i] = acc;
+    acc *= s[i];
+  }
+  return st;
+}
+
+Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
+  data = Allocator::get().allocate(n, d);
+}
+Storage::~Storage() { Allocator::get().deallocate(data, nbytes, device); }
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    if (d < 0) throw std::invalid_argument("empty: negative dimension in shape " + shape_str(shape));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  impl->storage =
+      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape) * dtype_size(dtype)), device);
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::meta(const Shape& shape, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::view_of(const Tensor& base, Shape shape, Shape strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->device = base.device();
+  impl->storage = base.storage();
+  return Tensor(std::move(impl));
+}
+
+int64_t Tensor::size(int64_t d) const {
+  const int64_t n = dim();
+  if (d < 0) d += n;
+  if (d < 0 || d >= n) throw std::out_of_range(fmt::format("size: dim {} of {}", d, str()));
+  return impl_->shape[d];
+}
+
+int64_t Tensor::stride(int64_t d) const {
+  const int64_t n = dim();
+  if (d < 0) d += n;
+  if (d < 0 || d >= n) throw std::out_of_range(fmt::format("stride: dim {} of {}", d, str()));
+  return impl_->strides[d];
+}
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (int64_t i = dim() - 1; i >= 0; --i) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+void* Tensor::raw_data() const {
+  if (!impl_ || !impl_->storage) throw std::logic_error("tensor has no storage: " + str());
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
+}
+
+Tensor& Tensor::requires_grad_(bool on) {
+  if (on && !is_floating(dtype()))
+    throw std::invalid_argument("requires_grad_: only floating tensors can require grad, got " +
+                                str());
+  if (!is_leaf()) throw std::invalid_argument("requires_grad_: only on leaf tensors");
+  impl_->requires_grad = on;
+  return *this;
+}
+
+void Tensor::backward(const Tensor& grad_output) const { autograd::backward(*this, grad_output); }
+
+void Tensor::register_hook(GradHook hook) {
+  if (!is_leaf() || !requires_grad())
+    throw std::invalid_argument("register_hook: only on leaf tensors that require grad");
+  impl_->hooks.push_back(std::move(hook));
+}
+
+Tensor Tensor::detach() const {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = impl_->shape;
+  impl->strides = impl_->strides;
+  impl->offset = impl_->offset;
+  impl->dtype = impl_->dtype;
+  impl->device = impl_->device;
+  impl->storage = impl_->storage;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::reshape(const Shape& shape) const { return kuai::reshape(*this, shape); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return kuai::transpose(*this, d0, d1); }
+Tensor Tensor::contiguous() const { return is_contiguous() ? *this : kuai::contiguous(*this); }
+Tensor Tensor::to(DType dtype) const { return dtype == this->dtype() ? *this : cast(*this, dtype); }
+Tensor Tensor::clone() const { return kuai::clone(*this); }
+
+float Tensor::item() const {
+  if (numel() != 1) throw std::invalid_argument("item: expected one element, got " + str());
+  float v = 0;
+  convert(raw_data(), dtype(), &v, DType::kF32, 1);
+  return v;
+}
+
+std::string Tensor::str() const {
+  if (!impl_) return "Tensor(undefined)";
+  return fmt::format("Tensor({}, {})", dtype_name(dtype()), shape_str(shape()));
+}
+
+}  // namespace kuai

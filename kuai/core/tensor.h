@@ -1,0 +1,132 @@
+// The tensor handle: cheap to copy (shared ownership of one TensorImpl), over a shape, strides,
+// an element offset, a dtype, a device, a storage, and the autograd state (requires_grad, grad,
+// the node that produced it, grad-ready hooks on leaves). Views (reshape, transpose, chunk)
+// share storage. Ops on tensors are free functions in ops.h; the members here are shortcuts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kuai/core/allocator.h"
+#include "kuai/core/device.h"
+#include "kuai/core/dtype.h"
+
+namespace kuai {
+
+using Shape = std::vector<int64_t>;
+
+std::string shape_str(const Shape& s);  // "(2, 3, 4)"
+int64_t shape_numel(const Shape& s);
+Shape contiguous_strides(const Shape& s);
+
+// Bytes owned through the allocator; returned to it when the last tensor lets go.
+struct Storage {
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+};
+
+namespace autograd {
+class Node;
+}
+class Tensor;
+using GradHook = std::function<void(const Tensor& grad)>;
+
+struct TensorImpl {
+  Shape shape;
+  Shape strides;  // in elements
+  int64_t offset = 0;
+  DType dtype = DType::kF32;
+  Device device = kCPU;
+  std::shared_ptr<Storage> storage;  // null for a meta tensor (shape and dtype only)
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
+  int output_nr = 0;                        // which output of grad_fn this is
+  std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: shared by every use in a graph
+  std::vector<GradHook> hooks;                     // leaves: fired once its grad is final
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // Uninitialised contiguous tensor from the allocator.
+  static Tensor empty(const Shape& shape, DType dtype = DType::kF32, Device device = kCPU);
+  // Shape and dtype without storage: what autograd keeps of inputs it does not need to save.
+  static Tensor meta(const Shape& shape, DType dtype, Device device = kCPU);
+  // A view over another tensor's storage.
+  static Tensor view_of(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  const Shape& strides() const { return impl_->strides; }
+  int64_t offset() const { return impl_->offset; }
+  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t stride(int64_t d) const;  // likewise
+  int64_t numel() const { return shape_numel(impl_->shape); }
+  int64_t nbytes() const { return numel() * dtype_size(impl_->dtype); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->device; }
+  bool is_contiguous() const;
+  bool has_storage() const { return impl_ && impl_->storage != nullptr; }
+  const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
+
+  void* raw_data() const;  // pointer to element 0 of this view
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw_data());
+  }
+
+  // ---- autograd ----
+  bool requires_grad() const { return impl_->requires_grad; }
+  Tensor& requires_grad_(bool on = true);
+  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  Tensor grad() const { return Tensor(impl_->grad); }
+  void set_grad(const Tensor& g) { impl_->grad = g.impl_; }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl_->grad_fn; }
+  int output_nr() const { return impl_->output_nr; }
+  // Gradient of this (scalar unless grad_output is given) with respect to every leaf that
+  // requires grad; accumulates into their .grad.
+  void backward(const Tensor& grad_output = Tensor()) const;
+  // Fires once per backward, after this leaf's gradient is final and accumulated into .grad.
+  void register_hook(GradHook hook);
+  // Same data, cut from the graph.
+  Tensor detach() const;
+
+  // ---- shortcuts for ops.h ----
+  Tensor reshape(const Shape& shape) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor contiguous() const;
+  Tensor to(DType dtype) const;
+  Tensor clone() const;
+  float item() const;  // the one element, as float
+  template <typename T>
+  std::vector<T> to_vector() const;  // a contiguous copy of the elements (same dtype)
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& o) const { return impl_ == o.impl_; }
+  std::string str() const;  // "Tensor(float32, (2, 3))"
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+template <typename T>
+std::vector<T> Tensor::to_vector() const {
+  Tensor c = contiguous();
+  const T* p = c.data<T>();
+  return std::vector<T>(p, p + c.numel());
+}
+
+}  // namespace kuai

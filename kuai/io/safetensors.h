@@ -1,0 +1,83 @@
+// Reader and writer for the safetensors format, independent of kuai's Tensor type.
+//
+// Layout of a file: an 8-byte little-endian u64 header length N, N bytes of JSON header
+//   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value", ...}}
+// padded with spaces, then the raw little-endian tensor bytes; offsets are relative to the
+// start of that data section. The reader memory-maps the file and validates every field
+// before exposing it; every failure throws std::runtime_error naming the file and the check.
+// The writer writes `path + ".tmp"`, fsyncs it and renames it over `path`, so a good file is
+// never replaced by a partial one.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kuai::io {
+
+// Headers larger than this are rejected before they are parsed.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100ull * 1024 * 1024;
+
+// Bytes per element of a safetensors dtype name ("F32", "BF16", "I64", ...); 0 if unknown.
+uint64_t safetensors_dtype_size(std::string_view dtype);
+
+// One tensor described by a file's header.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;           // as spelled in the format: "F32", "BF16", "F16", "I32", ...
+  std::vector<int64_t> shape;  // empty for a scalar
+  uint64_t begin = 0;          // byte offsets into the data section, begin <= end
+  uint64_t end = 0;
+};
+
+// A validated, memory-mapped safetensors file. Copies share the mapping.
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`; throws std::runtime_error("<path>: <check that failed>").
+  static SafetensorsFile open(const std::string& path);
+
+  // Entries in the order of the header.
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  // The entry called `name`, or nullptr.
+  const SafetensorsEntry* find(std::string_view name) const;
+  // The raw bytes of an entry of this file (end - begin bytes, little-endian, no alignment
+  // guarantee beyond what the writer chose: copy with memcpy before reinterpreting).
+  std::span<const std::byte> data(const SafetensorsEntry& entry) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Mapping;
+
+  SafetensorsFile() = default;
+
+  std::string path_;
+  std::shared_ptr<const Mapping> mapping_;
+  const std::byte* data_begin_ = nullptr;  // start of the data section inside the mapping
+  uint64_t data_size_ = 0;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t, std::less<>> index_;  // name -> position in entries_
+  std::map<std::string, std::string> metadata_;
+};
+
+// A tensor to write: borrowed bytes, `nbytes` must equal prod(shape) * dtype size.
+struct SafetensorsView {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+};
+
+// Writes `tensors` (in the given order, packed back to back) and `metadata` to `path`
+// atomically. Throws std::runtime_error naming the file on an invalid view or an I/O error.
+void write_safetensors(const std::string& path, const std::vector<SafetensorsView>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+}  // namespace kuai::io

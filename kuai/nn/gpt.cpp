@@ -1,0 +1,103 @@
+// The GPT model (see gpt.h).
+#include "kuai/nn/gpt.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kuai/core/autograd.h"
+#include "kuai/core/ops.h"
+
+namespace kuai::nn {
+
+CausalSelfAttention::CausalSelfAttention(int64_t d_model, int64_t n_head, Generator& gen)
+    : n_head_(n_head) {
+  if (n_head <= 0 || d_model % n_head != 0)
+    throw std::invalid_argument(
+        fmt::format("attention: d_model {} is not divisible by n_head {}", d_model, n_head));
+  c_attn_ = register_module("c_attn", std::make_shared<Linear>(d_model, 3 * d_model, true, gen));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(d_model, d_model, true, gen));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) const {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, hd = C / H;
+  std::vector<Tensor> qkv = chunk(c_attn_->forward(x), 3, -1);  // 3 x (B, T, C) views
+  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, hd}), 1, 2); };
+  Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                          /*causal=*/true);  // (B, H, T, hd)
+  y = reshape(transpose(y, 1, 2), {B, T, C});                // copies into (B, T, C)
+  return c_proj_->forward(y);
+}
+
+MLP::MLP(int64_t d_model, Generator& gen) {
+  c_fc_ = register_module("c_fc", std::make_shared<Linear>(d_model, 4 * d_model, true, gen));
+  c_proj_ = register_module("c_proj", std::make_shared<Linear>(4 * d_model, d_model, true, gen));
+}
+
+Tensor MLP::forward(const Tensor& x) const { return c_proj_->forward(gelu(c_fc_->forward(x))); }
+
+Block::Block(const GPTConfig& cfg, Generator& gen) {
+  ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model));
+  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(cfg.d_model, cfg.n_head, gen));
+  ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model));
+  mlp_ = register_module("mlp", std::make_shared<MLP>(cfg.d_model, gen));
+}
+
+Tensor Block::forward(const Tensor& x) const {
+  Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
+  return add(h, mlp_->forward(ln_2_->forward(h)));
+}
+
+GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg) {
+  if (cfg.vocab_size <= 0 || cfg.n_layer <= 0 || cfg.d_model <= 0 || cfg.seq_len <= 0)
+    throw std::invalid_argument("GPT: vocab_size, n_layer, d_model and seq_len must be positive");
+  Generator gen(seed, /*stream=*/0);
+  wte_ = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen));
+  wpe_ = register_module("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen));
+  for (int64_t i = 0; i < cfg.n_layer; ++i)
+    h_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(cfg, gen)));
+  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(cfg.d_model));
+
+  // GPT-2 initialisation, in parameter order from one stream.
+  Generator init(seed, /*stream=*/1);
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
+  for (auto& [name, p] : named_parameters()) {
+    const bool is_bias = name.ends_with(".bias");
+    const bool is_ln = name.find("ln_") != std::string::npos;
+    if (is_ln) continue;  // already weight 1, bias 0
+    if (is_bias) {
+      std::fill_n(p.data<float>(), p.numel(), 0.0f);
+      continue;
+    }
+    const float std = name.ends_with("c_proj.weight") ? proj_std : 0.02f;
+    init.normal(p.data<float>(), p.numel(), 0.0f, std);
+  }
+}
+
+Tensor GPT::hidden(const Tensor& idx) const {
+  if (idx.dim() != 2 || idx.dtype() != DType::kI32)
+    throw std::invalid_argument("GPT: expected int32 token ids (B, T), got " + idx.str());
+  const int64_t T = idx.size(1);
+  if (T > cfg_.seq_len)
+    throw std::invalid_argument(
+        fmt::format("GPT: sequence length {} exceeds model.seq_len {}", T, cfg_.seq_len));
+  Tensor x = add(wte_->forward(idx), wpe_->forward(arange(T)));  // (B, T, C) + (T, C)
+  for (const auto& block : h_) x = block->forward(x);
+  return ln_f_->forward(x);
+}
+
+Tensor GPT::forward(const Tensor& idx) const { return linear(hidden(idx), wte_->weight()); }
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets, int32_t ignore_index) const {
+  Tensor logits = forward(idx);
+  return cross_entropy(reshape(logits, {-1, cfg_.vocab_size}), reshape(targets, {-1}),
+                       ignore_index);
+}
+
+int64_t GPT::num_matmul_parameters() const {
+  return num_parameters() - cfg_.seq_len * cfg_.d_model;
+}
+
+}  // namespace kuai::nn

@@ -1,0 +1,80 @@
+// A GPT-2 style decoder: token + learned position embeddings, n_layer pre-LN blocks (causal
+// self-attention, then a GELU MLP, each added to the residual stream), a final LayerNorm, and
+// an output projection tied to the token embedding. Parameter names follow GPT-2's checkpoints
+// ("wte.weight", "h.0.attn.c_attn.weight", ...), so weights map one to one.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kuai/nn/layers.h"
+
+namespace kuai::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 256;
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t d_model = 256;
+  int64_t seq_len = 256;  // longest sequence (rows of the position embedding)
+};
+
+// How attention is computed. The flash kernel plugs in here.
+enum class AttentionImpl { kNaive };
+
+class CausalSelfAttention : public Module {
+ public:
+  CausalSelfAttention(int64_t d_model, int64_t n_head, Generator& gen);
+  Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
+  AttentionImpl impl() const { return impl_; }
+  void set_impl(AttentionImpl impl) { impl_ = impl; }
+
+ private:
+  int64_t n_head_;
+  AttentionImpl impl_ = AttentionImpl::kNaive;
+  std::shared_ptr<Linear> c_attn_, c_proj_;
+};
+
+class MLP : public Module {
+ public:
+  MLP(int64_t d_model, Generator& gen);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  std::shared_ptr<Linear> c_fc_, c_proj_;
+};
+
+class Block : public Module {
+ public:
+  Block(const GPTConfig& cfg, Generator& gen);
+  Tensor forward(const Tensor& x) const;
+
+ private:
+  std::shared_ptr<LayerNorm> ln_1_, ln_2_;
+  std::shared_ptr<CausalSelfAttention> attn_;
+  std::shared_ptr<MLP> mlp_;
+};
+
+class GPT : public Module {
+ public:
+  // Parameters get GPT-2's initialisation from Philox(seed): N(0, 0.02) for embeddings and
+  // linear weights, N(0, 0.02/sqrt(2 n_layer)) for the residual projections (c_proj), zero
+  // biases, LayerNorms at identity.
+  GPT(const GPTConfig& cfg, uint64_t seed);
+  Tensor forward(const Tensor& idx) const;  // int32 (B, T) -> logits (B, T, vocab)
+  // Mean cross-entropy of next-token targets (B, T); targets == ignore_index are skipped.
+  Tensor loss(const Tensor& idx, const Tensor& targets, int32_t ignore_index = -1) const;
+  const GPTConfig& config() const { return cfg_; }
+  // Parameters without the token embedding and the positions (what "N" counts in 6·N·tokens
+  // plus the tied output projection, which is a matmul).
+  int64_t num_matmul_parameters() const;
+
+ private:
+  Tensor hidden(const Tensor& idx) const;  // (B, T, C) after ln_f
+  GPTConfig cfg_;
+  std::shared_ptr<Embedding> wte_, wpe_;
+  std::vector<std::shared_ptr<Block>> h_;
+  std::shared_ptr<LayerNorm> ln_f_;
+};
+
+}  // namespace kuai::nn

@@ -1,0 +1,55 @@
+// AdamW step (see adamw.h).
+#include "kuai/optim/adamw.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/ops.h"
+
+namespace kuai::optim {
+
+void Optimizer::zero_grad() {
+  for (ParamGroup& g : groups_)
+    for (Tensor& p : g.params) p.set_grad(Tensor());
+}
+
+AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
+    : Optimizer(std::move(groups)), opt_(options) {
+  lr_ = options.lr;
+  m_.resize(groups_.size());
+  v_.resize(groups_.size());
+}
+
+void AdamW::step(float grad_scale) {
+  ++step_;
+  const double t = static_cast<double>(step_);
+  cpu::AdamWParams hp{};
+  hp.lr = lr_;
+  hp.beta1 = opt_.beta1;
+  hp.beta2 = opt_.beta2;
+  hp.eps = opt_.eps;
+  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta1), t));
+  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta2), t));
+  hp.grad_scale = grad_scale;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    ParamGroup& group = groups_[gi];
+    hp.weight_decay = group.weight_decay;
+    if (m_[gi].empty()) {
+      for (Tensor& p : group.params) {
+        m_[gi].push_back(zeros(p.shape()));
+        v_[gi].push_back(zeros(p.shape()));
+      }
+    }
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      Tensor& p = group.params[i];
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      g = g.contiguous();
+      cpu::adamw_step(p.data<float>(), g.data<float>(), m_[gi][i].data<float>(),
+                      v_[gi][i].data<float>(), p.numel(), hp);
+    }
+  }
+}
+
+}  // namespace kuai::optim

@@ -1,0 +1,37 @@
+// Optimizers update parameters from their .grad in place, outside autograd. Parameters come in
+// groups with their own weight decay (the usual split: decay on matmul weights, none on biases,
+// LayerNorm and embeddings). step(grad_scale) multiplies every gradient by grad_scale inside the
+// same pass: that is how global-norm clipping (and, later, loss-scale unscaling) costs no extra
+// pass over the gradients.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kuai/core/tensor.h"
+
+namespace kuai::optim {
+
+struct ParamGroup {
+  std::vector<Tensor> params;
+  float weight_decay = 0.0f;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
+  virtual ~Optimizer() = default;
+  virtual void step(float grad_scale = 1.0f) = 0;
+  void zero_grad();  // gradients to none
+  void set_lr(float lr) { lr_ = lr; }
+  float lr() const { return lr_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  int64_t step_count() const { return step_; }
+
+ protected:
+  std::vector<ParamGroup> groups_;
+  float lr_ = 1e-3f;
+  int64_t step_ = 0;
+};
+
+}  // namespace kuai::optim

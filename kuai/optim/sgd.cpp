@@ -1,0 +1,34 @@
+// SGD step (see sgd.h).
+#include "kuai/optim/sgd.h"
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/ops.h"
+
+namespace kuai::optim {
+
+SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
+    : Optimizer(std::move(groups)), opt_(options) {
+  lr_ = options.lr;
+  buf_.resize(groups_.size());
+}
+
+void SGD::step(float grad_scale) {
+  const bool first = step_ == 0;
+  ++step_;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    ParamGroup& group = groups_[gi];
+    if (buf_[gi].empty())
+      for (Tensor& p : group.params) buf_[gi].push_back(zeros(p.shape()));
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      Tensor& p = group.params[i];
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      g = g.contiguous();
+      cpu::sgd_step(p.data<float>(), g.data<float>(), buf_[gi][i].data<float>(), p.numel(), lr_,
+                    opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first,
+                    grad_scale);
+    }
+  }
+}
+
+}  // namespace kuai::optim

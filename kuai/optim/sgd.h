@@ -1,0 +1,26 @@
+// SGD with momentum (PyTorch semantics: dampening, nesterov, L2 weight decay added to the
+// gradient), one pass per parameter.
+#pragma once
+
+#include "kuai/optim/optimizer.h"
+
+namespace kuai::optim {
+
+struct SGDOptions {
+  float lr = 1e-2f;
+  float momentum = 0.0f;
+  float dampening = 0.0f;
+  bool nesterov = false;
+};
+
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
+  void step(float grad_scale = 1.0f) override;
+
+ private:
+  SGDOptions opt_;
+  std::vector<std::vector<Tensor>> buf_;
+};
+
+}  // namespace kuai::optim

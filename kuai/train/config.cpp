@@ -1,0 +1,208 @@
+// Config loading and validation (see config.h). One table of keys drives parsing, overrides,
+// type checks and the "did you mean" suggestion.
+#include "kuai/train/config.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+#include <toml++/toml.h>
+#include <variant>
+
+namespace kuai::train {
+namespace {
+
+enum class Kind { kInt, kFloat, kString };
+
+struct Key {
+  const char* name;
+  Kind kind;
+  std::function<void(TrainConfig&, const toml::node&)> set;  // validates too
+  std::function<std::string(const TrainConfig&)> get;        // TOML literal
+};
+
+[[noreturn]] void fail(const std::string& key, const std::string& what) {
+  throw ConfigError(fmt::format("config: {} {}", key, what));
+}
+
+int64_t as_int(const std::string& key, const toml::node& n, int64_t lo, int64_t hi) {
+  auto v = n.value<int64_t>();
+  if (!n.is_integer() || !v) fail(key, fmt::format("must be an integer in [{}, {}]", lo, hi));
+  if (*v < lo || *v > hi) fail(key, fmt::format("= {} is out of range [{}, {}]", *v, lo, hi));
+  return *v;
+}
+
+double as_float(const std::string& key, const toml::node& n, double lo, double hi) {
+  auto v = n.value<double>();
+  if (!(n.is_floating_point() || n.is_integer()) || !v)
+    fail(key, fmt::format("must be a number in [{}, {}]", lo, hi));
+  if (!(*v >= lo && *v <= hi)) fail(key, fmt::format("= {} is out of range [{}, {}]", *v, lo, hi));
+  return *v;
+}
+
+std::string as_string(const std::string& key, const toml::node& n,
+                      const std::vector<std::string>& allowed) {
+  auto v = n.value<std::string>();
+  if (!n.is_string() || !v) fail(key, "must be a string");
+  if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), *v) == allowed.end()) {
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + ("\"" + a + "\"");
+    fail(key, fmt::format("= \"{}\" is not one of {}", *v, list));
+  }
+  return *v;
+}
+
+std::string quoted(const std::string& s) {
+  std::ostringstream out;
+  out << toml::value<std::string>(s);
+  return out.str();
+}
+
+constexpr int64_t kBig = int64_t{1} << 40;
+
+#define INT_KEY(NAME, FIELD, LO, HI)                                                     \
+  Key {                                                                                  \
+    NAME, Kind::kInt,                                                                    \
+        [](TrainConfig& c, const toml::node& n) { c.FIELD = as_int(NAME, n, LO, HI); }, \
+        [](const TrainConfig& c) { return std::to_string(c.FIELD); }                     \
+  }
+#define FLOAT_KEY(NAME, FIELD, LO, HI)                                                     \
+  Key {                                                                                    \
+    NAME, Kind::kFloat,                                                                    \
+        [](TrainConfig& c, const toml::node& n) { c.FIELD = as_float(NAME, n, LO, HI); }, \
+        [](const TrainConfig& c) { return fmt::format("{}", c.FIELD); }                    \
+  }
+
+const std::vector<Key>& keys() {
+  static const std::vector<Key> k = {
+      INT_KEY("model.vocab_size", model.vocab_size, 1, int64_t{1} << 31),
+      INT_KEY("model.n_layer", model.n_layer, 1, 1024),
+      INT_KEY("model.n_head", model.n_head, 1, 1024),
+      INT_KEY("model.d_model", model.d_model, 1, 1 << 16),
+      INT_KEY("model.seq_len", model.seq_len, 1, 1 << 20),
+      INT_KEY("train.batch_size", batch_size, 1, 1 << 20),
+      INT_KEY("train.steps", steps, 0, kBig),
+      FLOAT_KEY("train.lr", lr, 0.0, 10.0),
+      FLOAT_KEY("train.min_lr_ratio", min_lr_ratio, 0.0, 1.0),
+      INT_KEY("train.warmup_steps", warmup_steps, 0, kBig),
+      FLOAT_KEY("train.weight_decay", weight_decay, 0.0, 10.0),
+      FLOAT_KEY("train.beta1", beta1, 0.0, 0.999999),
+      FLOAT_KEY("train.beta2", beta2, 0.0, 0.999999),
+      FLOAT_KEY("train.grad_clip", grad_clip, 0.0, 1e9),
+      INT_KEY("train.seed", seed, 0, kBig),
+      INT_KEY("train.threads", threads, 0, 1024),
+      INT_KEY("train.log_every", log_every, 1, kBig),
+      Key{"data.source", Kind::kString,
+          [](TrainConfig& c, const toml::node& n) {
+            c.data_source = as_string("data.source", n, {"file", "synthetic"});
+          },
+          [](const TrainConfig& c) { return quoted(c.data_source); }},
+      Key{"data.path", Kind::kString,
+          [](TrainConfig& c, const toml::node& n) { c.data_path = as_string("data.path", n, {}); },
+          [](const TrainConfig& c) { return quoted(c.data_path); }},
+  };
+  return k;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const Key& find_key(const std::string& name) {
+  const Key* best = nullptr;
+  size_t best_d = ~size_t{0};
+  for (const Key& k : keys()) {
+    if (name == k.name) return k;
+    const size_t d = edit_distance(name, k.name);
+    if (d < best_d) {
+      best_d = d;
+      best = &k;
+    }
+  }
+  throw ConfigError(fmt::format("config: unknown key '{}' (did you mean '{}'?)", name, best->name));
+}
+
+void apply_table(TrainConfig& cfg, const toml::table& t, const std::string& prefix) {
+  for (const auto& [k, node] : t) {
+    const std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = node.as_table()) {
+      if (!prefix.empty()) find_key(name);  // nested tables deeper than section.key are unknown
+      apply_table(cfg, *sub, name);
+      continue;
+    }
+    find_key(name).set(cfg, node);
+  }
+}
+
+void validate(const TrainConfig& c) {
+  if (c.model.d_model % c.model.n_head != 0)
+    throw ConfigError(fmt::format("config: model.d_model ({}) must be divisible by model.n_head ({})",
+                                  c.model.d_model, c.model.n_head));
+  if (c.data_source == "file" && c.model.vocab_size < 256)
+    throw ConfigError(fmt::format(
+        "config: model.vocab_size ({}) must be at least 256 for byte-level token files",
+        c.model.vocab_size));
+}
+
+}  // namespace
+
+TrainConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  TrainConfig cfg;
+  if (!toml_path.empty()) {
+    toml::table t;
+    try {
+      t = toml::parse_file(toml_path);
+    } catch (const toml::parse_error& e) {
+      throw ConfigError(fmt::format("config: {}:{}:{}: {}", toml_path, e.source().begin.line,
+                                    e.source().begin.column, e.description()));
+    }
+    apply_table(cfg, t, "");
+  }
+  for (std::string o : overrides) {
+    if (o.rfind("--", 0) == 0) o = o.substr(2);
+    const size_t eq = o.find('=');
+    if (eq == std::string::npos)
+      throw ConfigError(fmt::format("config: override '{}' is not of the form --section.key=value", o));
+    const std::string name = o.substr(0, eq), value = o.substr(eq + 1);
+    const Key& key = find_key(name);
+    // Parse the value as a TOML literal; bare words are strings.
+    toml::table parsed;
+    try {
+      parsed = toml::parse("v = " + value);
+    } catch (const toml::parse_error&) {
+      if (key.kind != Kind::kString) fail(name, fmt::format("= {} is not a valid value", value));
+      parsed = toml::table{{"v", value}};
+    }
+    const toml::node* n = parsed.get("v");
+    if (key.kind == Kind::kString && !n->is_string()) parsed = toml::table{{"v", value}};
+    key.set(cfg, *parsed.get("v"));
+  }
+  validate(cfg);
+  return cfg;
+}
+
+std::string to_toml(const TrainConfig& cfg) {
+  std::ostringstream out;
+  std::string section;
+  for (const Key& k : keys()) {
+    const std::string name = k.name;
+    const std::string sec = name.substr(0, name.find('.'));
+    if (sec != section) {
+      out << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    out << name.substr(name.find('.') + 1) << " = " << k.get(cfg) << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace kuai::train

@@ -1,0 +1,293 @@
+// Tests for kuai::cpu::gemm and gemm_batched: every transpose combination, both forced backends
+// and the automatic choice, odd shapes, padded leading dimensions, alpha != 1, beta 0 and 1,
+// strided attention-style batches, all against the double-accumulated gemm_reference.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "kuai/backend/cpu/gemm.h"
+
+namespace kuai::cpu {
+namespace {
+
+// Tolerance. fp32 dot products of length K have a worst-case rounding error of about
+// K * u * sum|a_p b_p| (u = 2^-24 ~ 6e-8) and a typical one of sqrt(K) * u * sum|a_p b_p|.
+// We require |got - ref| <= 1e-5 * sqrt(K) * (|alpha| sum_p |a_p b_p| + |beta c|): that is about
+// 170 u sqrt(K), which covers the worst case K u for every K <= 28000 (so it is never flaky on
+// any blocking or FMA order a backend picks) while an indexing or transpose bug gives O(1)
+// relative errors and fails it by orders of magnitude.
+constexpr double kTolPerSqrtK = 1e-5;
+
+std::vector<float> random_buffer(int64_t size, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(size));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Checks C against the reference product computed from the same inputs and initial C.
+void expect_close(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                  const float* c_init, const float* got, const float* want, int64_t ldc,
+                  const std::string& what) {
+  const double tol = kTolPerSqrtK * std::sqrt(static_cast<double>(std::max<int64_t>(K, 1)));
+  int failures = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double magnitude = 0.0;
+      for (int64_t p = 0; p < K; ++p) {
+        const double a = ta ? A[p * lda + i] : A[i * lda + p];
+        const double b = tb ? B[j * ldb + p] : B[p * ldb + j];
+        magnitude += std::abs(a * b);
+      }
+      magnitude *= std::abs(alpha);
+      if (beta != 0.0f) magnitude += std::abs(beta * c_init[i * ldc + j]);
+      const double g = got[i * ldc + j], w = want[i * ldc + j];
+      const bool ok = std::isfinite(g) && std::abs(g - w) <= tol * magnitude + 1e-30;
+      if (!ok && failures++ < 3) {
+        ADD_FAILURE() << what << " at (" << i << "," << j << "): got " << g << " want " << w
+                      << " bound " << tol * magnitude;
+      }
+    }
+  }
+}
+
+struct Shape {
+  int64_t m, n, k;
+  int64_t pad;  // extra elements on every leading dimension beyond the minimum
+};
+
+const Shape kShapes[] = {{1, 1, 1, 0},   {1, 17, 3, 0},   {17, 1, 5, 0},   {33, 65, 129, 0},
+                         {1, 64, 256, 0}, {1, 300, 40, 5}, {33, 65, 129, 7}, {64, 48, 96, 3},
+                         {7, 9, 1, 0}};
+
+const GemmBackend kBackends[] = {GemmBackend::kAuto, GemmBackend::kOpenBLAS, GemmBackend::kOneDNN};
+
+std::string backend_label(GemmBackend b) {
+  return b == GemmBackend::kAuto ? "auto" : b == GemmBackend::kOpenBLAS ? "openblas" : "onednn";
+}
+
+// Restores the automatic backend choice whatever a test forced.
+class GemmTest : public ::testing::Test {
+ protected:
+  void TearDown() override { set_gemm_backend(GemmBackend::kAuto); }
+};
+
+// One product in every configuration: initialises C (NaN garbage when beta == 0), runs gemm and
+// the reference, and compares.
+void check_gemm(GemmBackend backend, bool ta, bool tb, const Shape& s, float alpha, float beta) {
+  const int64_t lda = (ta ? s.m : s.k) + s.pad, ldb = (tb ? s.k : s.n) + s.pad, ldc = s.n + s.pad;
+  const std::vector<float> a = random_buffer((ta ? s.k : s.m) * lda, 11);
+  const std::vector<float> b = random_buffer((tb ? s.n : s.k) * ldb, 12);
+  std::vector<float> c = random_buffer(s.m * ldc, 13);
+  if (beta == 0.0f) c.assign(c.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> got = c, want = c;
+  set_gemm_backend(backend);
+  gemm(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta, got.data(), ldc);
+  gemm_reference(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(),
+                 ldc);
+  const std::string what = backend_label(backend) + (ta ? " T" : " N") + (tb ? "T" : "N") + " " +
+                           std::to_string(s.m) + "x" + std::to_string(s.n) + "x" +
+                           std::to_string(s.k) + " pad " + std::to_string(s.pad) + " alpha " +
+                           std::to_string(alpha) + " beta " + std::to_string(beta);
+  expect_close(ta, tb, s.m, s.n, s.k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
+               got.data(), want.data(), ldc, what);
+  // Padding columns of C beyond N must be untouched.
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = s.n; j < ldc; ++j) {
+      const float before = c[i * ldc + j], after = got[i * ldc + j];
+      EXPECT_TRUE(before == after || (std::isnan(before) && std::isnan(after))) << what;
+    }
+  }
+}
+
+TEST_F(GemmTest, AllTransposesBackendsShapesAndScalars) {
+  const std::tuple<float, float> scalars[] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {0.37f, 0.0f},
+                                              {-1.5f, 1.0f}};
+  for (GemmBackend backend : kBackends) {
+    for (int t = 0; t < 4; ++t) {
+      for (const Shape& s : kShapes) {
+        for (auto [alpha, beta] : scalars) check_gemm(backend, t & 1, t & 2, s, alpha, beta);
+      }
+    }
+  }
+}
+
+TEST_F(GemmTest, TrainingShapesMatchReference) {
+  // A GPT-like linear layer: forward (NT, beta=1 onto a bias), dX (NN), dW (TN, accumulating).
+  const int64_t M = 96, C = 64, H = 256;
+  for (GemmBackend backend : kBackends) {
+    check_gemm(backend, false, true, {M, H, C, 0}, 1.0f, 1.0f);
+    check_gemm(backend, false, false, {M, C, H, 0}, 1.0f, 0.0f);
+    check_gemm(backend, true, false, {H, C, M, 0}, 1.0f, 1.0f);
+  }
+}
+
+TEST_F(GemmTest, BetaZeroIgnoresNaNAndOtherBetaScales) {
+  for (GemmBackend backend : kBackends) {
+    check_gemm(backend, false, false, {5, 6, 7, 2}, 1.0f, 0.5f);
+    check_gemm(backend, true, true, {5, 6, 7, 2}, 2.0f, -0.25f);
+  }
+}
+
+TEST_F(GemmTest, EmptyInnerDimensionScalesC) {
+  for (GemmBackend backend : kBackends) {
+    set_gemm_backend(backend);
+    std::vector<float> c = {1.0f, 2.0f, 3.0f, 4.0f};
+    gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+    EXPECT_EQ(c, (std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f}));
+    std::vector<float> nan(4, std::numeric_limits<float>::quiet_NaN());
+    gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, nan.data(), 2);
+    EXPECT_EQ(nan, (std::vector<float>(4, 0.0f)));
+  }
+}
+
+// Attention-shaped batches: q/k/v are column slices of a (B,T,3C) tensor (row stride 3C), scores
+// are (B,H,T,T), and outputs land in column slices of a (B,T,C) tensor.
+void check_attention_batch(GemmBackend backend, int64_t B, int64_t H, int64_t T, int64_t D,
+                           float beta) {
+  const int64_t C = H * D, count = B * H;
+  const std::vector<float> qkv = random_buffer(B * T * 3 * C, 21);
+  std::vector<int64_t> q_off, k_off, v_off, s_off, y_off;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      q_off.push_back(b * T * 3 * C + h * D);
+      k_off.push_back(b * T * 3 * C + C + h * D);
+      v_off.push_back(b * T * 3 * C + 2 * C + h * D);
+      s_off.push_back((b * H + h) * T * T);
+      y_off.push_back(b * T * C + h * D);
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  set_gemm_backend(backend);
+  const std::string label = backend_label(backend) + " B" + std::to_string(B) + " H" +
+                            std::to_string(H) + " T" + std::to_string(T) + " D" +
+                            std::to_string(D) + " beta " + std::to_string(beta);
+
+  // Scores: S = scale * Q K^T (NT).
+  std::vector<float> s_init = random_buffer(count * T * T, 22);
+  if (beta == 0.0f) s_init.assign(s_init.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> s_got = s_init, s_want = s_init;
+  gemm_batched(false, true, T, T, D, scale, qkv.data(), 3 * C, q_off.data(), qkv.data(), 3 * C,
+               k_off.data(), beta, s_got.data(), T, s_off.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    gemm_reference(false, true, T, T, D, scale, qkv.data() + q_off[i], 3 * C,
+                   qkv.data() + k_off[i], 3 * C, beta, s_want.data() + s_off[i], T);
+    expect_close(false, true, T, T, D, scale, qkv.data() + q_off[i], 3 * C, qkv.data() + k_off[i],
+                 3 * C, beta, s_init.data() + s_off[i], s_got.data() + s_off[i],
+                 s_want.data() + s_off[i], T, "scores " + label);
+  }
+
+  // Values: Y = P V (NN), written into column slices of (B,T,C).
+  const std::vector<float> p = random_buffer(count * T * T, 23);
+  std::vector<float> y_init = random_buffer(B * T * C, 24);
+  if (beta == 0.0f) y_init.assign(y_init.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> y_got = y_init, y_want = y_init;
+  gemm_batched(false, false, T, D, T, 1.0f, p.data(), T, s_off.data(), qkv.data(), 3 * C,
+               v_off.data(), beta, y_got.data(), C, y_off.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    gemm_reference(false, false, T, D, T, 1.0f, p.data() + s_off[i], T, qkv.data() + v_off[i],
+                   3 * C, beta, y_want.data() + y_off[i], C);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    expect_close(false, false, T, D, T, 1.0f, p.data() + s_off[i], T, qkv.data() + v_off[i], 3 * C,
+                 beta, y_init.data() + y_off[i], y_got.data() + y_off[i], y_want.data() + y_off[i],
+                 C, "values " + label);
+  }
+
+  // Value gradient: dV = P^T dY (TN), dY read from column slices of (B,T,C) and dV written into
+  // the v slices of a (B,T,3C) gradient.
+  std::vector<float> g_init = random_buffer(B * T * 3 * C, 25);
+  if (beta == 0.0f) g_init.assign(g_init.size(), std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> g_got = g_init, g_want = g_init;
+  gemm_batched(true, false, T, D, T, 0.5f, p.data(), T, s_off.data(), y_want.data(), C,
+               y_off.data(), beta, g_got.data(), 3 * C, v_off.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    gemm_reference(true, false, T, D, T, 0.5f, p.data() + s_off[i], T, y_want.data() + y_off[i], C,
+                   beta, g_want.data() + v_off[i], 3 * C);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    expect_close(true, false, T, D, T, 0.5f, p.data() + s_off[i], T, y_want.data() + y_off[i], C,
+                 beta, g_init.data() + v_off[i], g_got.data() + v_off[i], g_want.data() + v_off[i],
+                 3 * C, "value grad " + label);
+  }
+}
+
+// Both operands transposed, contiguous batch with gaps between matrices.
+void check_batched_tt(GemmBackend backend, int64_t M, int64_t N, int64_t K, int64_t count) {
+  const int64_t a_size = K * M + 3, b_size = N * K + 5, c_size = M * N + 1;
+  const std::vector<float> a = random_buffer(count * a_size, 41);
+  const std::vector<float> b = random_buffer(count * b_size, 42);
+  std::vector<float> c_init = random_buffer(count * c_size, 43);
+  std::vector<float> got = c_init, want = c_init;
+  std::vector<int64_t> a_off, b_off, c_off;
+  for (int64_t i = 0; i < count; ++i) {
+    a_off.push_back((count - 1 - i) * a_size);  // arbitrary order, not monotone
+    b_off.push_back(i * b_size);
+    c_off.push_back(i * c_size);
+  }
+  set_gemm_backend(backend);
+  gemm_batched(true, true, M, N, K, -0.75f, a.data(), M, a_off.data(), b.data(), K, b_off.data(),
+               1.0f, got.data(), N, c_off.data(), count);
+  for (int64_t i = 0; i < count; ++i) {
+    gemm_reference(true, true, M, N, K, -0.75f, a.data() + a_off[i], M, b.data() + b_off[i], K,
+                   1.0f, want.data() + c_off[i], N);
+    expect_close(true, true, M, N, K, -0.75f, a.data() + a_off[i], M, b.data() + b_off[i], K, 1.0f,
+                 c_init.data() + c_off[i], got.data() + c_off[i], want.data() + c_off[i], N,
+                 "batched TT " + backend_label(backend));
+  }
+}
+
+TEST_F(GemmTest, BatchedAttentionSlicesMatchReference) {
+  for (GemmBackend backend : kBackends) {
+    for (float beta : {0.0f, 1.0f}) {
+      check_attention_batch(backend, 2, 3, 17, 8, beta);
+      check_attention_batch(backend, 1, 1, 33, 16, beta);  // batch of one: the loop path
+    }
+    check_batched_tt(backend, 9, 13, 21, 5);
+    check_batched_tt(backend, 1, 1, 1, 3);
+  }
+}
+
+TEST_F(GemmTest, GemmInsideParallelRegionMatchesReference) {
+  // Callers may already be inside an OpenMP region; each product must still be complete.
+  for (GemmBackend backend : kBackends) {
+    set_gemm_backend(backend);
+    const int64_t M = 40, N = 36, K = 52, count = 6;
+    const std::vector<float> a = random_buffer(count * M * K, 31);
+    const std::vector<float> b = random_buffer(count * K * N, 32);
+    std::vector<float> got(count * M * N, std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> want = got;
+#pragma omp parallel for num_threads(2)
+    for (int64_t i = 0; i < count; ++i) {
+      gemm(false, false, M, N, K, 1.0f, a.data() + i * M * K, K, b.data() + i * K * N, N, 0.0f,
+           got.data() + i * M * N, N);
+    }
+    for (int64_t i = 0; i < count; ++i) {
+      gemm_reference(false, false, M, N, K, 1.0f, a.data() + i * M * K, K, b.data() + i * K * N,
+                     N, 0.0f, want.data() + i * M * N, N);
+      expect_close(false, false, M, N, K, 1.0f, a.data() + i * M * K, K, b.data() + i * K * N, N,
+                   0.0f, want.data(), got.data() + i * M * N, want.data() + i * M * N, N,
+                   "in-region " + backend_label(backend));
+    }
+  }
+}
+
+TEST_F(GemmTest, BackendSelectionRoundTrips) {
+  for (GemmBackend backend : kBackends) {
+    set_gemm_backend(backend);
+    EXPECT_EQ(gemm_backend(), backend);
+  }
+}
+
+}  // namespace
+}  // namespace kuai::cpu
