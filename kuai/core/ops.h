@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "kuai/core/tensor.h"
@@ -15,6 +16,10 @@ Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = kCPU
 Tensor full(const Shape& shape, float value, DType dtype = DType::kF32, Device device = kCPU);
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = kCPU);
 Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device = kCPU);
+inline Tensor from_vector(std::initializer_list<float> values, const Shape& shape,
+                          Device device = kCPU) {
+  return from_vector(std::vector<float>(values), shape, device);
+}
 Tensor arange(int64_t n, DType dtype = DType::kI32, Device device = kCPU);
 
 // ---- views (share storage; differentiable) ----

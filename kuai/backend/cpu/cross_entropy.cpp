@@ -44,8 +44,7 @@ void check_targets(const char* op, const int32_t* targets, int64_t N, int64_t V,
   }
 }
 
-// One step of the online logsumexp, lane-wise for F = ce::f32x8 or on one float: max m and sum s
-// of exp(x - m) so far.
+// -|d|, for a float or lane-wise.
 KUAI_CE_INLINE float neg_abs(float d) { return -std::fabs(d); }
 KUAI_CE_INLINE ce::f32x8 neg_abs(const ce::f32x8& d) {
   return std::bit_cast<ce::f32x8>(std::bit_cast<ce::i32x8>(d) | INT32_MIN);  // set the sign bit

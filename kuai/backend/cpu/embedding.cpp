@@ -1,9 +1,9 @@
 // Embedding lookup, fp32: the forward gathers rows of the table W (V, C); the backward
 // scatter-adds gradient rows into dW (V, C). The backward first links the rows of dout by token id
-// (a counting pass, O(N + V)), then each thread owns a range of dW rows and writes every one of
-// them exactly once: zeros for unused ids, else the in-order sum of that id's gradient rows. No
-// atomics, one write pass over dW, and the summation order is fixed by the row order of dout, so
-// dW is bit-identical whatever the thread count.
+// (a counting pass, O(N + V)), then each thread owns a range of dW rows: it zeroes them and adds
+// each used id's gradient rows in row order. No atomics, one memset of dW plus the N gradient
+// rows, and the summation order is fixed by the row order of dout, so dW is bit-identical
+// whatever the thread count.
 #include <omp.h>
 
 #include <algorithm>
@@ -31,20 +31,16 @@ inline void thread_range(int64_t n, int t, int nt, int64_t* begin, int64_t* end)
 // row with the same id as row i (-1: none); both lists are in increasing row order.
 KUAI_CLONES void backward_rows(const float* dout, const int32_t* head, const int32_t* next,
                                float* dW, int64_t v0, int64_t v1, int64_t C) {
-  int64_t zero_from = v0;  // start of the current run of unused ids
+  // One large memset first: for big tables libc streams it past the caches, which is about twice
+  // as fast as zeroing the gaps between used ids one short run at a time.
+  std::memset(dW + v0 * C, 0, (v1 - v0) * C * sizeof(float));
   for (int64_t v = v0; v < v1; ++v) {
-    int32_t i = head[v];
-    if (i < 0) continue;
-    if (zero_from < v) std::memset(dW + zero_from * C, 0, (v - zero_from) * C * sizeof(float));
-    zero_from = v + 1;
     float* dst = dW + v * C;  // (C)
-    std::memcpy(dst, dout + static_cast<int64_t>(i) * C, C * sizeof(float));
-    for (i = next[i]; i >= 0; i = next[i]) {
+    for (int32_t i = head[v]; i >= 0; i = next[i]) {
       const float* src = dout + static_cast<int64_t>(i) * C;
       for (int64_t c = 0; c < C; ++c) dst[c] += src[c];
     }
   }
-  if (zero_from < v1) std::memset(dW + zero_from * C, 0, (v1 - zero_from) * C * sizeof(float));
 }
 
 }  // namespace
