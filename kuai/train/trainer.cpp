@@ -42,9 +42,6 @@ std::string result_line(const TrainResult& r) {
                      r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss);
 }
 
-namespace {
-
-// Weight decay on the matmul weights only (not biases, LayerNorm, embeddings).
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
   optim::ParamGroup decay{{}, weight_decay}, no_decay{{}, 0.0f};
   for (auto& [name, p] : model.named_parameters()) {
@@ -54,8 +51,6 @@ std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weigh
   }
   return {decay, no_decay};
 }
-
-}  // namespace
 
 TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   if (cfg.threads > 0) omp_set_num_threads(static_cast<int>(cfg.threads));

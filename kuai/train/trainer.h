@@ -7,6 +7,7 @@
 #include <ostream>
 #include <vector>
 
+#include "kuai/optim/optimizer.h"
 #include "kuai/train/config.h"
 
 namespace kuai::train {
@@ -19,6 +20,10 @@ struct TrainResult {
   double peak_rss_mib = 0;
   float final_loss = 0;
 };
+
+// The usual AdamW grouping: weight decay on matmul weights (2-D ".weight" outside the
+// embeddings), none on biases, LayerNorm and embeddings.
+std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay);
 
 // Learning rate at `step` (0-based): linear warmup, then cosine decay to lr * min_lr_ratio.
 double learning_rate(const TrainConfig& cfg, int64_t step);

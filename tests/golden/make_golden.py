@@ -21,6 +21,7 @@ are deliberately minimal (json + struct); the script reads the file back and che
 value bit for bit before it finishes.
 """
 
+import copy
 import json
 import os
 import struct
@@ -44,7 +45,7 @@ CONFIG = {
     "lr": 1e-2,
     "beta1": 0.9,
     "beta2": 0.95,
-    "eps": 1e-8,
+    "eps": 1e-6,
     "weight_decay": 0.1,
     "grad_clip": 0.8,
     "ignore_index": -1,
@@ -56,7 +57,11 @@ PERTURB_STD = 0.1
 IGNORED_POSITIONS = ((0, 3), (2, 10))
 OUTPUT = os.path.join(HERE, "tiny_gpt.safetensors")
 
-DTYPES = {torch.float32: ("F32", "<f", 4), torch.int32: ("I32", "<i", 4)}
+DTYPES = {
+    torch.float64: ("F64", "<d", 8),
+    torch.float32: ("F32", "<f", 4),
+    torch.int32: ("I32", "<i", 4),
+}
 DTYPE_BY_NAME = {name: (dtype, fmt, size) for dtype, (name, fmt, size) in DTYPES.items()}
 
 
@@ -131,6 +136,8 @@ def main():
                 p.add_(torch.randn_like(p) * PERTURB_STD)
     names = [name for name, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]
+    # The same model in float64: the oracle both fp32 implementations are measured against.
+    model64 = copy.deepcopy(model).double()
 
     B, T, V = c["batch"], c["T"], c["vocab_size"]
     idx = torch.randint(0, V, (B, T))
@@ -162,6 +169,19 @@ def main():
         losses.append(loss.item())
     out += [("losses", torch.tensor(losses)), ("gradnorm", torch.tensor(gradnorms))]
     out += [(f"step3.{n}", p.detach().clone()) for n, p in zip(names, params)]
+
+    # The same three steps in float64 (tests compare kuai's and PyTorch's fp32 errors against it).
+    optimizer64 = torch_gpt.make_optimizer(
+        model64, c["lr"], weight_decay=c["weight_decay"], betas=(c["beta1"], c["beta2"]), eps=c["eps"]
+    )
+    params64 = list(model64.parameters())
+    for _ in range(TRAIN_STEPS):
+        optimizer64.zero_grad(set_to_none=True)
+        loss64 = torch_gpt.loss_fn(model64(idx), targets, c["ignore_index"])
+        loss64.backward()
+        torch.nn.utils.clip_grad_norm_(params64, c["grad_clip"])
+        optimizer64.step()
+    out += [(f"step3_f64.{n}", p.detach().clone()) for n, p in zip(names, params64)]
 
     metadata = {k: str(v) for k, v in c.items()}
     metadata["torch_version"] = torch.__version__
