@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <stdexcept>
 
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
+#include "kuai/core/profiler.h"
 
 namespace kuai {
 
@@ -16,10 +18,16 @@ void Primitive::eval_cuda(std::span<const Tensor>, std::span<Tensor>) const {
 
 void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
   const Device d = in.empty() ? (out.empty() ? kCPU : out[0].device()) : in[0].device();
+  const bool profile = profiler::enabled();
+  const auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (d.type == DeviceType::kCPU)
     p.eval_cpu(in, out);
   else
     p.eval_cuda(in, out);
+  if (profile)
+    profiler::record(p.name(), std::chrono::duration<double, std::milli>(
+                                   std::chrono::steady_clock::now() - t0)
+                                   .count());
 }
 
 std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Tensor> in) {

@@ -13,6 +13,7 @@
 
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
+#include "kuai/core/profiler.h"
 #include "kuai/core/rng.h"
 #include "kuai/data/token_file.h"
 #include "kuai/nn/gpt.h"
@@ -131,6 +132,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   }
   result.final_loss = result.losses.empty() ? 0.0f : result.losses.back();
   result.peak_rss_mib = peak_rss_mib();
+  if (profiler::enabled()) log << "profile (KUAI_PROFILE=1), all steps:\n" << profiler::report();
   return result;
 }
 

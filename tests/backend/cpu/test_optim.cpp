@@ -45,7 +45,7 @@ struct AdamCase {
 // m = b1 m + (1 - b1) g can cancel to near 0, so its per-step rounding is bounded by the terms:
 // 2^-24 (|b1 m| + |(1 - b1) g| + |m_new|) <= 2^-24 * 2 G with G = max |g| grad_scale = 2
 // grad_scale: abs 2.5e-7 grad_scale per step. v sums positive terms: relative 1e-6. p: the update
-// lr * mhat / (sqrt(vhat) + eps) is computed to ~8 ulp (sqrt, two divides, bias corrections), so
+// lr * mhat / (sqrt(vhat) + eps) is computed to ~8 ulp (sqrt, divide, folded bias corrections), so
 // p drifts from the reference by ~1e-6 lr per step on top of its own rounding (2^-24 |p| per
 // step): rel 1e-6 plus abs 1e-6 lr * steps.
 TEST(Optim, AdamWMatchesReference) {

@@ -1,0 +1,17 @@
+// A per-primitive time profile, collected at the dispatch point when KUAI_PROFILE=1 is set in
+// the environment (or enable() is called): calls, total and mean milliseconds per op name.
+// Off, it costs one branch per op.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace kuai::profiler {
+
+bool enabled();
+void enable(bool on);
+void record(std::string_view op, double ms);
+std::string report();  // a table sorted by total time, heaviest first
+void reset();
+
+}  // namespace kuai::profiler
