@@ -44,7 +44,8 @@ class IterationTimer {
  public:
   void start() { start_ = std::chrono::steady_clock::now(); }
   void stop() {
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
     if (s < best_) best_ = s;
   }
   double best_seconds() const { return best_; }
@@ -55,9 +56,9 @@ class IterationTimer {
 };
 
 void set_gflops(benchmark::State& state, double flops_per_iteration, const IterationTimer& timer) {
-  state.counters["GFLOPS"] = benchmark::Counter(
-      flops_per_iteration * 1e-9 * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate);
+  state.counters["GFLOPS"] =
+      benchmark::Counter(flops_per_iteration * 1e-9 * static_cast<double>(state.iterations()),
+                         benchmark::Counter::kIsRate);
   state.counters["GFLOPS_best"] = flops_per_iteration * 1e-9 / timer.best_seconds();
 }
 
@@ -83,8 +84,8 @@ void bench_gemm(benchmark::State& state, GemmBackend backend, Problem p) {
   IterationTimer timer;
   for (auto _ : state) {
     timer.start();
-    kuai::cpu::gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb,
-                    p.beta, c.data(), p.n);
+    kuai::cpu::gemm(p.trans_a, p.trans_b, p.m, p.n, p.k, 1.0f, a.data(), lda, b.data(), ldb, p.beta,
+                    c.data(), p.n);
     benchmark::ClobberMemory();
     timer.stop();
   }
@@ -104,14 +105,14 @@ void register_linear(const Linear& layer) {
     const char* pass;
     Problem problem;
   } passes[] = {
-      {"fwd_NT", {false, true, M, N, K, 1.0f}},   // y = x W^T (beta=1 onto the bias)
-      {"dX_NN", {false, false, M, K, N, 0.0f}},   // dX = dY W
-      {"dW_TN", {true, false, N, K, M, 1.0f}},    // dW += dY^T X (accumulated gradient)
+      {"fwd_NT", {false, true, M, N, K, 1.0f}},  // y = x W^T (beta=1 onto the bias)
+      {"dX_NN", {false, false, M, K, N, 0.0f}},  // dX = dY W
+      {"dW_TN", {true, false, N, K, M, 1.0f}},   // dW += dY^T X (accumulated gradient)
   };
   for (const auto& pass : passes) {
     for (GemmBackend backend : {GemmBackend::kOneDNN, GemmBackend::kOpenBLAS, GemmBackend::kAuto}) {
-      const std::string name = std::string("BM_Gemm/") + layer.name + "/" + pass.pass + "/" +
-                               backend_name(backend);
+      const std::string name =
+          std::string("BM_Gemm/") + layer.name + "/" + pass.pass + "/" + backend_name(backend);
       benchmark::RegisterBenchmark(name.c_str(), bench_gemm, backend, pass.problem)
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
@@ -209,8 +210,8 @@ void register_attention(const Attention& at) {
                   {"value_grad_TN", AttnProduct::kValueGrad}};
   for (const auto& pr : products) {
     for (GemmBackend backend : {GemmBackend::kOneDNN, GemmBackend::kOpenBLAS, GemmBackend::kAuto}) {
-      const std::string name = std::string("BM_GemmBatched/") + at.name + "/" + pr.name + "/" +
-                               backend_name(backend);
+      const std::string name =
+          std::string("BM_GemmBatched/") + at.name + "/" + pr.name + "/" + backend_name(backend);
       benchmark::RegisterBenchmark(name.c_str(), bench_attention, backend, at, pr.product)
           ->ArgName("strategy")  // 0: gemm_batched, 1: loop of threaded gemm, 2: omp over batch
           ->DenseRange(0, backend == GemmBackend::kAuto ? 0 : 2)
@@ -249,14 +250,12 @@ void BM_GemmCeiling(benchmark::State& state) {
 BENCHMARK(BM_GemmCeiling)->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(2.0);
 
 const bool kRegistered = [] {
-  for (const Linear& layer : {Linear{"tiny/qkv", 4096, 256, 768}, Linear{"tiny/proj", 4096, 256, 256},
-                              Linear{"tiny/fc", 4096, 256, 1024},
-                              Linear{"tiny/fc_proj", 4096, 1024, 256},
-                              Linear{"gpt2/qkv", 1024, 768, 2304},
-                              Linear{"gpt2/proj", 1024, 768, 768},
-                              Linear{"gpt2/fc", 1024, 768, 3072},
-                              Linear{"gpt2/fc_proj", 1024, 3072, 768},
-                              Linear{"gpt2/lm_head", 1024, 768, 50257}}) {
+  for (const Linear& layer :
+       {Linear{"tiny/qkv", 4096, 256, 768}, Linear{"tiny/proj", 4096, 256, 256},
+        Linear{"tiny/fc", 4096, 256, 1024}, Linear{"tiny/fc_proj", 4096, 1024, 256},
+        Linear{"gpt2/qkv", 1024, 768, 2304}, Linear{"gpt2/proj", 1024, 768, 768},
+        Linear{"gpt2/fc", 1024, 768, 3072}, Linear{"gpt2/fc_proj", 1024, 3072, 768},
+        Linear{"gpt2/lm_head", 1024, 768, 50257}}) {
     register_linear(layer);  // tiny GPT's lm_head (vocab 256) has the tiny/proj shape
   }
   register_attention({"gpt2", 4, 12, 256, 64});

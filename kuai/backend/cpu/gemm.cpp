@@ -19,19 +19,57 @@ namespace {
 
 std::atomic<GemmBackend> g_backend{GemmBackend::kAuto};
 
-// RULE_PLACEHOLDER
-GemmBackend measured_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
-  return GemmBackend::kOneDNN;
+// Products of at most this many multiply-adds (M*N*K) run one per thread, in parallel over the
+// batch, in gemm_batched; larger ones are threaded one at a time. No crossover was found up to the
+// largest measured size (BM_BatchedCrossover, 16 square NN products, best GFLOP/s, 2 threads):
+//   n                                 32    64   128   256   512
+//   oneDNN    loop of threaded         27    84    54   138    36
+//   oneDNN    parallel over batch      49   132   169   165    80
+//   OpenBLAS  loop of threaded         45    61    51    96    34
+//   OpenBLAS  parallel over batch      81   120   123   139    83
+// so the bound sits at 512^3; beyond it a single product already keeps both cores busy.
+constexpr int64_t kSmallProductMacs = int64_t{512} * 512 * 512;
+
+// Measured backend choice. Best GFLOP/s on this machine (2-core AMD EPYC, AVX2+FMA, no AVX-512;
+// OMP_NUM_THREADS=2; oneDNN 2.6, Debian OpenBLAS-openmp 0.3.21), best of two runs of
+//   OMP_NUM_THREADS=2 bench_gemm --benchmark_filter='BM_Gemm(Batched)?/.*/(onednn|openblas)'
+//     --benchmark_repetitions=10 --benchmark_min_time=0.05
+//     --benchmark_enable_random_interleaving=true
+// (GFLOPS of the best repetition, and GFLOPS_best, the best single iteration, of a second run)
+// on a shared machine (neighbours often held a core, so only the best runs mean anything; the
+// 2048^3 ceiling is 168 GFLOP/s). Shapes are (M,N,K) of the product as gemm sees it.
+//   pass     product (M,N,K)                        oneDNN  OpenBLAS  winner
+//   fwd NT   tiny qkv  (4096,768,256)                  55      80
+//   fwd NT   tiny proj (4096,256,256)                 158      67
+//   fwd NT   tiny fc   (4096,1024,256)                165      83     oneDNN for K <= 512
+//   fwd NT   tiny fc_proj (4096,256,1024)             140     132
+//   fwd NT   gpt2 qkv  (1024,2304,768)                164     168
+//   fwd NT   gpt2 proj (1024,768,768)                 156      76
+//   fwd NT   gpt2 fc   (1024,3072,768)                 70     159
+//   fwd NT   gpt2 fc_proj (1024,768,3072)              71     154
+//   fwd NT   gpt2 lm_head (1024,50257,768)            164     170     OpenBLAS for K > 512
+//   dX  NN   tiny qkv/proj/fc/fc_proj                 75/125/78/86   80/67/67/72
+//   dX  NN   gpt2 qkv/proj/fc/fc_proj/lm_head   160/164/161/165/148  77/77/151/159/82  oneDNN
+//   dW  TN   tiny qkv/proj/fc/fc_proj                 53/119/30/35  67/152/129/149
+//   dW  TN   gpt2 qkv/proj/fc/fc_proj/lm_head    85/62/75/162/81   82/147/154/84/91  OpenBLAS
+//   attention, one product per thread over the batch:
+//   scores NT (256,256,64) x48 | (256,256,32) x128     148 | 120   120 | 98    oneDNN
+//   values NN (256,64,256) x48                         129         121         oneDNN
+//   dV     TN (256,64,256) x48                         143         116         oneDNN
+// TT (not used by training) follows TN. Small batched products all go to oneDNN.
+GemmBackend measured_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                             bool batched) {
+  if (batched && M * N * K <= kSmallProductMacs) return GemmBackend::kOneDNN;
+  if (trans_a) return GemmBackend::kOpenBLAS;
+  if (!trans_b) return GemmBackend::kOneDNN;
+  return K <= 512 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
 }
 
-// Products below this many multiply-adds (M*N*K) run one per thread, in parallel over the batch,
-// in gemm_batched; above it each product is threaded on its own.
-constexpr int64_t kBatchParallelMaxMacs = int64_t{1} << 30;
-
-GemmBackend resolve_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+GemmBackend resolve_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                            bool batched) {
   const GemmBackend forced = g_backend.load(std::memory_order_relaxed);
   if (forced != GemmBackend::kAuto) return forced;
-  return measured_backend(trans_a, trans_b, M, N, K);
+  return measured_backend(trans_a, trans_b, M, N, K, batched);
 }
 
 // Everything a oneDNN matmul primitive is specialised on. alpha becomes an output scale and beta a
@@ -141,10 +179,9 @@ void run_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   int64_t ldc) {
   // OpenBLAS's OpenMP build runs single-threaded when called inside a parallel region.
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M),
-              static_cast<blasint>(N), static_cast<blasint>(K), alpha, A,
-              static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
-              static_cast<blasint>(ldc));
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
+              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
 }
 
 // C = beta * C for the degenerate products (K == 0 or alpha == 0); beta == 0 writes zeros so
@@ -171,11 +208,10 @@ void set_gemm_backend(GemmBackend backend) { g_backend.store(backend, std::memor
 
 GemmBackend gemm_backend() { return g_backend.load(std::memory_order_relaxed); }
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (handle_degenerate(M, N, K, alpha, beta, C, ldc)) return;
-  if (resolve_backend(trans_a, trans_b, M, N, K) == GemmBackend::kOpenBLAS) {
+  if (resolve_backend(trans_a, trans_b, M, N, K, false) == GemmBackend::kOpenBLAS) {
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
@@ -190,7 +226,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   int64_t batch) {
   if (batch <= 0) return;
   const bool parallel_over_batch = batch > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 &&
-                                   M * N * K <= kBatchParallelMaxMacs;
+                                   M * N * K <= kSmallProductMacs;
   if (!parallel_over_batch) {
     for (int64_t i = 0; i < batch; ++i) {
       gemm(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
@@ -201,7 +237,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   if (M <= 0 || N <= 0) return;
   // Resolve the backend and the single-threaded primitive once, outside the parallel region.
   const bool degenerate = K <= 0 || alpha == 0.0f;
-  const GemmBackend backend = resolve_backend(trans_a, trans_b, M, N, K);
+  const GemmBackend backend = resolve_backend(trans_a, trans_b, M, N, K, true);
   std::shared_ptr<const CachedMatmul> mm;
   if (!degenerate && backend == GemmBackend::kOneDNN) {
     mm = MatmulCache::instance().get(
@@ -215,8 +251,8 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     } else if (mm) {
       run_onednn(*mm, A + a_off[i], B + b_off[i], c);
     } else {
-      run_openblas(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
-                   c, ldc);
+      run_openblas(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta, c,
+                   ldc);
     }
   }
 }

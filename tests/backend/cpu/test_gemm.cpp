@@ -35,10 +35,9 @@ std::vector<float> random_buffer(int64_t size, uint32_t seed) {
 }
 
 // Checks C against the reference product computed from the same inputs and initial C.
-void expect_close(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
-                  const float* c_init, const float* got, const float* want, int64_t ldc,
-                  const std::string& what) {
+void expect_close(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                  int64_t lda, const float* B, int64_t ldb, float beta, const float* c_init,
+                  const float* got, const float* want, int64_t ldc, const std::string& what) {
   const double tol = kTolPerSqrtK * std::sqrt(static_cast<double>(std::max<int64_t>(K, 1)));
   int failures = 0;
   for (int64_t i = 0; i < M; ++i) {
@@ -66,9 +65,9 @@ struct Shape {
   int64_t pad;  // extra elements on every leading dimension beyond the minimum
 };
 
-const Shape kShapes[] = {{1, 1, 1, 0},   {1, 17, 3, 0},   {17, 1, 5, 0},   {33, 65, 129, 0},
-                         {1, 64, 256, 0}, {1, 300, 40, 5}, {33, 65, 129, 7}, {64, 48, 96, 3},
-                         {7, 9, 1, 0}};
+const Shape kShapes[] = {{1, 1, 1, 0},     {1, 17, 3, 0},   {17, 1, 5, 0},
+                         {33, 65, 129, 0}, {1, 64, 256, 0}, {1, 300, 40, 5},
+                         {33, 65, 129, 7}, {64, 48, 96, 3}, {7, 9, 1, 0}};
 
 const GemmBackend kBackends[] = {GemmBackend::kAuto, GemmBackend::kOpenBLAS, GemmBackend::kOneDNN};
 
@@ -111,8 +110,8 @@ void check_gemm(GemmBackend backend, bool ta, bool tb, const Shape& s, float alp
 }
 
 TEST_F(GemmTest, AllTransposesBackendsShapesAndScalars) {
-  const std::tuple<float, float> scalars[] = {{1.0f, 0.0f}, {1.0f, 1.0f}, {0.37f, 0.0f},
-                                              {-1.5f, 1.0f}};
+  const std::tuple<float, float> scalars[] = {
+      {1.0f, 0.0f}, {1.0f, 1.0f}, {0.37f, 0.0f}, {-1.5f, 1.0f}};
   for (GemmBackend backend : kBackends) {
     for (int t = 0; t < 4; ++t) {
       for (const Shape& s : kShapes) {
@@ -180,8 +179,8 @@ void check_attention_batch(GemmBackend backend, int64_t B, int64_t H, int64_t T,
   gemm_batched(false, true, T, T, D, scale, qkv.data(), 3 * C, q_off.data(), qkv.data(), 3 * C,
                k_off.data(), beta, s_got.data(), T, s_off.data(), count);
   for (int64_t i = 0; i < count; ++i) {
-    gemm_reference(false, true, T, T, D, scale, qkv.data() + q_off[i], 3 * C,
-                   qkv.data() + k_off[i], 3 * C, beta, s_want.data() + s_off[i], T);
+    gemm_reference(false, true, T, T, D, scale, qkv.data() + q_off[i], 3 * C, qkv.data() + k_off[i],
+                   3 * C, beta, s_want.data() + s_off[i], T);
     expect_close(false, true, T, T, D, scale, qkv.data() + q_off[i], 3 * C, qkv.data() + k_off[i],
                  3 * C, beta, s_init.data() + s_off[i], s_got.data() + s_off[i],
                  s_want.data() + s_off[i], T, "scores " + label);
@@ -273,8 +272,8 @@ TEST_F(GemmTest, GemmInsideParallelRegionMatchesReference) {
            got.data() + i * M * N, N);
     }
     for (int64_t i = 0; i < count; ++i) {
-      gemm_reference(false, false, M, N, K, 1.0f, a.data() + i * M * K, K, b.data() + i * K * N,
-                     N, 0.0f, want.data() + i * M * N, N);
+      gemm_reference(false, false, M, N, K, 1.0f, a.data() + i * M * K, K, b.data() + i * K * N, N,
+                     0.0f, want.data() + i * M * N, N);
       expect_close(false, false, M, N, K, 1.0f, a.data() + i * M * K, K, b.data() + i * K * N, N,
                    0.0f, want.data(), got.data() + i * M * N, want.data() + i * M * N, N,
                    "in-region " + backend_label(backend));
