@@ -1,15 +1,19 @@
-// CPU implementation of the tracking caching allocator: 64-byte aligned blocks, size classes of
-// 64 B below 1 MiB and 64 KiB above, an exact-size free list per class, one mutex. No
-// transparent-huge-page advice: measured on this VM, first touch of madvised 2 MiB pages ran at
-// 0.3 GB/s against 1.2 GB/s for 4 KiB pages (a 4x slower first step) with no steady-state gain.
+// CPU implementation of the tracking caching allocator: 64-byte aligned blocks, sizes rounded to
+// 64 B below 1 MiB and 64 KiB above, one mutex. Freed blocks go to a free list ordered by
+// capacity; a request takes the smallest cached block that holds it and is at most twice its
+// size (best fit), so gradient buffers freed by zero_grad serve the next forward's activations
+// instead of sitting idle beside fresh memory. `current` and `peak` count the capacity of the
+// blocks in use. No transparent-huge-page advice: measured on this VM, first touch of madvised
+// 2 MiB pages ran at 0.3 GB/s against 1.2 GB/s for 4 KiB pages (a 4x slower first step) with no
+// steady-state gain.
 #include "kuai/core/allocator.h"
 
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <new>
 #include <stdexcept>
 #include <unordered_map>
-#include <vector>
 
 namespace kuai {
 namespace {
@@ -21,7 +25,8 @@ constexpr size_t kLargeGranule = size_t{1} << 16;
 struct State {
   std::mutex mu;
   MemoryStats stats;
-  std::unordered_map<size_t, std::vector<void*>> free_blocks;
+  std::multimap<size_t, void*> free_blocks;     // capacity -> block
+  std::unordered_map<void*, size_t> capacity;  // every block we own, in use or not
 };
 
 State& cpu_state() {
@@ -54,34 +59,37 @@ void* Allocator::allocate(size_t nbytes, Device device) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     s.stats.num_allocs++;
-    s.stats.current += static_cast<int64_t>(size);
-    if (s.stats.current > s.stats.peak) s.stats.peak = s.stats.current;
-    auto it = s.free_blocks.find(size);
-    if (it != s.free_blocks.end() && !it->second.empty()) {
-      void* p = it->second.back();
-      it->second.pop_back();
+    auto it = s.free_blocks.lower_bound(size);
+    if (it != s.free_blocks.end() && it->first <= 2 * size) {
+      void* p = it->second;
+      s.stats.current += static_cast<int64_t>(it->first);
+      s.stats.peak = std::max(s.stats.peak, s.stats.current);
       s.stats.cache_hits++;
+      s.free_blocks.erase(it);
       return p;
     }
-    s.stats.reserved += static_cast<int64_t>(size);
   }
   void* p = std::aligned_alloc(kAlign, size);
   if (p == nullptr) {
-    std::lock_guard<std::mutex> lock(s.mu);
-    s.stats.current -= static_cast<int64_t>(size);
-    s.stats.reserved -= static_cast<int64_t>(size);
-    throw std::bad_alloc();
+    empty_cache(device);  // give cached blocks back and try once more
+    p = std::aligned_alloc(kAlign, size);
+    if (p == nullptr) throw std::bad_alloc();
   }
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.capacity[p] = size;
+  s.stats.reserved += static_cast<int64_t>(size);
+  s.stats.current += static_cast<int64_t>(size);
+  s.stats.peak = std::max(s.stats.peak, s.stats.current);
   return p;
 }
 
 void Allocator::deallocate(void* ptr, size_t nbytes, Device device) {
   if (ptr == nullptr) return;
   State& s = state_for(device);
-  const size_t size = round_size(nbytes);
   std::lock_guard<std::mutex> lock(s.mu);
-  s.stats.current -= static_cast<int64_t>(size);
-  s.free_blocks[size].push_back(ptr);
+  const size_t cap = s.capacity.at(ptr);
+  s.stats.current -= static_cast<int64_t>(cap);
+  s.free_blocks.emplace(cap, ptr);
 }
 
 MemoryStats Allocator::stats(Device device) const {
@@ -99,9 +107,10 @@ void Allocator::reset_peak(Device device) {
 void Allocator::empty_cache(Device device) {
   State& s = state_for(device);
   std::lock_guard<std::mutex> lock(s.mu);
-  for (auto& [size, blocks] : s.free_blocks) {
-    for (void* p : blocks) std::free(p);
-    s.stats.reserved -= static_cast<int64_t>(size * blocks.size());
+  for (const auto& [cap, p] : s.free_blocks) {
+    std::free(p);
+    s.capacity.erase(p);
+    s.stats.reserved -= static_cast<int64_t>(cap);
   }
   s.free_blocks.clear();
 }

@@ -13,7 +13,7 @@
 namespace kuai {
 
 struct MemoryStats {
-  int64_t current = 0;   // bytes in live allocations (rounded to the size class)
+  int64_t current = 0;   // capacity of the blocks held by live tensors
   int64_t peak = 0;      // max of current since the last reset_peak
   int64_t reserved = 0;  // current + cached free blocks
   int64_t num_allocs = 0;

@@ -30,6 +30,18 @@ void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> 
                                    .count());
 }
 
+namespace {
+
+// An input's buffer can take an output when one tensor object alone holds the storage (the op's
+// own saved copy), it covers the whole storage, and shape and dtype match.
+bool can_reuse(const Tensor& t, const Tensor& original, const TensorSpec& spec) {
+  return !original.requires_grad() && t.storage().use_count() == 1 && t.offset() == 0 &&
+         t.is_contiguous() && t.dtype() == spec.dtype && t.shape() == spec.shape &&
+         static_cast<int64_t>(t.storage()->nbytes) == t.nbytes();
+}
+
+}  // namespace
+
 std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Tensor> in) {
   for (size_t i = 0; i < in.size(); ++i) {
     if (!in[i].defined())
@@ -52,7 +64,15 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
     std::vector<TensorSpec> specs = p->infer(in);
     const Device device = in.empty() ? kCPU : in[0].device();
     out.reserve(specs.size());
-    for (const TensorSpec& s : specs) out.push_back(Tensor::empty(s.shape, s.dtype, device));
+    for (size_t j = 0; j < specs.size(); ++j) {
+      const TensorSpec& s = specs[j];
+      const int r = p->reusable_input(j);
+      if (r >= 0 && can_reuse(in[r], graph_in[r], s)) {
+        out.push_back(Tensor::view_of(in[r], s.shape, contiguous_strides(s.shape), 0));
+        continue;
+      }
+      out.push_back(Tensor::empty(s.shape, s.dtype, device));
+    }
     evaluate(*p, in, out);
   }
 

@@ -41,6 +41,9 @@ class Primitive {
   // View primitives return their outputs as views of the inputs instead of being evaluated.
   virtual bool is_view() const { return false; }
   virtual std::vector<Tensor> make_views(std::span<const Tensor> in) const { return {}; }
+  // Output j may be written into the buffer of the input this returns (same shape and dtype),
+  // when nothing but this op holds that buffer: a backward op reusing a dead activation.
+  virtual int reusable_input(size_t out) const { return -1; }
   // Integer inputs (indices, targets) never receive gradients.
   virtual bool differentiable(size_t input) const { return true; }
 };

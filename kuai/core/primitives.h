@@ -268,6 +268,7 @@ class CrossEntropyBackward final : public Primitive {
  public:
   explicit CrossEntropyBackward(int32_t ignore_index) : ignore_(ignore_index) {}
   KUAI_PRIMITIVE_COMMON("cross_entropy_backward", OpClass::kNormalization)
+  int reusable_input(size_t out) const override { return 0; }  // dlogits over the logits
 
  private:
   int32_t ignore_;

@@ -133,6 +133,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   }
   result.final_loss = result.losses.empty() ? 0.0f : result.losses.back();
   result.peak_rss_mib = peak_rss_mib();
+  const MemoryStats mem = Allocator::get().stats();
+  log << fmt::format("memory: peak live tensors {:.1f} MiB, allocator reserved {:.1f} MiB, peak RSS {:.1f} MiB\n",
+                     static_cast<double>(mem.peak) / (1 << 20), static_cast<double>(mem.reserved) / (1 << 20),
+                     result.peak_rss_mib);
   if (profiler::enabled()) log << "profile (KUAI_PROFILE=1), steps 2..N:\n" << profiler::report();
   return result;
 }

@@ -121,11 +121,12 @@ KUAI_CLONES void backward_rows(const float* logits, const int32_t* targets, cons
       continue;
     }
     const float l = lse[i];
+    const float xt = x[t];  // read before the row is overwritten (dlogits may alias logits)
     const int64_t v8 = V - V % 8;
     for (int64_t c = 0; c < v8; c += 8)
       ce::store8(d + c, ce::exp_fast(ce::load8(x + c) - l) * grad_scale);
     for (int64_t c = v8; c < V; ++c) d[c] = ce::exp_fast(x[c] - l) * grad_scale;
-    d[t] = (ce::exp_fast(x[t] - l) - 1.0f) * grad_scale;
+    d[t] = (ce::exp_fast(xt - l) - 1.0f) * grad_scale;
   }
 }
 

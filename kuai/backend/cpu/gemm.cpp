@@ -6,6 +6,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <functional>
@@ -30,39 +31,40 @@ std::atomic<GemmBackend> g_backend{GemmBackend::kAuto};
 // so the bound sits at 512^3; beyond it a single product already keeps both cores busy.
 constexpr int64_t kSmallProductMacs = int64_t{512} * 512 * 512;
 
-// Measured backend choice. Best GFLOP/s on this machine (2-core AMD EPYC, AVX2+FMA, no AVX-512;
-// OMP_NUM_THREADS=2; oneDNN 2.6, Debian OpenBLAS-openmp 0.3.21), best of two runs of
-//   OMP_NUM_THREADS=2 bench_gemm --benchmark_filter='BM_Gemm(Batched)?/.*/(onednn|openblas)'
-//     --benchmark_repetitions=10 --benchmark_min_time=0.05
-//     --benchmark_enable_random_interleaving=true
-// (GFLOPS of the best repetition, and GFLOPS_best, the best single iteration, of a second run)
-// on a shared machine (neighbours often held a core, so only the best runs mean anything; the
-// 2048^3 ceiling is 168 GFLOP/s). Shapes are (M,N,K) of the product as gemm sees it.
-//   pass     product (M,N,K)                        oneDNN  OpenBLAS  winner
-//   fwd NT   tiny qkv  (4096,768,256)                  55      80
-//   fwd NT   tiny proj (4096,256,256)                 158      67
-//   fwd NT   tiny fc   (4096,1024,256)                165      83     oneDNN for K <= 512
-//   fwd NT   tiny fc_proj (4096,256,1024)             140     132
-//   fwd NT   gpt2 qkv  (1024,2304,768)                164     168
-//   fwd NT   gpt2 proj (1024,768,768)                 156      76
-//   fwd NT   gpt2 fc   (1024,3072,768)                 70     159
-//   fwd NT   gpt2 fc_proj (1024,768,3072)              71     154
-//   fwd NT   gpt2 lm_head (1024,50257,768)            164     170     OpenBLAS for K > 512
-//   dX  NN   tiny qkv/proj/fc/fc_proj                 75/125/78/86   80/67/67/72
-//   dX  NN   gpt2 qkv/proj/fc/fc_proj/lm_head   160/164/161/165/148  77/77/151/159/82  oneDNN
-//   dW  TN   tiny qkv/proj/fc/fc_proj                 53/119/30/35  67/152/129/149
-//   dW  TN   gpt2 qkv/proj/fc/fc_proj/lm_head    85/62/75/162/81   82/147/154/84/91  OpenBLAS
-//   attention, one product per thread over the batch:
-//   scores NT (256,256,64) x48 | (256,256,32) x128     148 | 120   120 | 98    oneDNN
-//   values NN (256,64,256) x48                         129         121         oneDNN
-//   dV     TN (256,64,256) x48                         143         116         oneDNN
-// TT (not used by training) follows TN. Small batched products all go to oneDNN.
+// Measured backend choice, median GFLOP/s of 3 repetitions on a quiet machine (2-core AMD EPYC,
+// AVX2+FMA, no AVX-512; OMP_NUM_THREADS=2; oneDNN 2.6, Debian OpenBLAS-openmp 0.3.21):
+//   OMP_NUM_THREADS=2 build/kuai_bench_ops --benchmark_filter='BM_Gemm/.*/(onednn|openblas)'
+//     --benchmark_min_time=0.3 --benchmark_repetitions=3
+// The 2048^3 ceiling is 168 GFLOP/s. Shapes are (M,N,K) of the product as gemm sees it.
+//   pass    product                     tiny (4096 rows)           GPT-2 124M (1024 rows)
+//                                       oneDNN / OpenBLAS           oneDNN / OpenBLAS
+//   fwd NT  qkv                         154 / 155                   166 / 165
+//           proj                        150 / 134                   161 / 152
+//           fc                          162 / 144                   163 / 162
+//           fc_proj                     135 / 136                   162 / 154
+//           lm_head                         -                       165 / 164
+//   dX  NN  qkv                         151 / 126                   165 / 152
+//           proj                        151 / 107                   160 / 143
+//           fc                          135 / 126                   162 / 152
+//           fc_proj                     168 / 139                   167 / 159
+//           lm_head                         -                       167 / 166
+//   dW  TN  qkv  (768,256,4096)         117 / 124   (768,2304,1024) 165 / 154
+//           proj (256,256,4096)         115 / 120                   160 / 150
+//           fc   (1024,256,4096)         66 / 126                   155 / 155
+//           fc_proj (256,1024,4096)      64 / 142                   164 / 164
+//           lm_head (50257,768,1024)        -                       159 / 164
+//   attention, one product per thread over the batch (an earlier, noisier run):
+//   scores NT (256,256,64) x48 | (256,256,32) x128     148 | 120   120 | 98
+//   values NN (256,64,256) x48                         129         121
+//   dV     TN (256,64,256) x48                         143         116
+// oneDNN wins or ties everywhere except the weight gradients whose reduction (K, the token
+// count) is long against the output (tiny's dW: K = 4096 over a 256..1024-wide result), where
+// its TN kernel falls to 64 GFLOP/s and OpenBLAS keeps 142. TT (unused by training) follows TN.
 GemmBackend measured_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                              bool batched) {
   if (batched && M * N * K <= kSmallProductMacs) return GemmBackend::kOneDNN;
-  if (trans_a) return GemmBackend::kOpenBLAS;
-  if (!trans_b) return GemmBackend::kOneDNN;
-  return K <= 512 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
+  if (trans_a && K > 2 * std::max(M, N)) return GemmBackend::kOpenBLAS;
+  return GemmBackend::kOneDNN;
 }
 
 GemmBackend resolve_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

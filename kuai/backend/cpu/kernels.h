@@ -58,6 +58,7 @@ void embedding_backward(const float* dout, const int32_t* idx, float* dW, int64_
 double cross_entropy_forward(const float* logits, const int32_t* targets, float* lse, int64_t N,
                              int64_t V, int32_t ignore_index, int64_t* count);
 // dlogits[i] = (softmax(logits[i]) - onehot(target[i])) * grad_scale; zero rows where ignored.
+// dlogits may alias logits (the engine reuses the logits buffer when nothing else holds it).
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
                             float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
                             float grad_scale);
