@@ -103,12 +103,22 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
       data_gen.randint(y.data<int32_t>(), B * T, 0, static_cast<int32_t>(V));
     }
     opt.set_lr(static_cast<float>(learning_rate(cfg, step)));
+    const auto t_data = std::chrono::steady_clock::now();
     Tensor loss = model.loss(x, y);
+    const auto t_fwd = std::chrono::steady_clock::now();
     loss.backward();
+    const auto t_bwd = std::chrono::steady_clock::now();
     const double norm = optim::grad_norm(params);
     opt.step(cfg.grad_clip > 0 ? optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip))
                                : 1.0f);
     opt.zero_grad();
+    if (profiler::enabled()) {
+      using ms = std::chrono::duration<double, std::milli>;
+      profiler::record("[step] data", ms(t_data - t0).count());
+      profiler::record("[step] forward", ms(t_fwd - t_data).count());
+      profiler::record("[step] backward", ms(t_bwd - t_fwd).count());
+      profiler::record("[step] optimizer", ms(std::chrono::steady_clock::now() - t_bwd).count());
+    }
     const float loss_value = loss.item();
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
