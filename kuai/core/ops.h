@@ -72,9 +72,13 @@ LayerNormOut layer_norm_with_stats(const Tensor& x, const Tensor& w, const Tenso
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // (V, C), (...) -> (..., C)
 // Mean over targets != ignore_index of -log softmax(logits)[target]. logits (N, V), targets (N).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);
-// Naive causal (or not) attention: softmax(q k^T / sqrt(d)) v over (B, H, T, d) views.
+// Naive causal (or not) attention: softmax(q k^T / sqrt(d)) v over (B, H, T, d) views, one
+// primitive that materialises the probabilities and skips masked key blocks. The result is a
+// (B, H, T, d) view of a (B, T, H, d) buffer, so merging the heads back is free.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true);
+// The same from matmul, softmax and matmul primitives (a cross-check in the tests).
+Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true);
 
 // ---- operators ----
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }

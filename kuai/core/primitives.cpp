@@ -434,4 +434,37 @@ std::vector<Tensor> CrossEntropyBackward::vjp(std::span<const Tensor>, std::span
   not_twice(name());
 }
 
+// ---------------------------------------------------------------------------------------------
+// Attention
+
+std::vector<TensorSpec> Attention::infer(std::span<const Tensor> in) const {
+  for (const Tensor& t : in) check_float32(name(), t);
+  const Tensor& q = in[0];
+  if (q.dim() != 4 || in[1].shape() != q.shape() || in[2].shape() != q.shape())
+    throw std::invalid_argument(fmt::format("attention: q, k, v must be equal (B, H, T, d), got {}, {}, {}",
+                                            shape_str(q.shape()), shape_str(in[1].shape()),
+                                            shape_str(in[2].shape())));
+  const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
+  return {{{B, T, H, d}, DType::kF32}, {{B, H, T, T}, DType::kF32}};
+}
+
+std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                                   std::span<const Tensor> g, const std::vector<bool>&) const {
+  if (!g[0].defined()) return std::vector<Tensor>(3);
+  std::vector<Tensor> d = dispatch(std::make_shared<AttentionBackward>(scale_, causal_),
+                                   {in[0], in[1], in[2], out[1], g[0]});
+  return {transpose(d[0], 1, 2), transpose(d[1], 1, 2), transpose(d[2], 1, 2)};
+}
+
+std::vector<TensorSpec> AttentionBackward::infer(std::span<const Tensor> in) const {
+  const Shape& s = in[4].shape();  // (B, T, H, d)
+  return {{s, DType::kF32}, {s, DType::kF32}, {s, DType::kF32}};
+}
+
+std::vector<Tensor> AttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                           std::span<const Tensor>,
+                                           const std::vector<bool>&) const {
+  not_twice(name());
+}
+
 }  // namespace kuai

@@ -274,6 +274,33 @@ class CrossEntropyBackward final : public Primitive {
   int32_t ignore_;
 };
 
+// ---- attention ----
+// Naive (materialised-probability) attention: (q, k, v) each (B, H, T, d), any strides with a
+// unit last one -> (y laid out (B, T, H, d), p (B, H, T, T)). Causal skips masked key blocks.
+class Attention final : public Primitive {
+ public:
+  Attention(float scale, bool causal) : scale_(scale), causal_(causal) {}
+  KUAI_PRIMITIVE_COMMON("attention", OpClass::kAttention)
+  bool accepts_strided(size_t) const override { return true; }
+  bool saves_output(size_t j) const override { return j == 1; }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+// (q, k, v, p, dy laid out (B, T, H, d)) -> (dq, dk, dv) laid out (B, T, H, d).
+class AttentionBackward final : public Primitive {
+ public:
+  AttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
+  KUAI_PRIMITIVE_COMMON("attention_backward", OpClass::kAttention)
+  bool accepts_strided(size_t) const override { return true; }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
 #undef KUAI_PRIMITIVE_COMMON
 
 }  // namespace kuai

@@ -27,7 +27,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, hd}), 1, 2); };
   Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
                                           /*causal=*/true);  // (B, H, T, hd)
-  y = reshape(transpose(y, 1, 2), {B, T, C});                // copies into (B, T, C)
+  y = reshape(transpose(y, 1, 2), {B, T, C});                // a view: y is (B, T, H, hd)
   return c_proj_->forward(y);
 }
 

@@ -5,6 +5,7 @@
 // themselves are accurate to ~1e-9; the slack is fp32 accumulation in the backward kernels).
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 
 #include "../support/grad_check.h"
@@ -375,15 +376,50 @@ TEST(Ops, ViewsAndCopies) {
             }});
 }
 
-TEST(Ops, AttentionComposite) {
-  const int64_t B = 1, H = 2, T = 5, d = 3;
-  check_op({"sdpa", {rand_tensor({B, H, T, d}, 80), rand_tensor({B, H, T, d}, 81), rand_tensor({B, H, T, d}, 82)},
-            [](auto& in) { return scaled_dot_product_attention(in[0], in[1], in[2], true); },
-            [](const std::vector<DT>& in) {
-              DT s = matmul_ref(in[0], transpose_last2(in[1]));
-              DT p = softmax_ref(s, 1.0 / std::sqrt(3.0), true);
-              return matmul_ref(p, in[2]);
-            }});
+TEST(Ops, Attention) {
+  // T = 1, T below, at and across the 64-row block (partial last block), odd head sizes; q/k/v
+  // as column slices of one fused buffer like the model passes them; causal and not.
+  for (auto [B, H, T, d] : std::vector<std::array<int64_t, 4>>{
+           {1, 1, 1, 3}, {2, 2, 5, 3}, {1, 1, 64, 4}, {1, 1, 70, 3}, {1, 1, 131, 1}}) {
+    for (bool causal : {true, false}) {
+      Tensor qkv = rand_tensor({B, T, 3 * H * d}, 80 + T, 1.5f);
+      auto heads = [&](const Tensor& t, int i) {
+        return transpose(reshape(chunk(t, 3, -1)[i], {B, T, H, d}), 1, 2);
+      };
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      check_op({"attention",
+                {qkv},
+                [&](auto& in) {
+                  return scaled_dot_product_attention(heads(in[0], 0), heads(in[0], 1),
+                                                      heads(in[0], 2), causal);
+                },
+                [&](const std::vector<DT>& in) {
+                  // Split the fused (B, T, 3*H*d) reference into heads (B*H, T, d) each.
+                  DT q{{B * H, T, d}, {}}, k = q, v = q;
+                  for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
+                  for (int64_t b = 0; b < B; ++b)
+                    for (int64_t t = 0; t < T; ++t)
+                      for (int64_t h = 0; h < H; ++h)
+                        for (int64_t j = 0; j < d; ++j) {
+                          const int64_t src = (b * T + t) * 3 * H * d + h * d + j;
+                          const int64_t dst = ((b * H + h) * T + t) * d + j;
+                          q.v[dst] = in[0].v[src];
+                          k.v[dst] = in[0].v[src + H * d];
+                          v.v[dst] = in[0].v[src + 2 * H * d];
+                        }
+                  DT y = matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal), v);
+                  y.shape = {B, H, T, d};
+                  return y;
+                },
+                2e-5});
+    }
+  }
+  // The fused primitive and the matmul/softmax/matmul composition agree.
+  Tensor q = rand_tensor({2, 3, 33, 8}, 90), k = rand_tensor({2, 3, 33, 8}, 91),
+         v = rand_tensor({2, 3, 33, 8}, 92);
+  const auto a = scaled_dot_product_attention(q, k, v, true).contiguous().to_vector<float>();
+  const auto c = attention_composite(q, k, v, true).to_vector<float>();
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], c[i], 1e-5f);
 }
 
 TEST(Ops, ShapeErrorsNameTheOpAndShapes) {

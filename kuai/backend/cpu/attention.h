@@ -1,0 +1,31 @@
+// Naive attention for one (batch, head): the T x T probabilities are materialised (that is what
+// makes it the reference for the flash kernel), but with a causal mask the GEMMs skip the key
+// blocks above the diagonal, so only ~(1/2 + 32/T) of the square is multiplied. Operands are
+// row-major with unit column stride and their own row strides (q, k, v may be column slices of
+// one fused qkv buffer). `s` and `dp` are caller-provided T x T scratch.
+#pragma once
+
+#include <cstdint>
+
+namespace kuai::cpu {
+
+inline constexpr int64_t kAttentionBlock = 64;  // query/key block of the causal skipping
+
+struct HeadView {
+  const float* q;  // (T, d), row stride ldq
+  const float* k;
+  const float* v;
+  int64_t ldq, ldk, ldv;
+};
+
+// p (T, T) = softmax(scale * q k^T) with masked entries 0; y (T, d), row stride ldy = p v.
+void attention_head_forward(const HeadView& h, float* p, float* y, int64_t ldy, int64_t T,
+                            int64_t d, float scale, bool causal, float* s);
+
+// From p and dy (row stride lddy): dq, dk, dv (T, d) with row strides lddq, lddk, lddv.
+void attention_head_backward(const HeadView& h, const float* p, const float* dy, int64_t lddy,
+                             float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
+                             int64_t lddv, int64_t T, int64_t d, float scale, bool causal,
+                             float* dp);
+
+}  // namespace kuai::cpu
