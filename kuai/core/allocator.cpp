@@ -25,7 +25,7 @@ constexpr size_t kLargeGranule = size_t{1} << 16;
 struct State {
   std::mutex mu;
   MemoryStats stats;
-  std::multimap<size_t, void*> free_blocks;     // capacity -> block
+  std::multimap<size_t, void*> free_blocks;    // capacity -> block
   std::unordered_map<void*, size_t> capacity;  // every block we own, in use or not
 };
 

@@ -29,9 +29,9 @@ class PrimitiveNode final : public Node {
 
   std::vector<Tensor> apply(std::vector<Tensor>&& grads) override {
     if (released_)
-      throw std::runtime_error(fmt::format(
-          "backward through {} a second time: its saved tensors were already freed",
-          prim_->name()));
+      throw std::runtime_error(
+          fmt::format("backward through {} a second time: its saved tensors were already freed",
+                      prim_->name()));
     std::vector<Tensor> g = prim_->vjp(in_, out_, grads, needs_grad_);
     if (g.size() != in_.size())
       throw std::logic_error(fmt::format("{}: vjp returned {} gradients for {} inputs",
@@ -110,8 +110,8 @@ void accumulate_into(Tensor& slot, Tensor g) {
     slot = std::move(g);
     return;
   }
-  const bool exclusive = slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 &&
-                         slot.is_contiguous();
+  const bool exclusive =
+      slot.impl_ptr().use_count() == 1 && slot.storage().use_count() == 1 && slot.is_contiguous();
   if (exclusive)
     add_(slot, g);
   else

@@ -19,15 +19,16 @@ void Primitive::eval_cuda(std::span<const Tensor>, std::span<Tensor>) const {
 void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
   const Device d = in.empty() ? (out.empty() ? kCPU : out[0].device()) : in[0].device();
   const bool profile = profiler::enabled();
-  const auto t0 = profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
+  const auto t0 =
+      profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   if (d.type == DeviceType::kCPU)
     p.eval_cpu(in, out);
   else
     p.eval_cuda(in, out);
   if (profile)
-    profiler::record(p.name(), std::chrono::duration<double, std::milli>(
-                                   std::chrono::steady_clock::now() - t0)
-                                   .count());
+    profiler::record(
+        p.name(),
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
 namespace {

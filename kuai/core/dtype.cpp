@@ -9,12 +9,18 @@ namespace kuai {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "float32";
-    case DType::kBF16: return "bfloat16";
-    case DType::kF16: return "float16";
-    case DType::kI32: return "int32";
-    case DType::kI64: return "int64";
-    case DType::kU8: return "uint8";
+    case DType::kF32:
+      return "float32";
+    case DType::kBF16:
+      return "bfloat16";
+    case DType::kF16:
+      return "float16";
+    case DType::kI32:
+      return "int32";
+    case DType::kI64:
+      return "int64";
+    case DType::kU8:
+      return "uint8";
   }
   return "unknown";
 }
@@ -23,11 +29,12 @@ uint16_t float_to_f16(float f) {
   const uint32_t u = float_bits(f);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);  // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
-  if (abs >= 0x38800000u) {                         // normal half (|f| >= 2^-14)
-    uint32_t r = abs - 0x38000000u;                 // rebias exponent 127 -> 15
-    r += 0xfffu + ((r >> 13) & 1u);                 // round to nearest even on 13 dropped bits
+  if (abs > 0x7f800000u)
+    return sign | 0x7e00u | static_cast<uint16_t>((abs >> 13) & 0x3ffu);  // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;                          // rounds to >= 65520: inf
+  if (abs >= 0x38800000u) {          // normal half (|f| >= 2^-14)
+    uint32_t r = abs - 0x38000000u;  // rebias exponent 127 -> 15
+    r += 0xfffu + ((r >> 13) & 1u);  // round to nearest even on 13 dropped bits
     return sign | static_cast<uint16_t>(r >> 13);
   }
   if (abs < 0x33000000u) return sign;  // below half the smallest subnormal (2^-25): zero
@@ -58,26 +65,42 @@ namespace {
 
 double load(const void* src, DType t, int64_t i) {
   switch (t) {
-    case DType::kF32: return static_cast<const float*>(src)[i];
-    case DType::kBF16: return bf16_to_float(static_cast<const uint16_t*>(src)[i]);
-    case DType::kF16: return f16_to_float(static_cast<const uint16_t*>(src)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(src)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(src)[i]);
-    case DType::kU8: return static_cast<const uint8_t*>(src)[i];
+    case DType::kF32:
+      return static_cast<const float*>(src)[i];
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const uint16_t*>(src)[i]);
+    case DType::kF16:
+      return f16_to_float(static_cast<const uint16_t*>(src)[i]);
+    case DType::kI32:
+      return static_cast<const int32_t*>(src)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(src)[i]);
+    case DType::kU8:
+      return static_cast<const uint8_t*>(src)[i];
   }
   return 0;
 }
 
 void store(void* dst, DType t, int64_t i, double v) {
   switch (t) {
-    case DType::kF32: static_cast<float*>(dst)[i] = static_cast<float>(v); return;
+    case DType::kF32:
+      static_cast<float*>(dst)[i] = static_cast<float>(v);
+      return;
     case DType::kBF16:
       static_cast<uint16_t*>(dst)[i] = float_to_bf16(static_cast<float>(v));
       return;
-    case DType::kF16: static_cast<uint16_t*>(dst)[i] = float_to_f16(static_cast<float>(v)); return;
-    case DType::kI32: static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(dst)[i] = static_cast<int64_t>(v); return;
-    case DType::kU8: static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>(v); return;
+    case DType::kF16:
+      static_cast<uint16_t*>(dst)[i] = float_to_f16(static_cast<float>(v));
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(dst)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(dst)[i] = static_cast<int64_t>(v);
+      return;
+    case DType::kU8:
+      static_cast<uint8_t*>(dst)[i] = static_cast<uint8_t>(v);
+      return;
   }
 }
 

@@ -53,8 +53,8 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) {
 
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
   if (static_cast<int64_t>(values.size()) != shape_numel(shape))
-    throw std::invalid_argument(fmt::format("from_vector: {} values for shape {}", values.size(),
-                                            shape_str(shape)));
+    throw std::invalid_argument(
+        fmt::format("from_vector: {} values for shape {}", values.size(), shape_str(shape)));
   Tensor t = Tensor::empty(shape, DType::kF32, device);
   std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(float));
   return t;
@@ -62,8 +62,8 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device 
 
 Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device) {
   if (static_cast<int64_t>(values.size()) != shape_numel(shape))
-    throw std::invalid_argument(fmt::format("from_vector: {} values for shape {}", values.size(),
-                                            shape_str(shape)));
+    throw std::invalid_argument(
+        fmt::format("from_vector: {} values for shape {}", values.size(), shape_str(shape)));
   Tensor t = Tensor::empty(shape, DType::kI32, device);
   std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(int32_t));
   return t;
@@ -90,8 +90,8 @@ Tensor reshape(const Tensor& x, Shape shape) {
   }
   if (infer_at >= 0) shape[infer_at] = known == 0 ? 0 : x.numel() / known;
   if (shape_numel(shape) != x.numel())
-    throw std::invalid_argument(fmt::format("reshape: cannot view {} as {}", shape_str(x.shape()),
-                                            shape_str(shape)));
+    throw std::invalid_argument(
+        fmt::format("reshape: cannot view {} as {}", shape_str(x.shape()), shape_str(shape)));
   if (shape == x.shape()) return x;
   if (auto strides = view_strides(x.shape(), x.strides(), shape))
     return run1(std::make_shared<View>(shape, *strides), {x});
@@ -131,16 +131,16 @@ Tensor expand(const Tensor& x, const Shape& shape) {
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   dim = normalize_dim("chunk", dim, x.dim());
   if (chunks <= 0 || x.shape()[dim] % chunks != 0)
-    throw std::invalid_argument(fmt::format("chunk: dim {} of size {} does not split into {}",
-                                            dim, x.shape()[dim], chunks));
+    throw std::invalid_argument(fmt::format("chunk: dim {} of size {} does not split into {}", dim,
+                                            x.shape()[dim], chunks));
   return dispatch(std::make_shared<Chunk>(chunks, dim), {x});
 }
 
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   dim = normalize_dim("narrow", dim, x.dim());
   if (start < 0 || length < 0 || start + length > x.shape()[dim])
-    throw std::invalid_argument(fmt::format("narrow: [{}, {}) outside dim {} of {}", start,
-                                            start + length, dim, x.str()));
+    throw std::invalid_argument(
+        fmt::format("narrow: [{}, {}) outside dim {} of {}", start, start + length, dim, x.str()));
   return run1(std::make_shared<Narrow>(dim, start, length), {x});
 }
 
@@ -208,11 +208,12 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
         fmt::format("sum_to: cannot reduce {} to {}", shape_str(x.shape()), shape_str(shape)));
   if (lead > 0) {
     Shape rest(t.shape().begin() + lead, t.shape().end());
-    t = sum(reshape(t, [&] {
-              Shape s{-1};
-              s.insert(s.end(), rest.begin(), rest.end());
-              return s;
-            }()),
+    t = sum(reshape(t,
+                    [&] {
+                      Shape s{-1};
+                      s.insert(s.end(), rest.begin(), rest.end());
+                      return s;
+                    }()),
             0);
   }
   for (size_t i = 0; i < shape.size(); ++i)

@@ -50,8 +50,8 @@ void add_(const Tensor& a, const Tensor& b);
 // ---- reductions ----
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);
 Tensor mean(const Tensor& x, int64_t dim, bool keepdim = false);
-Tensor sum(const Tensor& x);   // all elements -> scalar (shape ())
-Tensor mean(const Tensor& x);  // all elements -> scalar
+Tensor sum(const Tensor& x);                         // all elements -> scalar (shape ())
+Tensor mean(const Tensor& x);                        // all elements -> scalar
 Tensor sum_to(const Tensor& x, const Shape& shape);  // undo broadcasting
 
 // ---- linear algebra ----

@@ -86,8 +86,8 @@ std::vector<Tensor> Narrow::make_views(std::span<const Tensor> in) const {
   const Tensor& x = in[0];
   Shape shape = x.shape();
   shape[dim_] = length_;
-  return one(Tensor::view_of(x, std::move(shape), x.strides(),
-                             x.offset() + start_ * x.strides()[dim_]));
+  return one(
+      Tensor::view_of(x, std::move(shape), x.strides(), x.offset() + start_ * x.strides()[dim_]));
 }
 std::vector<Tensor> Narrow::vjp(std::span<const Tensor> in, std::span<const Tensor>,
                                 std::span<const Tensor> g, const std::vector<bool>&) const {
@@ -124,8 +124,8 @@ std::vector<TensorSpec> Concat::infer(std::span<const Tensor> in) const {
     for (int64_t k = 0; ok && k < in[0].dim(); ++k)
       ok = k == d || in[i].shape()[k] == in[0].shape()[k];
     if (!ok)
-      throw std::invalid_argument(fmt::format("cat: {} and {} do not match outside dim {}",
-                                              in[0].str(), in[i].str(), d));
+      throw std::invalid_argument(
+          fmt::format("cat: {} and {} do not match outside dim {}", in[0].str(), in[i].str(), d));
     shape[d] += in[i].shape()[d];
   }
   return {{shape, in[0].dtype()}};
@@ -146,8 +146,7 @@ std::vector<TensorSpec> NarrowBackward::infer(std::span<const Tensor> in) const 
   return {{shape_, in[0].dtype()}};
 }
 std::vector<Tensor> NarrowBackward::vjp(std::span<const Tensor> in, std::span<const Tensor>,
-                                        std::span<const Tensor> g,
-                                        const std::vector<bool>&) const {
+                                        std::span<const Tensor> g, const std::vector<bool>&) const {
   return one(narrow(g[0], dim_, start_, in[0].shape()[dim_]));
 }
 
@@ -156,10 +155,14 @@ std::vector<Tensor> NarrowBackward::vjp(std::span<const Tensor> in, std::span<co
 
 std::string_view Binary::name() const {
   switch (op_) {
-    case BinaryOp::kAdd: return "add";
-    case BinaryOp::kSub: return "sub";
-    case BinaryOp::kMul: return "mul";
-    case BinaryOp::kDiv: return "div";
+    case BinaryOp::kAdd:
+      return "add";
+    case BinaryOp::kSub:
+      return "sub";
+    case BinaryOp::kMul:
+      return "mul";
+    case BinaryOp::kDiv:
+      return "div";
   }
   return "binary";
 }
@@ -254,8 +257,8 @@ std::vector<TensorSpec> Matmul::infer(std::span<const Tensor> in) const {
   check_float32(name(), a);
   check_float32(name(), b);
   if (a.dim() < 2 || b.dim() < 2 || a.shape().back() != b.shape()[b.dim() - 2])
-    throw std::invalid_argument(
-        fmt::format("matmul: cannot multiply {} by {}", shape_str(a.shape()), shape_str(b.shape())));
+    throw std::invalid_argument(fmt::format("matmul: cannot multiply {} by {}",
+                                            shape_str(a.shape()), shape_str(b.shape())));
   Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
   if (!ba.empty() && !bb.empty() && ba != bb)
     throw std::invalid_argument(fmt::format("matmul: batch dims of {} and {} differ",
@@ -315,9 +318,9 @@ std::vector<Tensor> Linear::vjp(std::span<const Tensor> in, std::span<const Tens
   const int64_t N = w.shape()[0], K = w.shape()[1];
   Tensor g2 = reshape(g[0], {-1, N});  // (R, N)
   std::vector<Tensor> out(in.size());
-  if (needs[0]) out[0] = reshape(matmul(g2, w), x.shape());                   // (R, K)
+  if (needs[0]) out[0] = reshape(matmul(g2, w), x.shape());                 // (R, K)
   if (needs[1]) out[1] = matmul(transpose(g2, 0, 1), reshape(x, {-1, K}));  // (N, K)
-  if (in.size() == 3 && needs[2]) out[2] = sum(g2, 0);                        // (N)
+  if (in.size() == 3 && needs[2]) out[2] = sum(g2, 0);                      // (N)
   return out;
 }
 
@@ -360,7 +363,8 @@ std::vector<TensorSpec> LayerNorm::infer(std::span<const Tensor> in) const {
   return {{x.shape(), DType::kF32}, {{N}, DType::kF32}, {{N}, DType::kF32}};
 }
 std::vector<Tensor> LayerNorm::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
-                                   std::span<const Tensor> g, const std::vector<bool>& needs) const {
+                                   std::span<const Tensor> g,
+                                   const std::vector<bool>& needs) const {
   if (!g[0].defined()) return std::vector<Tensor>(3);
   return dispatch(std::make_shared<LayerNormBackward>(), {in[0], in[1], out[1], out[2], g[0]});
 }
@@ -441,9 +445,9 @@ std::vector<TensorSpec> Attention::infer(std::span<const Tensor> in) const {
   for (const Tensor& t : in) check_float32(name(), t);
   const Tensor& q = in[0];
   if (q.dim() != 4 || in[1].shape() != q.shape() || in[2].shape() != q.shape())
-    throw std::invalid_argument(fmt::format("attention: q, k, v must be equal (B, H, T, d), got {}, {}, {}",
-                                            shape_str(q.shape()), shape_str(in[1].shape()),
-                                            shape_str(in[2].shape())));
+    throw std::invalid_argument(
+        fmt::format("attention: q, k, v must be equal (B, H, T, d), got {}, {}, {}",
+                    shape_str(q.shape()), shape_str(in[1].shape()), shape_str(in[2].shape())));
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   return {{{B, T, H, d}, DType::kF32}, {{B, H, T, T}, DType::kF32}};
 }

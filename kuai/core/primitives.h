@@ -7,11 +7,11 @@
 
 namespace kuai {
 
-#define KUAI_PRIMITIVE_COMMON(NAME, CLASS)                                                   \
-  std::string_view name() const override { return NAME; }                                  \
-  OpClass op_class() const override { return CLASS; }                                      \
-  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;                \
-  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;         \
+#define KUAI_PRIMITIVE_COMMON(NAME, CLASS)                                                  \
+  std::string_view name() const override { return NAME; }                                   \
+  OpClass op_class() const override { return CLASS; }                                       \
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;                 \
+  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;          \
   std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,          \
                           std::span<const Tensor> grad_out, const std::vector<bool>& needs) \
       const override;
@@ -146,7 +146,9 @@ class Binary final : public Primitive {
   std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
                           std::span<const Tensor> grad_out,
                           const std::vector<bool>& needs) const override;
-  bool saves_input(size_t i) const override { return op_ == BinaryOp::kMul || op_ == BinaryOp::kDiv; }
+  bool saves_input(size_t i) const override {
+    return op_ == BinaryOp::kMul || op_ == BinaryOp::kDiv;
+  }
   BinaryOp op() const { return op_; }
 
  private:

@@ -18,7 +18,8 @@ struct Entry {
 };
 
 struct State {
-  bool on = std::getenv("KUAI_PROFILE") != nullptr && std::string(std::getenv("KUAI_PROFILE")) != "0";
+  bool on =
+      std::getenv("KUAI_PROFILE") != nullptr && std::string(std::getenv("KUAI_PROFILE")) != "0";
   std::mutex mu;
   std::map<std::string, Entry, std::less<>> table;
 };

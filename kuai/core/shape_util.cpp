@@ -40,7 +40,8 @@ Shape broadcast_shapes(std::string_view op, const Shape& a, const Shape& b) {
   return out;
 }
 
-std::optional<Shape> view_strides(const Shape& shape, const Shape& strides, const Shape& new_shape) {
+std::optional<Shape> view_strides(const Shape& shape, const Shape& strides,
+                                  const Shape& new_shape) {
   if (shape.empty() || shape_numel(shape) == 0) return contiguous_strides(new_shape);
   // Walk the old dims from the innermost, grouping runs that are contiguous with each other;
   // each run must be covered exactly by a run of new dims.

@@ -43,14 +43,15 @@ Storage::~Storage() { Allocator::get().deallocate(data, nbytes, device); }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
-    if (d < 0) throw std::invalid_argument("empty: negative dimension in shape " + shape_str(shape));
+    if (d < 0)
+      throw std::invalid_argument("empty: negative dimension in shape " + shape_str(shape));
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   impl->device = device;
-  impl->storage =
-      std::make_shared<Storage>(static_cast<size_t>(shape_numel(shape) * dtype_size(dtype)), device);
+  impl->storage = std::make_shared<Storage>(
+      static_cast<size_t>(shape_numel(shape) * dtype_size(dtype)), device);
   return Tensor(std::move(impl));
 }
 

@@ -48,8 +48,8 @@ struct TensorImpl {
   std::shared_ptr<Storage> storage;  // null for a meta tensor (shape and dtype only)
   bool requires_grad = false;
   std::shared_ptr<TensorImpl> grad;
-  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
-  int output_nr = 0;                        // which output of grad_fn this is
+  std::shared_ptr<autograd::Node> grad_fn;         // null for leaves
+  int output_nr = 0;                               // which output of grad_fn this is
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: shared by every use in a graph
   std::vector<GradHook> hooks;                     // leaves: fired once its grad is final
 };

@@ -18,7 +18,8 @@ TokenFile TokenFile::open(const std::string& path) {
   f.path_ = path;
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0)
-    throw std::runtime_error(fmt::format("{}: cannot open token file: {}", path, std::strerror(errno)));
+    throw std::runtime_error(
+        fmt::format("{}: cannot open token file: {}", path, std::strerror(errno)));
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     ::close(fd);
@@ -45,15 +46,16 @@ TokenFile TokenFile::open(const std::string& path) {
   std::memcpy(&token_bytes, p + 12, 4);
   std::memcpy(&count, p + 16, 8);
   if (version != kTokenVersion)
-    throw std::runtime_error(fmt::format("{}: unsupported version {} (expected {})", path, version,
-                                         kTokenVersion));
+    throw std::runtime_error(
+        fmt::format("{}: unsupported version {} (expected {})", path, version, kTokenVersion));
   if (token_bytes != 1 && token_bytes != 2 && token_bytes != 4)
     throw std::runtime_error(
         fmt::format("{}: bytes per token {} is not 1, 2 or 4", path, token_bytes));
   const size_t payload = bytes - static_cast<size_t>(kTokenHeaderBytes);
   if (count > payload / token_bytes || count * token_bytes != payload)
-    throw std::runtime_error(fmt::format("{}: header says {} tokens of {} bytes but {} bytes follow",
-                                         path, count, token_bytes, payload));
+    throw std::runtime_error(
+        fmt::format("{}: header says {} tokens of {} bytes but {} bytes follow", path, count,
+                    token_bytes, payload));
   f.tokens_ = p + kTokenHeaderBytes;
   f.count_ = static_cast<int64_t>(count);
   f.token_bytes_ = static_cast<int>(token_bytes);
@@ -77,7 +79,8 @@ TokenFile::~TokenFile() {
 
 int32_t TokenFile::operator[](int64_t i) const {
   switch (token_bytes_) {
-    case 1: return tokens_[i];
+    case 1:
+      return tokens_[i];
     case 2: {
       uint16_t v;
       std::memcpy(&v, tokens_ + 2 * i, 2);

@@ -10,12 +10,18 @@ namespace kuai::io {
 
 std::string safetensors_dtype(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -35,8 +41,8 @@ Tensor read_tensor(const SafetensorsFile& file, const std::string& name) {
   Tensor t = Tensor::empty(e->shape, dtype_from_safetensors(file.path(), name, e->dtype));
   const auto bytes = file.data(*e);
   if (static_cast<int64_t>(bytes.size()) != t.nbytes())
-    throw std::runtime_error(fmt::format("{}: tensor \"{}\" has {} bytes, expected {}",
-                                         file.path(), name, bytes.size(), t.nbytes()));
+    throw std::runtime_error(fmt::format("{}: tensor \"{}\" has {} bytes, expected {}", file.path(),
+                                         name, bytes.size(), t.nbytes()));
   std::memcpy(t.raw_data(), bytes.data(), bytes.size());
   return t;
 }

@@ -40,7 +40,8 @@ Tensor MLP::forward(const Tensor& x) const { return c_proj_->forward(gelu(c_fc_-
 
 Block::Block(const GPTConfig& cfg, Generator& gen) {
   ln_1_ = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model));
-  attn_ = register_module("attn", std::make_shared<CausalSelfAttention>(cfg.d_model, cfg.n_head, gen));
+  attn_ =
+      register_module("attn", std::make_shared<CausalSelfAttention>(cfg.d_model, cfg.n_head, gen));
   ln_2_ = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model));
   mlp_ = register_module("mlp", std::make_shared<MLP>(cfg.d_model, gen));
 }

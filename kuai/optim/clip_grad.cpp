@@ -29,7 +29,8 @@ double clip_grad_norm_(const std::vector<Tensor>& params, float max_norm) {
   if (c < 1.0f)
     for (const Tensor& p : params) {
       Tensor g = p.grad();
-      if (g.defined() && g.is_contiguous()) cpu::scale(g.data<float>(), c, g.data<float>(), g.numel());
+      if (g.defined() && g.is_contiguous())
+        cpu::scale(g.data<float>(), c, g.data<float>(), g.numel());
     }
   return norm;
 }

@@ -4,10 +4,10 @@
 
 #include <fmt/format.h>
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <functional>
 #include <sstream>
-#include <toml++/toml.h>
 #include <variant>
 
 namespace kuai::train {
@@ -61,17 +61,17 @@ std::string quoted(const std::string& s) {
 
 constexpr int64_t kBig = int64_t{1} << 40;
 
-#define INT_KEY(NAME, FIELD, LO, HI)                                                     \
-  Key {                                                                                  \
-    NAME, Kind::kInt,                                                                    \
+#define INT_KEY(NAME, FIELD, LO, HI)                                                    \
+  Key {                                                                                 \
+    NAME, Kind::kInt,                                                                   \
         [](TrainConfig& c, const toml::node& n) { c.FIELD = as_int(NAME, n, LO, HI); }, \
-        [](const TrainConfig& c) { return std::to_string(c.FIELD); }                     \
+        [](const TrainConfig& c) { return std::to_string(c.FIELD); }                    \
   }
-#define FLOAT_KEY(NAME, FIELD, LO, HI)                                                     \
-  Key {                                                                                    \
-    NAME, Kind::kFloat,                                                                    \
+#define FLOAT_KEY(NAME, FIELD, LO, HI)                                                    \
+  Key {                                                                                   \
+    NAME, Kind::kFloat,                                                                   \
         [](TrainConfig& c, const toml::node& n) { c.FIELD = as_float(NAME, n, LO, HI); }, \
-        [](const TrainConfig& c) { return fmt::format("{}", c.FIELD); }                    \
+        [](const TrainConfig& c) { return fmt::format("{}", c.FIELD); }                   \
   }
 
 const std::vector<Key>& keys() {
@@ -133,7 +133,8 @@ const Key& find_key(const std::string& name) {
 
 void apply_table(TrainConfig& cfg, const toml::table& t, const std::string& prefix) {
   for (const auto& [k, node] : t) {
-    const std::string name = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    const std::string name =
+        prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
     if (const toml::table* sub = node.as_table()) {
       if (!prefix.empty()) find_key(name);  // nested tables deeper than section.key are unknown
       apply_table(cfg, *sub, name);
@@ -145,12 +146,13 @@ void apply_table(TrainConfig& cfg, const toml::table& t, const std::string& pref
 
 void validate(const TrainConfig& c) {
   if (c.model.d_model % c.model.n_head != 0)
-    throw ConfigError(fmt::format("config: model.d_model ({}) must be divisible by model.n_head ({})",
-                                  c.model.d_model, c.model.n_head));
+    throw ConfigError(
+        fmt::format("config: model.d_model ({}) must be divisible by model.n_head ({})",
+                    c.model.d_model, c.model.n_head));
   if (c.data_source == "file" && c.model.vocab_size < 256)
-    throw ConfigError(fmt::format(
-        "config: model.vocab_size ({}) must be at least 256 for byte-level token files",
-        c.model.vocab_size));
+    throw ConfigError(
+        fmt::format("config: model.vocab_size ({}) must be at least 256 for byte-level token files",
+                    c.model.vocab_size));
 }
 
 }  // namespace
@@ -171,7 +173,8 @@ TrainConfig load_config(const std::string& toml_path, const std::vector<std::str
     if (o.rfind("--", 0) == 0) o = o.substr(2);
     const size_t eq = o.find('=');
     if (eq == std::string::npos)
-      throw ConfigError(fmt::format("config: override '{}' is not of the form --section.key=value", o));
+      throw ConfigError(
+          fmt::format("config: override '{}' is not of the form --section.key=value", o));
     const std::string name = o.substr(0, eq), value = o.substr(eq + 1);
     const Key& key = find_key(name);
     // Parse the value as a TOML literal; bare words are strings.

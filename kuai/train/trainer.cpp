@@ -32,15 +32,16 @@ double learning_rate(const TrainConfig& cfg, int64_t step) {
   if (cfg.warmup_steps > 0 && step < cfg.warmup_steps)
     return cfg.lr * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
   const int64_t decay_steps = std::max<int64_t>(1, cfg.steps - cfg.warmup_steps);
-  const double progress =
-      std::min(1.0, static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps));
+  const double progress = std::min(
+      1.0, static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps));
   const double min_lr = cfg.lr * cfg.min_lr_ratio;
   return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
 std::string result_line(const TrainResult& r) {
-  return fmt::format("RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f}",
-                     r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss);
+  return fmt::format(
+      "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f}",
+      r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss);
 }
 
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
@@ -76,12 +77,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   optim::AdamW opt(param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
   const std::vector<Tensor> params = model.parameters();
 
-  log << fmt::format("kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} "
-                     "({:.2f}M parameters); batch {}, {} steps, {} threads, data {}\n",
-                     cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
-                     static_cast<double>(model.num_parameters()) / 1e6, B, cfg.steps,
-                     omp_get_max_threads(),
-                     cfg.data_source == "file" ? cfg.data_path : std::string("synthetic"));
+  log << fmt::format(
+      "kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} "
+      "({:.2f}M parameters); batch {}, {} steps, {} threads, data {}\n",
+      cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
+      static_cast<double>(model.num_parameters()) / 1e6, B, cfg.steps, omp_get_max_threads(),
+      cfg.data_source == "file" ? cfg.data_path : std::string("synthetic"));
   log.flush();
 
   Generator data_gen(static_cast<uint64_t>(cfg.seed), /*stream=*/2);
@@ -126,10 +127,11 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
     result.losses.push_back(loss_value);
     result.step_ms.push_back(ms);
     if ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps) {
-      log << fmt::format("step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
-                         "{:.0f} tok/s\n",
-                         step + 1, cfg.steps, loss_value, opt.lr(), norm, ms,
-                         static_cast<double>(B * T) / (ms / 1000.0));
+      log << fmt::format(
+          "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
+          "{:.0f} tok/s\n",
+          step + 1, cfg.steps, loss_value, opt.lr(), norm, ms,
+          static_cast<double>(B * T) / (ms / 1000.0));
       log.flush();
     }
   }
@@ -144,9 +146,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   result.final_loss = result.losses.empty() ? 0.0f : result.losses.back();
   result.peak_rss_mib = peak_rss_mib();
   const MemoryStats mem = Allocator::get().stats();
-  log << fmt::format("memory: peak live tensors {:.1f} MiB, allocator reserved {:.1f} MiB, peak RSS {:.1f} MiB\n",
-                     static_cast<double>(mem.peak) / (1 << 20), static_cast<double>(mem.reserved) / (1 << 20),
-                     result.peak_rss_mib);
+  log << fmt::format(
+      "memory: peak live tensors {:.1f} MiB, allocator reserved {:.1f} MiB, peak RSS {:.1f} MiB\n",
+      static_cast<double>(mem.peak) / (1 << 20), static_cast<double>(mem.reserved) / (1 << 20),
+      result.peak_rss_mib);
   if (profiler::enabled()) log << "profile (KUAI_PROFILE=1), steps 2..N:\n" << profiler::report();
   return result;
 }

@@ -13,9 +13,9 @@
 namespace kuai::train {
 
 struct TrainResult {
-  std::vector<float> losses;     // per step
-  std::vector<double> step_ms;   // per step
-  double tokens_per_s = 0;       // from the median step time (first step excluded)
+  std::vector<float> losses;    // per step
+  std::vector<double> step_ms;  // per step
+  double tokens_per_s = 0;      // from the median step time (first step excluded)
   double step_ms_median = 0;
   double peak_rss_mib = 0;
   float final_loss = 0;

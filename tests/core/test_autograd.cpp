@@ -86,7 +86,7 @@ TEST(Autograd, SavedTensorsAreFreedAsNodesRun) {
   // During backward, saved inputs are released one by one: the peak stays well below
   // "all activations + all gradients"; after it, only w.grad (256 KiB) remains new.
   const int64_t after = alloc.stats().current;
-  EXPECT_LT(after, before);  // the 8 saved activations are gone
+  EXPECT_LT(after, before);                           // the 8 saved activations are gone
   EXPECT_THROW(loss.backward(), std::runtime_error);  // graph already freed
 }
 

@@ -36,7 +36,7 @@ TEST(DType, F16SpecialValues) {
   EXPECT_EQ(float_to_f16(65520.0f), 0x7c00);  // halfway to 65536 rounds to even: inf
   EXPECT_EQ(float_to_f16(65519.0f), 0x7bff);
   EXPECT_EQ(float_to_f16(-0.0f), 0x8000);
-  EXPECT_EQ(float_to_f16(5.9604644775390625e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16(5.9604644775390625e-08f), 0x0001);   // smallest subnormal
   EXPECT_EQ(float_to_f16(2.98023223876953125e-08f), 0x0000);  // half of it: ties to even, 0
   EXPECT_EQ(float_to_f16(2.9802326e-08f), 0x0001);            // just above half
   EXPECT_EQ(float_to_f16(6.103515625e-05f), 0x0400);          // smallest normal

@@ -49,7 +49,8 @@ std::function<DT(const std::vector<DT>&)> binary_ref(F f) {
     y.v.resize(numel(y.shape));
     for (int64_t i = 0; i < y.numel(); ++i) {
       auto idx = unravel(i, y.shape);
-      y.v[i] = f(in[0].v[ravel_broadcast(idx, in[0].shape)], in[1].v[ravel_broadcast(idx, in[1].shape)]);
+      y.v[i] =
+          f(in[0].v[ravel_broadcast(idx, in[0].shape)], in[1].v[ravel_broadcast(idx, in[1].shape)]);
     }
     return y;
   };
@@ -125,33 +126,45 @@ DT layer_norm_ref(const DT& x, const DT& w, const DT& b, double eps) {
 }
 
 TEST(Ops, BinarySameShapeAndBroadcast) {
-  const std::vector<std::pair<Shape, Shape>> shapes = {
-      {{1}, {1}}, {{3, 17}, {3, 17}}, {{4, 5, 6}, {5, 6}}, {{2, 3, 4}, {3, 1}}, {{3, 1}, {1, 5}},
-      {{2, 7}, {}}};
+  const std::vector<std::pair<Shape, Shape>> shapes = {{{1}, {1}},          {{3, 17}, {3, 17}},
+                                                       {{4, 5, 6}, {5, 6}}, {{2, 3, 4}, {3, 1}},
+                                                       {{3, 1}, {1, 5}},    {{2, 7}, {}}};
   int seed = 1;
   for (auto [sa, sb] : shapes) {
     Tensor a = rand_tensor(sa, seed++), b = rand_tensor(sb, seed++);
     Tensor bpos = add(scale(b, 0.25f), full(sb, 1.0f)).detach();  // keep divisors away from 0
-    check_op({"add", {a, b}, [](auto& in) { return add(in[0], in[1]); },
+    check_op({"add",
+              {a, b},
+              [](auto& in) { return add(in[0], in[1]); },
               binary_ref([](double u, double v) { return u + v; })});
-    check_op({"sub", {a, b}, [](auto& in) { return sub(in[0], in[1]); },
+    check_op({"sub",
+              {a, b},
+              [](auto& in) { return sub(in[0], in[1]); },
               binary_ref([](double u, double v) { return u - v; })});
-    check_op({"mul", {a, b}, [](auto& in) { return mul(in[0], in[1]); },
+    check_op({"mul",
+              {a, b},
+              [](auto& in) { return mul(in[0], in[1]); },
               binary_ref([](double u, double v) { return u * v; })});
-    check_op({"div", {a, bpos}, [](auto& in) { return div(in[0], in[1]); },
+    check_op({"div",
+              {a, bpos},
+              [](auto& in) { return div(in[0], in[1]); },
               binary_ref([](double u, double v) { return u / v; })});
   }
 }
 
 TEST(Ops, ScaleAndGelu) {
   for (Shape s : {Shape{1}, Shape{17}, Shape{3, 33}}) {
-    check_op({"scale", {rand_tensor(s, 3)}, [](auto& in) { return scale(in[0], -1.5f); },
+    check_op({"scale",
+              {rand_tensor(s, 3)},
+              [](auto& in) { return scale(in[0], -1.5f); },
               [](auto& in) {
                 DT y = in[0];
                 for (double& v : y.v) v *= -1.5;
                 return y;
               }});
-    check_op({"gelu", {rand_tensor(s, 4, 4.0f)}, [](auto& in) { return gelu(in[0]); },
+    check_op({"gelu",
+              {rand_tensor(s, 4, 4.0f)},
+              [](auto& in) { return gelu(in[0]); },
               [](auto& in) {
                 DT y = in[0];
                 for (double& v : y.v) v = gelu_ref(v);
@@ -177,15 +190,18 @@ TEST(Ops, SumAndMean) {
           DT y{out, std::vector<double>(outer * inner, 0.0)};
           for (int64_t o = 0; o < outer; ++o)
             for (int64_t j = 0; j < n; ++j)
-              for (int64_t i = 0; i < inner; ++i) y.v[o * inner + i] += x.v[(o * n + j) * inner + i];
+              for (int64_t i = 0; i < inner; ++i)
+                y.v[o * inner + i] += x.v[(o * n + j) * inner + i];
           return y;
         };
-        check_op({"sum", {rand_tensor(s, 5)}, [d, keep](auto& in) { return sum(in[0], d, keep); },
-                  ref});
+        check_op(
+            {"sum", {rand_tensor(s, 5)}, [d, keep](auto& in) { return sum(in[0], d, keep); }, ref});
       }
     }
   }
-  check_op({"mean(all)", {rand_tensor({4, 9}, 6)}, [](auto& in) { return mean(in[0]); },
+  check_op({"mean(all)",
+            {rand_tensor({4, 9}, 6)},
+            [](auto& in) { return mean(in[0]); },
             [](auto& in) {
               double s = 0;
               for (double v : in[0].v) s += v;
@@ -228,7 +244,8 @@ TEST(Ops, MatmulAllLayouts) {
 }
 
 TEST(Ops, Linear) {
-  for (auto [x, n] : std::vector<std::pair<Shape, int64_t>>{{{1, 1}, 1}, {{3, 17}, 5}, {{2, 4, 8}, 33}}) {
+  for (auto [x, n] :
+       std::vector<std::pair<Shape, int64_t>>{{{1, 1}, 1}, {{3, 17}, 5}, {{2, 4, 8}, 33}}) {
     const int64_t K = x.back();
     Tensor xs = rand_tensor(x, 20), w = rand_tensor({n, K}, 21), b = rand_tensor({n}, 22);
     auto ref = [](const std::vector<DT>& in) {
@@ -238,7 +255,11 @@ TEST(Ops, Linear) {
         for (int64_t i = 0; i < y.numel(); ++i) y.v[i] += in[2].v[i % N];
       return y;
     };
-    check_op({"linear+bias", {xs, w, b}, [](auto& in) { return linear(in[0], in[1], in[2]); }, ref, 2e-5});
+    check_op({"linear+bias",
+              {xs, w, b},
+              [](auto& in) { return linear(in[0], in[1], in[2]); },
+              ref,
+              2e-5});
     check_op({"linear", {xs, w}, [](auto& in) { return linear(in[0], in[1]); }, ref, 2e-5});
   }
 }
@@ -247,7 +268,8 @@ TEST(Ops, Softmax) {
   for (Shape s : {Shape{1, 1}, Shape{3, 17}, Shape{2, 2, 9, 9}}) {
     for (bool causal : {false, true}) {
       if (causal && s[s.size() - 1] != s[s.size() - 2]) continue;
-      check_op({"softmax", {rand_tensor(s, 30, 3.0f)},
+      check_op({"softmax",
+                {rand_tensor(s, 30, 3.0f)},
                 [causal](auto& in) { return softmax(in[0], 0.7f, causal); },
                 [causal](auto& in) { return softmax_ref(in[0], 0.7, causal); }});
     }
@@ -259,22 +281,29 @@ TEST(Ops, LayerNorm) {
     const int64_t C = s.back();
     Tensor x = add(rand_tensor(s, 40, 2.0f), full({C}, 3.0f)).detach();
     Tensor w = rand_tensor({C}, 41), b = rand_tensor({C}, 42);
-    check_op({"layer_norm", {x, w, b}, [](auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5f); },
-              [](auto& in) { return layer_norm_ref(in[0], in[1], in[2], 1e-5); }, 2e-5, 2e-4});
+    check_op({"layer_norm",
+              {x, w, b},
+              [](auto& in) { return layer_norm(in[0], in[1], in[2], 1e-5f); },
+              [](auto& in) { return layer_norm_ref(in[0], in[1], in[2], 1e-5); },
+              2e-5,
+              2e-4});
   }
 }
 
 TEST(Ops, Embedding) {
   Tensor w = rand_tensor({11, 5}, 50);
   Tensor idx = from_vector(std::vector<int32_t>{3, 0, 10, 3, 3, 7}, {2, 3});
-  check_op({"embedding", {w, idx}, [](auto& in) { return embedding(in[0], in[1]); },
+  check_op({"embedding",
+            {w, idx},
+            [](auto& in) { return embedding(in[0], in[1]); },
             [](const std::vector<DT>& in) {
               const int64_t C = in[0].shape[1];
               Shape s = in[1].shape;
               s.push_back(C);
               DT y{s, {}};
               for (double id : in[1].v)
-                for (int64_t j = 0; j < C; ++j) y.v.push_back(in[0].v[static_cast<int64_t>(id) * C + j]);
+                for (int64_t j = 0; j < C; ++j)
+                  y.v.push_back(in[0].v[static_cast<int64_t>(id) * C + j]);
               return y;
             }});
   EXPECT_THROW(embedding(w, from_vector(std::vector<int32_t>{11}, {1})), std::out_of_range);
@@ -286,7 +315,9 @@ TEST(Ops, CrossEntropyWithIgnoreIndex) {
     for (int64_t i = 0; i < N; ++i) t[i] = static_cast<int32_t>((i * 5 + 2) % V);
     if (N > 2) t[1] = -1;
     Tensor logits = rand_tensor({N, V}, 60, 4.0f), targets = from_vector(t, {N});
-    check_op({"cross_entropy", {logits, targets}, [](auto& in) { return cross_entropy(in[0], in[1], -1); },
+    check_op({"cross_entropy",
+              {logits, targets},
+              [](auto& in) { return cross_entropy(in[0], in[1], -1); },
               [](const std::vector<DT>& in) {
                 const int64_t N = in[0].shape[0], V = in[0].shape[1];
                 double total = 0;
@@ -321,16 +352,26 @@ DT permute_ref(const DT& x, const std::vector<int64_t>& dims) {
 
 TEST(Ops, ViewsAndCopies) {
   Tensor x = rand_tensor({2, 3, 4}, 70);
-  check_op({"permute", {x}, [](auto& in) { return contiguous(permute(in[0], {2, 0, 1})); },
-            [](auto& in) { return permute_ref(in[0], {2, 0, 1}); }});
-  check_op({"transpose+reshape", {x},
-            [](auto& in) { return reshape(transpose(in[0], 0, 2), {4, 6}); },
+  check_op({"permute",
+            {x},
+            [](auto& in) {
+              return contiguous(permute(in[0], {2, 0, 1}));
+            },
+            [](auto& in) {
+              return permute_ref(in[0], {2, 0, 1});
+            }});
+  check_op({"transpose+reshape",
+            {x},
+            [](auto& in) {
+              return reshape(transpose(in[0], 0, 2), {4, 6});
+            },
             [](auto& in) {
               DT y = permute_ref(in[0], {2, 1, 0});
               y.shape = {4, 6};
               return y;
             }});
-  check_op({"chunk", {x},
+  check_op({"chunk",
+            {x},
             [](auto& in) {
               auto parts = chunk(in[0], 2, -1);  // 2 x (2, 3, 2); use both, one scaled
               return add(parts[0], scale(parts[1], 2.0f));
@@ -338,17 +379,22 @@ TEST(Ops, ViewsAndCopies) {
             [](auto& in) {
               DT y{{2, 3, 2}, {}};
               for (int64_t r = 0; r < 6; ++r)
-                for (int64_t j = 0; j < 2; ++j) y.v.push_back(in[0].v[r * 4 + j] + 2 * in[0].v[r * 4 + 2 + j]);
+                for (int64_t j = 0; j < 2; ++j)
+                  y.v.push_back(in[0].v[r * 4 + j] + 2 * in[0].v[r * 4 + 2 + j]);
               return y;
             }});
-  check_op({"chunk(one part used)", {x}, [](auto& in) { return chunk(in[0], 3, 1)[2]; },
+  check_op({"chunk(one part used)",
+            {x},
+            [](auto& in) { return chunk(in[0], 3, 1)[2]; },
             [](auto& in) {
               DT y{{2, 1, 4}, {}};
               for (int64_t a = 0; a < 2; ++a)
                 for (int64_t c = 0; c < 4; ++c) y.v.push_back(in[0].v[(a * 3 + 2) * 4 + c]);
               return y;
             }});
-  check_op({"narrow", {x}, [](auto& in) { return narrow(in[0], 1, 1, 2); },
+  check_op({"narrow",
+            {x},
+            [](auto& in) { return narrow(in[0], 1, 1, 2); },
             [](auto& in) {
               DT y{{2, 2, 4}, {}};
               for (int64_t a = 0; a < 2; ++a)
@@ -357,7 +403,11 @@ TEST(Ops, ViewsAndCopies) {
               return y;
             }});
   Tensor y = rand_tensor({2, 1, 4}, 71);
-  check_op({"cat", {x, y}, [](auto& in) { return cat({in[0], in[1]}, 1); },
+  check_op({"cat",
+            {x, y},
+            [](auto& in) {
+              return cat({in[0], in[1]}, 1);
+            },
             [](auto& in) {
               DT out{{2, 4, 4}, {}};
               for (int64_t a = 0; a < 2; ++a) {
@@ -366,7 +416,11 @@ TEST(Ops, ViewsAndCopies) {
               }
               return out;
             }});
-  check_op({"expand", {rand_tensor({3, 1}, 72)}, [](auto& in) { return contiguous(expand(in[0], {2, 3, 5})); },
+  check_op({"expand",
+            {rand_tensor({3, 1}, 72)},
+            [](auto& in) {
+              return contiguous(expand(in[0], {2, 3, 5}));
+            },
             [](auto& in) {
               DT out{{2, 3, 5}, {}};
               for (int64_t a = 0; a < 2; ++a)
@@ -407,7 +461,8 @@ TEST(Ops, Attention) {
                           k.v[dst] = in[0].v[src + H * d];
                           v.v[dst] = in[0].v[src + 2 * H * d];
                         }
-                  DT y = matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal), v);
+                  DT y =
+                      matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal), v);
                   y.shape = {B, H, T, d};
                   return y;
                 },

@@ -119,7 +119,8 @@ TEST(GPTGolden, ThreeAdamWStepsWithClippingMatchPyTorch) {
       err_torch = std::max(err_torch, std::fabs(torch32[i] - exact[i]));
       err_kuai = std::max(err_kuai, std::fabs(kuai32[i] - exact[i]));
     }
-    EXPECT_LE(err_kuai, 2 * err_torch + 1e-7) << name << ": kuai " << err_kuai << " torch " << err_torch;
+    EXPECT_LE(err_kuai, 2 * err_torch + 1e-7)
+        << name << ": kuai " << err_kuai << " torch " << err_torch;
     worst_ratio = std::max(worst_ratio, err_kuai / (err_torch + 1e-7));
   }
   ::testing::Test::RecordProperty("worst_error_ratio_vs_torch", std::to_string(worst_ratio));

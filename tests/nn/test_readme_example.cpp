@@ -15,7 +15,8 @@ using namespace kuai;
 TEST(ReadmeExample, TrainsOnAFixedBatch) {
   nn::GPT model({.vocab_size = 256, .n_layer = 4, .n_head = 4, .d_model = 256, .seq_len = 128},
                 /*seed=*/1337);
-  optim::AdamW opt(train::param_groups(model, /*weight_decay=*/0.1f), {.lr = 1e-3f, .beta2 = 0.95f});
+  optim::AdamW opt(train::param_groups(model, /*weight_decay=*/0.1f),
+                   {.lr = 1e-3f, .beta2 = 0.95f});
   Generator gen(/*seed=*/0, /*stream=*/0);
   Tensor x = gen.randint({8, 128}, 0, 256), y = gen.randint({8, 128}, 0, 256);
 

@@ -4,8 +4,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "kuai/train/config.h"
 #include "kuai/data/token_file.h"
+#include "kuai/train/config.h"
 #include "kuai/train/trainer.h"
 
 #include <sstream>
@@ -28,8 +28,8 @@ std::string error_of(const std::string& toml, const std::vector<std::string>& ov
 }
 
 TEST(Config, DefaultsOverridesAndRoundTrip) {
-  TrainConfig c = load_config("", {"--model.n_layer=2", "--train.lr=3e-4", "--data.source=synthetic",
-                                   "--data.path=x y.bin"});
+  TrainConfig c = load_config("", {"--model.n_layer=2", "--train.lr=3e-4",
+                                   "--data.source=synthetic", "--data.path=x y.bin"});
   EXPECT_EQ(c.model.n_layer, 2);
   EXPECT_DOUBLE_EQ(c.lr, 3e-4);
   EXPECT_EQ(c.data_source, "synthetic");
@@ -42,14 +42,18 @@ TEST(Config, DefaultsOverridesAndRoundTrip) {
 }
 
 TEST(Config, ErrorsNameTheKey) {
-  EXPECT_NE(error_of("", {"--model.n_layers=2"}).find("unknown key 'model.n_layers' (did you mean 'model.n_layer'?)"),
+  EXPECT_NE(error_of("", {"--model.n_layers=2"})
+                .find("unknown key 'model.n_layers' (did you mean 'model.n_layer'?)"),
             std::string::npos);
-  EXPECT_NE(error_of("[train]\nlr = \"fast\"\n", {}).find("train.lr must be a number"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nlr = \"fast\"\n", {}).find("train.lr must be a number"),
+            std::string::npos);
   EXPECT_NE(error_of("", {"--train.batch_size=0"}).find("train.batch_size = 0 is out of range"),
             std::string::npos);
-  EXPECT_NE(error_of("", {"--data.source=web"}).find("data.source = \"web\" is not one of \"file\", \"synthetic\""),
+  EXPECT_NE(error_of("", {"--data.source=web"})
+                .find("data.source = \"web\" is not one of \"file\", \"synthetic\""),
             std::string::npos);
-  EXPECT_NE(error_of("[model]\nd_model = 30\nn_head = 4\n", {}).find("model.d_model (30) must be divisible"),
+  EXPECT_NE(error_of("[model]\nd_model = 30\nn_head = 4\n", {})
+                .find("model.d_model (30) must be divisible"),
             std::string::npos);
   EXPECT_NE(error_of("[model\n", {}).find("kuai_test_config.toml:1"), std::string::npos);
   EXPECT_NE(error_of("", {"model.n_layer"}).find("not of the form"), std::string::npos);
@@ -72,13 +76,14 @@ TEST(Trainer, LearningRateSchedule) {
 TEST(Trainer, LossFallsOnALearnableCorpus) {
   // A periodic corpus: the next byte is a function of the current one; a tiny GPT learns it.
   std::vector<int32_t> tokens(20000);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>("kuai trains fast. "[i % 18]);
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int32_t>("kuai trains fast. "[i % 18]);
   const auto path = (std::filesystem::temp_directory_path() / "kuai_periodic.bin").string();
   data::write_token_file(path, tokens.data(), static_cast<int64_t>(tokens.size()), 1);
-  TrainConfig c = load_config("", {"--model.n_layer=1", "--model.d_model=32", "--model.n_head=2",
-                                   "--model.seq_len=32", "--train.batch_size=8", "--train.steps=60",
-                                   "--train.lr=1e-2", "--train.warmup_steps=5",
-                                   "--train.log_every=1000", "--data.path=" + path});
+  TrainConfig c = load_config(
+      "", {"--model.n_layer=1", "--model.d_model=32", "--model.n_head=2", "--model.seq_len=32",
+           "--train.batch_size=8", "--train.steps=60", "--train.lr=1e-2", "--train.warmup_steps=5",
+           "--train.log_every=1000", "--data.path=" + path});
   std::ostringstream log;
   TrainResult r = run_training(c, log);
   ASSERT_EQ(r.losses.size(), 60u);

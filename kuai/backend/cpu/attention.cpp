@@ -55,8 +55,8 @@ void attention_head_backward(const HeadView& h, const float* p, const float* dy,
     const int64_t first = causal ? c0 : 0;  // queries that see this key block
     const int64_t rows = T - first;
     // dk_blk = ds[first:T, c0:c0+cn]^T q[first:T]   (cn, d)
-    gemm(true, false, cn, d, rows, 1.0f, dp + first * T + c0, T, h.q + first * h.ldq, h.ldq,
-         0.0f, dk + c0 * lddk, lddk);
+    gemm(true, false, cn, d, rows, 1.0f, dp + first * T + c0, T, h.q + first * h.ldq, h.ldq, 0.0f,
+         dk + c0 * lddk, lddk);
     // dv_blk = p[first:T, c0:c0+cn]^T dy[first:T]   (cn, d)
     gemm(true, false, cn, d, rows, 1.0f, p + first * T + c0, T, dy + first * lddy, lddy, 0.0f,
          dv + c0 * lddv, lddv);

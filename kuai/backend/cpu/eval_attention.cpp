@@ -23,7 +23,8 @@ std::vector<float>& scratch(int64_t n) {
 }  // namespace
 
 void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]), v = unit_last_stride(in[2]);
+  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
+               v = unit_last_stride(in[2]);
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   float* y = out[0].data<float>();  // (B, T, H, d)
   float* p = out[1].data<float>();  // (B, H, T, T)
@@ -34,14 +35,17 @@ void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
     const cpu::HeadView hv{pq + b * q.strides()[0] + h * q.strides()[1],
                            pk + b * k.strides()[0] + h * k.strides()[1],
                            pv + b * v.strides()[0] + h * v.strides()[1],
-                           q.strides()[2], k.strides()[2], v.strides()[2]};
+                           q.strides()[2],
+                           k.strides()[2],
+                           v.strides()[2]};
     cpu::attention_head_forward(hv, p + bh * T * T, y + (b * T * H + h) * d, H * d, T, d, scale_,
                                 causal_, scratch(T * T).data());
   }
 }
 
 void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]), v = unit_last_stride(in[2]);
+  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
+               v = unit_last_stride(in[2]);
   const Tensor& p = in[3];                    // (B, H, T, T) contiguous
   const Tensor dy = unit_last_stride(in[4]);  // (B, T, H, d)
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
@@ -54,11 +58,13 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
     const cpu::HeadView hv{pq + b * q.strides()[0] + h * q.strides()[1],
                            pk + b * k.strides()[0] + h * k.strides()[1],
                            pv + b * v.strides()[0] + h * v.strides()[1],
-                           q.strides()[2], k.strides()[2], v.strides()[2]};
+                           q.strides()[2],
+                           k.strides()[2],
+                           v.strides()[2]};
     const int64_t o = (b * T * H + h) * d;  // head h of batch b in (B, T, H, d)
-    cpu::attention_head_backward(hv, pp + bh * T * T, pdy + b * dy.strides()[0] + h * dy.strides()[2],
-                                 dy.strides()[1], dq + o, H * d, dk + o, H * d, dv + o, H * d, T,
-                                 d, scale_, causal_, scratch(T * T).data());
+    cpu::attention_head_backward(
+        hv, pp + bh * T * T, pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
+        dq + o, H * d, dk + o, H * d, dv + o, H * d, T, d, scale_, causal_, scratch(T * T).data());
   }
 }
 

@@ -95,10 +95,18 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
     const float* pb = b.data<float>();
     float* py = y.data<float>();
     switch (op_) {
-      case BinaryOp::kAdd: cpu::add(pa, pb, py, n); return;
-      case BinaryOp::kSub: cpu::sub(pa, pb, py, n); return;
-      case BinaryOp::kMul: cpu::mul(pa, pb, py, n); return;
-      case BinaryOp::kDiv: cpu::div(pa, pb, py, n); return;
+      case BinaryOp::kAdd:
+        cpu::add(pa, pb, py, n);
+        return;
+      case BinaryOp::kSub:
+        cpu::sub(pa, pb, py, n);
+        return;
+      case BinaryOp::kMul:
+        cpu::mul(pa, pb, py, n);
+        return;
+      case BinaryOp::kDiv:
+        cpu::div(pa, pb, py, n);
+        return;
     }
   }
   const bool commutes = op_ == BinaryOp::kAdd || op_ == BinaryOp::kMul;
@@ -120,10 +128,18 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
     return;
   }
   switch (op_) {
-    case BinaryOp::kAdd: broadcast_loop(a, b, y, [](float u, float v) { return u + v; }); return;
-    case BinaryOp::kSub: broadcast_loop(a, b, y, [](float u, float v) { return u - v; }); return;
-    case BinaryOp::kMul: broadcast_loop(a, b, y, [](float u, float v) { return u * v; }); return;
-    case BinaryOp::kDiv: broadcast_loop(a, b, y, [](float u, float v) { return u / v; }); return;
+    case BinaryOp::kAdd:
+      broadcast_loop(a, b, y, [](float u, float v) { return u + v; });
+      return;
+    case BinaryOp::kSub:
+      broadcast_loop(a, b, y, [](float u, float v) { return u - v; });
+      return;
+    case BinaryOp::kMul:
+      broadcast_loop(a, b, y, [](float u, float v) { return u * v; });
+      return;
+    case BinaryOp::kDiv:
+      broadcast_loop(a, b, y, [](float u, float v) { return u / v; });
+      return;
   }
 }
 
@@ -136,8 +152,7 @@ void Gelu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
 }
 
 void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
-                     in[0].numel());
+  cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), in[0].numel());
 }
 
 }  // namespace kuai

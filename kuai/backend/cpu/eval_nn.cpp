@@ -20,8 +20,8 @@ void Softmax::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const 
 void SoftmaxBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t cols = in[0].shape().back();
   const int64_t rows = cols == 0 ? 0 : in[0].numel() / cols;
-  cpu::softmax_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), rows,
-                        cols, scale_);
+  cpu::softmax_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), rows, cols,
+                        scale_);
 }
 
 void LayerNorm::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {

@@ -17,9 +17,8 @@ GemmBackend gemm_backend();
 
 // C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C, all row-major.
 // op(A) = A (M,K) with row stride lda when !trans_a, else A is (K,M) with row stride lda.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
 // `batch` independent products; matrix i uses A + a_off[i], B + b_off[i], C + c_off[i]
 // (offsets in elements). Parallel over the batch when the matrices are small.

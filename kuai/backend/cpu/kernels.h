@@ -14,8 +14,8 @@ void add(const float* a, const float* b, float* y, int64_t n);
 void sub(const float* a, const float* b, float* y, int64_t n);
 void mul(const float* a, const float* b, float* y, int64_t n);
 void div(const float* a, const float* b, float* y, int64_t n);
-void scale(const float* x, float s, float* y, int64_t n);           // y = s * x
-void axpy(float alpha, const float* x, float* y, int64_t n);        // y += alpha * x
+void scale(const float* x, float s, float* y, int64_t n);     // y = s * x
+void axpy(float alpha, const float* x, float* y, int64_t n);  // y += alpha * x
 void fill(float* y, float value, int64_t n);
 // Row broadcast: y(rows, cols) = x(rows, cols) OP b(cols).
 void add_row(const float* x, const float* b, float* y, int64_t rows, int64_t cols);
@@ -28,7 +28,7 @@ void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);  // d
 // x viewed as (outer, n, inner): y(outer, inner) = sum over the middle axis. Fixed summation
 // order (deterministic whatever the thread count).
 void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner);
-double sum_squares(const float* x, int64_t n);                      // deterministic
+double sum_squares(const float* x, int64_t n);  // deterministic
 
 // ---- softmax over the last axis of (rows, cols) ----
 // y = softmax(scale * x). With causal, row r is query (r % cols) of a (cols x cols) score
