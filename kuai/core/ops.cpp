@@ -51,22 +51,24 @@ Tensor zeros(const Shape& shape, DType dtype, Device device) {
   return t;
 }
 
-Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+namespace {
+template <typename T>
+Tensor tensor_from(const std::vector<T>& values, const Shape& shape, DType dtype, Device device) {
   if (static_cast<int64_t>(values.size()) != shape_numel(shape))
     throw std::invalid_argument(
         fmt::format("from_vector: {} values for shape {}", values.size(), shape_str(shape)));
-  Tensor t = Tensor::empty(shape, DType::kF32, device);
-  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(float));
+  Tensor t = Tensor::empty(shape, dtype, device);
+  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(T));
   return t;
+}
+}  // namespace
+
+Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device) {
+  return tensor_from(values, shape, DType::kF32, device);
 }
 
 Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device) {
-  if (static_cast<int64_t>(values.size()) != shape_numel(shape))
-    throw std::invalid_argument(
-        fmt::format("from_vector: {} values for shape {}", values.size(), shape_str(shape)));
-  Tensor t = Tensor::empty(shape, DType::kI32, device);
-  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(int32_t));
-  return t;
+  return tensor_from(values, shape, DType::kI32, device);
 }
 
 Tensor arange(int64_t n, DType dtype, Device device) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../../support/random.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
 
@@ -20,13 +21,7 @@ namespace {
 constexpr int32_t kIgnore = -100;
 constexpr double kUlp = FLT_EPSILON;  // 2^-23
 
-std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using kuai::test::uniform;
 
 // Targets in [0, V); every `ignore_every`-th row (if > 0) gets `ignore`.
 std::vector<int32_t> targets_for(int64_t N, int64_t V, int ignore_every, int32_t ignore,

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../../support/random.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
@@ -20,13 +21,7 @@ namespace {
 const std::vector<int64_t> kSizes = {1, 7, 15, 17, 1000003};
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using kuai::test::uniform;
 
 // |got - want| <= rel * |want| + abs, NaN matches NaN, infinities must match exactly. Reports
 // the first few failures only.

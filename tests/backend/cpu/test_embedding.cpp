@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "../../support/random.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
 
@@ -19,13 +20,7 @@ namespace {
 
 constexpr double kUlp = FLT_EPSILON;  // 2^-23
 
-std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using kuai::test::uniform;
 
 std::vector<int32_t> ids(int64_t n, int64_t V, uint32_t seed) {
   std::mt19937 gen(seed);

@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "../../support/random.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
 
@@ -18,13 +19,7 @@ namespace {
 constexpr float kEps = 1e-5f;
 constexpr double kUlp = FLT_EPSILON;  // 2^-23
 
-std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 gen(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(gen);
-  return v;
-}
+using kuai::test::uniform;
 
 struct Shape {
   int64_t N, C;

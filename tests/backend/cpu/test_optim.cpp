@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "../../support/random.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
 
@@ -17,13 +18,7 @@ namespace {
 const std::vector<int64_t> kSizes = {1, 7, 15, 17, 1000003};
 constexpr int kSteps = 5;
 
-std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using kuai::test::uniform;
 
 void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
                   double abs, const char* what, int step) {

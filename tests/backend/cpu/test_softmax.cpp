@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../support/random.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
 
@@ -18,13 +19,7 @@ namespace {
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1, 1},   {3, 17},   {5, 33}, {64, 256},
                                                           {51, 17}, {7, 1000}, {2, 1},  {300, 64}};
 
-std::vector<float> uniform(int64_t n, float lo, float hi, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
+using kuai::test::uniform;
 
 struct Case {
   float range;  // inputs uniform on [-range, range]
