@@ -492,3 +492,25 @@ TEST(Ops, ShapeErrorsNameTheOpAndShapes) {
 
 }  // namespace
 }  // namespace kuai::test
+
+namespace kuai::test {
+namespace {
+
+TEST(Ops, CastRoundTripAndGradient) {
+  // Rounding is not differentiable, so the cast's gradient is checked against its definition
+  // (the incoming gradient cast back to the input's dtype) rather than by finite differences.
+  Tensor x = from_vector({1.0f, -2.5f, 3.140625f, 1e-3f, 65504.0f}, {5});
+  x.requires_grad_();
+  Tensor h = cast(x, DType::kF16), b = cast(x, DType::kBF16);
+  EXPECT_EQ(h.dtype(), DType::kF16);
+  EXPECT_EQ(cast(h, DType::kF32).to_vector<float>()[4], 65504.0f);
+  EXPECT_EQ(cast(b, DType::kF32).to_vector<float>()[2], 3.140625f);
+  Tensor w = from_vector({1.0f, 2.0f, 3.0f, 4.0f, 5.0f}, {5});
+  sum(mul(cast(h, DType::kF32), w)).backward();
+  EXPECT_EQ(x.grad().to_vector<float>(), w.to_vector<float>());
+  EXPECT_EQ(x.grad().dtype(), DType::kF32);
+  EXPECT_THROW(add(h, h), std::invalid_argument);  // float ops take float32 (autocast casts)
+}
+
+}  // namespace
+}  // namespace kuai::test
