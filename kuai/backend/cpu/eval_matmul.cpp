@@ -108,20 +108,20 @@ void Linear::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t N = w.shape()[0], K = w.shape()[1];
   const int64_t R = K == 0 ? 0 : x.numel() / K;
   if (y.numel() == 0) return;
-  float beta = 0.0f;
-  if (in.size() == 3) {
-    const float* bias = in[2].data<float>();
-    float* py = y.data<float>();
-#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
-    for (int64_t r = 0; r < R; ++r) std::copy(bias, bias + N, py + r * N);
-    beta = 1.0f;
-  }
   if (K == 0) {
-    if (beta == 0.0f) cpu::fill(y.data<float>(), 0.0f, y.numel());
+    if (in.size() == 3)
+      for (int64_t r = 0; r < R; ++r)
+        std::copy(in[2].data<float>(), in[2].data<float>() + N, y.data<float>() + r * N);
+    else
+      cpu::fill(y.data<float>(), 0.0f, y.numel());
     return;
   }
-  cpu::gemm(false, true, R, N, K, 1.0f, x.data<float>(), K, w.data<float>(), K, beta,
-            y.data<float>(), N);
+  if (in.size() == 3)
+    cpu::gemm_bias(false, true, R, N, K, x.data<float>(), K, w.data<float>(), K,
+                   in[2].data<float>(), y.data<float>(), N);
+  else
+    cpu::gemm(false, true, R, N, K, 1.0f, x.data<float>(), K, w.data<float>(), K, 0.0f,
+              y.data<float>(), N);
 }
 
 }  // namespace kuai

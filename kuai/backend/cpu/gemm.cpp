@@ -82,6 +82,7 @@ struct MatmulKey {
   bool trans_a, trans_b;
   float alpha, beta;
   int threads;
+  bool bias = false;  // a (1, N) bias added in the epilogue
   bool operator==(const MatmulKey&) const = default;
 };
 
@@ -94,14 +95,15 @@ struct MatmulKeyHash {
     }
     mix(std::hash<float>{}(key.alpha));
     mix(std::hash<float>{}(key.beta));
-    mix(static_cast<size_t>(key.threads) << 2 | size_t{key.trans_a} << 1 | size_t{key.trans_b});
+    mix(static_cast<size_t>(key.threads) << 3 | size_t{key.bias} << 2 | size_t{key.trans_a} << 1 |
+        size_t{key.trans_b});
     return h;
   }
 };
 
 struct CachedMatmul {
   dnnl::matmul primitive;
-  dnnl::memory::desc a_md, b_md, c_md;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md;
 };
 
 // Process-wide, thread-safe cache of created matmul primitives, so steady-state training steps
@@ -149,8 +151,12 @@ class MatmulCache {
     // oneDNN sizes its work split by omp_get_max_threads() of the creating thread.
     const int saved_threads = omp_get_max_threads();
     if (key.threads != saved_threads) omp_set_num_threads(key.threads);
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
-    auto made = std::make_shared<CachedMatmul>(CachedMatmul{dnnl::matmul(pd), a_md, b_md, c_md});
+    const dnnl::memory::desc bias_md(dims{1, key.n}, f32, dims{key.n, 1});
+    dnnl::matmul::primitive_desc pd(key.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                             : dnnl::matmul::desc(a_md, b_md, c_md),
+                                    attr, engine_);
+    auto made =
+        std::make_shared<CachedMatmul>(CachedMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md});
     if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
     return made;
   }
@@ -160,13 +166,18 @@ class MatmulCache {
   std::unordered_map<MatmulKey, std::shared_ptr<const CachedMatmul>, MatmulKeyHash> entries_;
 };
 
-void run_onednn(const CachedMatmul& mm, const float* A, const float* B, float* C) {
+void run_onednn(const CachedMatmul& mm, const float* A, const float* B, float* C,
+                const float* bias = nullptr) {
   const dnnl::engine& engine = MatmulCache::instance().engine();
   thread_local dnnl::stream stream(engine);
   dnnl::memory a(mm.a_md, engine, const_cast<float*>(A));
   dnnl::memory b(mm.b_md, engine, const_cast<float*>(B));
   dnnl::memory c(mm.c_md, engine, C);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (bias != nullptr)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, engine, const_cast<float*>(bias)));
+  mm.primitive.execute(stream, args);
   stream.wait();
 }
 
@@ -220,6 +231,22 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   auto mm = MatmulCache::instance().get(
       matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
   run_onednn(*mm, A, B, C);
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  const bool onednn =
+      K > 0 && resolve_backend(trans_a, trans_b, M, N, K, false) == GemmBackend::kOneDNN;
+  if (onednn) {
+    MatmulKey key = matmul_key(trans_a, trans_b, M, N, K, 1.0f, lda, ldb, 0.0f, ldc);
+    key.bias = true;
+    run_onednn(*MatmulCache::instance().get(key), A, B, C, bias);
+    return;
+  }
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
+  for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
+  gemm(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

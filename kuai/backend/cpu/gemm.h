@@ -20,6 +20,11 @@ GemmBackend gemm_backend();
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// C(M,N) = op(A) @ op(B) + bias(N) on every row. oneDNN adds the bias in its epilogue (no extra
+// pass over C); OpenBLAS gets C pre-filled with the bias and beta = 1.
+void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+
 // `batch` independent products; matrix i uses A + a_off[i], B + b_off[i], C + c_off[i]
 // (offsets in elements). Parallel over the batch when the matrices are small.
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

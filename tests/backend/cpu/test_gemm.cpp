@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -286,6 +287,45 @@ TEST_F(GemmTest, BackendSelectionRoundTrips) {
     set_gemm_backend(backend);
     EXPECT_EQ(gemm_backend(), backend);
   }
+}
+
+}  // namespace
+}  // namespace kuai::cpu
+
+namespace kuai::cpu {
+namespace {
+
+// gemm_bias = gemm_reference + bias on every row, on each backend, every transpose case, with a
+// padded ldc (the padding must stay untouched). Same tolerance as the other gemm tests.
+TEST(GemmBias, MatchesReferencePlusBias) {
+  for (GemmBackend backend : {GemmBackend::kAuto, GemmBackend::kOneDNN, GemmBackend::kOpenBLAS}) {
+    set_gemm_backend(backend);
+    for (auto [M, N, K] :
+         std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {17, 5, 33}, {64, 96, 7}}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const int64_t lda = (ta ? M : K) + 1, ldb = (tb ? K : N) + 2, ldc = N + 3;
+          std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), bias(N);
+          std::vector<float> C(M * ldc, -7.0f), ref(M * ldc, -7.0f);
+          for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>((i * 37 % 101) - 50) / 50;
+          for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<float>((i * 53 % 97) - 48) / 48;
+          for (int64_t j = 0; j < N; ++j) bias[j] = 0.25f * static_cast<float>(j) - 1.0f;
+          gemm_bias(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, bias.data(), C.data(), ldc);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) ref[i * ldc + j] = bias[j];
+          gemm_reference(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 1.0f, ref.data(),
+                         ldc);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < ldc; ++j)
+              ASSERT_NEAR(C[i * ldc + j], ref[i * ldc + j],
+                          1e-5 * std::sqrt(K) * (1 + std::fabs(ref[i * ldc + j])))
+                  << M << "x" << N << "x" << K << " ta=" << ta << " tb=" << tb << " (" << i << ","
+                  << j << ")";
+        }
+      }
+    }
+  }
+  set_gemm_backend(GemmBackend::kAuto);
 }
 
 }  // namespace
