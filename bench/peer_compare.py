@@ -33,6 +33,12 @@ CONFIGS = {
                  steps=6),
     "gpt2": dict(vocab_size=50257, n_layer=12, n_head=12, d_model=768, seq_len=256, batch_size=4,
                  steps=4),
+    # Other shapes, not run by default: a mid-size model with a BPE-sized vocabulary, and a
+    # narrow, deep one with long sequences.
+    "mid": dict(vocab_size=8192, n_layer=6, n_head=8, d_model=512, seq_len=256, batch_size=8,
+                steps=5),
+    "deep": dict(vocab_size=256, n_layer=8, n_head=4, d_model=128, seq_len=512, batch_size=8,
+                 steps=6),
 }
 RESULT_KEYS = ("tokens_per_s", "step_ms_median", "peak_rss_mib", "final_loss")
 
