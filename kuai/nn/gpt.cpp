@@ -25,9 +25,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, hd = C / H;
   std::vector<Tensor> qkv = chunk(c_attn_->forward(x), 3, -1);  // 3 x (B, T, C) views
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, hd}), 1, 2); };
-  Tensor y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                          /*causal=*/true);  // (B, H, T, hd)
-  y = reshape(transpose(y, 1, 2), {B, T, C});                // a view: y is (B, T, H, hd)
+  Tensor y;
+  switch (impl_) {
+    case AttentionImpl::kNaive:  // materialised (B, H, T, T) probabilities
+      y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                       /*causal=*/true);  // (B, H, T, hd)
+      break;
+  }
+  y = reshape(transpose(y, 1, 2), {B, T, C});  // a view: y is (B, T, H, hd)
   return c_proj_->forward(y);
 }
 
