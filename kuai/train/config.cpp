@@ -6,6 +6,7 @@
 
 #include <toml++/toml.h>
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <sstream>
 #include <variant>
@@ -160,6 +161,8 @@ void validate(const TrainConfig& c) {
 TrainConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
   TrainConfig cfg;
   if (!toml_path.empty()) {
+    if (!std::filesystem::is_regular_file(toml_path))
+      throw ConfigError(fmt::format("config: {}: no such file", toml_path));
     toml::table t;
     try {
       t = toml::parse_file(toml_path);

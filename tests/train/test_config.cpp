@@ -57,6 +57,12 @@ TEST(Config, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of("[model\n", {}).find("kuai_test_config.toml:1"), std::string::npos);
   EXPECT_NE(error_of("", {"model.n_layer"}).find("not of the form"), std::string::npos);
+  try {
+    load_config("/nonexistent/run.toml", {});
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(), "config: /nonexistent/run.toml: no such file");
+  }
   EXPECT_NE(error_of("[optim]\nlr = 1\n", {}).find("unknown key 'optim.lr'"), std::string::npos);
 }
 
