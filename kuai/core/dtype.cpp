@@ -104,6 +104,15 @@ void store(void* dst, DType t, int64_t i, double v) {
   }
 }
 
+// dst[i] = f(src[i]), in parallel for large n.
+template <typename S, typename D, typename F>
+void map_elements(const void* src, void* dst, int64_t n, F f) {
+  const S* s = static_cast<const S*>(src);
+  D* d = static_cast<D*>(dst);
+#pragma omp parallel for schedule(static) if (n > (1 << 16))
+  for (int64_t i = 0; i < n; ++i) d[i] = f(s[i]);
+}
+
 }  // namespace
 
 void convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
@@ -112,34 +121,14 @@ void convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
     return;
   }
   // Fast paths for the float conversions the engine uses every step.
-  if (st == DType::kF32 && dt == DType::kBF16) {
-    const float* s = static_cast<const float*>(src);
-    uint16_t* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
-    return;
-  }
-  if (st == DType::kBF16 && dt == DType::kF32) {
-    const uint16_t* s = static_cast<const uint16_t*>(src);
-    float* d = static_cast<float*>(dst);
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
-    return;
-  }
-  if (st == DType::kF32 && dt == DType::kF16) {
-    const float* s = static_cast<const float*>(src);
-    uint16_t* d = static_cast<uint16_t*>(dst);
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(s[i]);
-    return;
-  }
-  if (st == DType::kF16 && dt == DType::kF32) {
-    const uint16_t* s = static_cast<const uint16_t*>(src);
-    float* d = static_cast<float*>(dst);
-#pragma omp parallel for schedule(static) if (n > (1 << 16))
-    for (int64_t i = 0; i < n; ++i) d[i] = f16_to_float(s[i]);
-    return;
-  }
+  if (st == DType::kF32 && dt == DType::kBF16)
+    return map_elements<float, uint16_t>(src, dst, n, float_to_bf16);
+  if (st == DType::kBF16 && dt == DType::kF32)
+    return map_elements<uint16_t, float>(src, dst, n, bf16_to_float);
+  if (st == DType::kF32 && dt == DType::kF16)
+    return map_elements<float, uint16_t>(src, dst, n, float_to_f16);
+  if (st == DType::kF16 && dt == DType::kF32)
+    return map_elements<uint16_t, float>(src, dst, n, f16_to_float);
   // General path through double: exact for every value of the 32-bit and smaller types.
   for (int64_t i = 0; i < n; ++i) {
     double v = load(src, st, i);
