@@ -496,6 +496,16 @@ TEST(Ops, ShapeErrorsNameTheOpAndShapes) {
 namespace kuai::test {
 namespace {
 
+TEST(Ops, EmptyReductionDimensionGivesZerosOrBias) {
+  // K = 0: the product is empty, so matmul gives zeros and linear gives the bias on every row.
+  EXPECT_EQ(matmul(zeros({2, 0}), zeros({0, 3})).to_vector<float>(), std::vector<float>(6, 0.0f));
+  EXPECT_EQ(matmul(zeros({4, 2, 0}), zeros({4, 0, 3})).to_vector<float>(),
+            std::vector<float>(24, 0.0f));
+  EXPECT_EQ(
+      linear(zeros({2, 0}), zeros({3, 0}), from_vector({1.0f, 2.0f, 3.0f}, {3})).to_vector<float>(),
+      (std::vector<float>{1, 2, 3, 1, 2, 3}));
+}
+
 TEST(Ops, CastRoundTripAndGradient) {
   // Rounding is not differentiable, so the cast's gradient is checked against its definition
   // (the incoming gradient cast back to the input's dtype) rather than by finite differences.

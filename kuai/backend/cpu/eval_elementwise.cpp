@@ -109,17 +109,19 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
         return;
     }
   }
-  const bool commutes = op_ == BinaryOp::kAdd || op_ == BinaryOp::kMul;
+  // Row broadcast fast path for the commutative ops (either operand may be the row).
   const Tensor* full = nullptr;
   const Tensor* row = nullptr;
-  if (a.shape() == y.shape() && b.numel() > 0 && is_row_broadcast(b, y)) {
-    full = &a;
-    row = &b;
-  } else if (commutes && b.shape() == y.shape() && a.numel() > 0 && is_row_broadcast(a, y)) {
-    full = &b;
-    row = &a;
+  if (op_ == BinaryOp::kAdd || op_ == BinaryOp::kMul) {
+    if (a.shape() == y.shape() && b.numel() > 0 && is_row_broadcast(b, y)) {
+      full = &a;
+      row = &b;
+    } else if (b.shape() == y.shape() && a.numel() > 0 && is_row_broadcast(a, y)) {
+      full = &b;
+      row = &a;
+    }
   }
-  if (full != nullptr && commutes) {
+  if (full != nullptr) {
     const int64_t cols = row->numel();
     if (op_ == BinaryOp::kAdd)
       cpu::add_row(full->data<float>(), row->data<float>(), y.data<float>(), n / cols, cols);
