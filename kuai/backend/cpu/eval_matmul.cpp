@@ -24,6 +24,7 @@ struct MatLayout {
 std::optional<MatLayout> mat_layout(const Tensor& t) {
   const int64_t rows = t.shape()[t.dim() - 2], cols = t.shape()[t.dim() - 1];
   const int64_t rs = t.strides()[t.dim() - 2], cs = t.strides()[t.dim() - 1];
+  if (rows == 0 || cols == 0) return MatLayout{false, std::max<int64_t>(1, cols)};  // no elements
   if ((cs == 1 || cols == 1) && (rows == 1 || rs >= std::max<int64_t>(1, cols)))
     return MatLayout{false, rows == 1 ? std::max<int64_t>(1, cols) : rs};
   if ((rs == 1 || rows == 1) && (cols == 1 || cs >= std::max<int64_t>(1, rows)))
