@@ -63,6 +63,28 @@ std::vector<Tensor> Expand::vjp(std::span<const Tensor> in, std::span<const Tens
   return one(sum_to(g[0], in[0].shape()));
 }
 
+namespace {
+// When the parts are views of one storage with equal strides that sit one after another along
+// `dim` (as when a primitive wrote the gradients of several chunks into one buffer), the view
+// spanning all of them; otherwise an undefined tensor.
+Tensor join_adjacent_views(std::span<const Tensor> parts, int64_t dim) {
+  if (parts.empty()) return {};
+  const Tensor& first = parts[0];
+  if (!first.defined() || !first.has_storage()) return {};
+  int64_t next = first.offset();
+  Shape shape = first.shape();
+  shape[dim] = 0;
+  for (const Tensor& p : parts) {
+    if (!p.defined() || !p.has_storage() || p.storage() != first.storage() ||
+        p.shape() != first.shape() || p.strides() != first.strides() || p.offset() != next)
+      return {};
+    next += p.shape()[dim] * p.strides()[dim];
+    shape[dim] += p.shape()[dim];
+  }
+  return Tensor::view_of(first, std::move(shape), first.strides(), first.offset());
+}
+}  // namespace
+
 std::vector<Tensor> Chunk::make_views(std::span<const Tensor> in) const {
   const Tensor& x = in[0];
   const int64_t part = x.shape()[dim_] / chunks_;
@@ -76,6 +98,7 @@ std::vector<Tensor> Chunk::make_views(std::span<const Tensor> in) const {
 }
 std::vector<Tensor> Chunk::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
                                std::span<const Tensor> g, const std::vector<bool>&) const {
+  if (const Tensor joined = join_adjacent_views(g, dim_); joined.defined()) return one(joined);
   std::vector<Tensor> parts;
   for (size_t c = 0; c < g.size(); ++c)
     parts.push_back(g[c].defined() ? g[c] : zeros(out[c].shape(), out[c].dtype(), out[c].device()));
@@ -457,12 +480,19 @@ std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const T
   if (!g[0].defined()) return std::vector<Tensor>(3);
   std::vector<Tensor> d = dispatch(std::make_shared<AttentionBackward>(scale_, causal_),
                                    {in[0], in[1], in[2], out[1], g[0]});
-  return {transpose(d[0], 1, 2), transpose(d[1], 1, 2), transpose(d[2], 1, 2)};
+  const Tensor& g3 = d[0];  // (B, T, 3, H, d)
+  const Shape& s = g3.shape();
+  const Shape strides{g3.strides()[0], g3.strides()[3], g3.strides()[1], g3.strides()[4]};
+  std::vector<Tensor> grads;
+  for (int64_t c = 0; c < 3; ++c)  // (B, H, T, d) view of slot c
+    grads.push_back(Tensor::view_of(g3, {s[0], s[3], s[1], s[4]}, strides,
+                                    g3.offset() + c * g3.strides()[2]));
+  return grads;
 }
 
 std::vector<TensorSpec> AttentionBackward::infer(std::span<const Tensor> in) const {
   const Shape& s = in[4].shape();  // (B, T, H, d)
-  return {{s, DType::kF32}, {s, DType::kF32}, {s, DType::kF32}};
+  return {{{s[0], s[1], 3, s[2], s[3]}, DType::kF32}};
 }
 
 std::vector<Tensor> AttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,

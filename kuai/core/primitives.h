@@ -291,7 +291,9 @@ class Attention final : public Primitive {
   bool causal_;
 };
 
-// (q, k, v, p, dy laid out (B, T, H, d)) -> (dq, dk, dv) laid out (B, T, H, d).
+// (q, k, v, p, dy laid out (B, T, H, d)) -> one (B, T, 3, H, d) tensor holding dq, dk, dv side by
+// side: the layout of the fused qkv projection's output, so the gradients of chunk(qkv) join back
+// into it without a copy. vjp hands out the three (B, H, T, d) views.
 class AttentionBackward final : public Primitive {
  public:
   AttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}

@@ -52,15 +52,17 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
   const Tensor dy = unit_last_stride(in[4]);  // (B, T, H, d)
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   const float *pp = p.data<float>(), *pdy = dy.data<float>();
-  float *dq = out[0].data<float>(), *dk = out[1].data<float>(), *dv = out[2].data<float>();
+  float* dq = out[0].data<float>();  // (B, T, 3, H, d): dq, dk, dv side by side
+  float* dk = dq + H * d;
+  float* dv = dk + H * d;
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     const cpu::HeadView hv = head_view(q, k, v, b, h);
-    const int64_t o = (b * T * H + h) * d;  // head h of batch b in (B, T, H, d)
+    const int64_t o = (b * T * 3 * H + h) * d;  // head h of batch b in (B, T, 3, H, d)
     cpu::attention_head_backward(
         hv, pp + bh * T * T, pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
-        dq + o, H * d, dk + o, H * d, dv + o, H * d, T, d, scale_, causal_, scratch(T * T).data());
+        dq + o, 3 * H * d, dk + o, 3 * H * d, dv + o, 3 * H * d, T, d, scale_, causal_, scratch(T * T).data());
   }
 }
 
