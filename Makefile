@@ -30,7 +30,7 @@ test: build build-asan
 	  OMP_NUM_THREADS=2 ./kuai_tests --gtest_brief=1
 
 bench: build
-	$(KUAI) bench all --threads=2
+	$(KUAI) bench machine --threads=2
 	@if [ -x $(BUILD)/kuai_bench_ops ]; then $(BUILD)/kuai_bench_ops --benchmark_min_time=0.2; fi
 
 bench-peer: build

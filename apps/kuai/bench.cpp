@@ -1,6 +1,8 @@
-// `kuai bench [gemm|bandwidth|adamw|all] [--threads=N]`. Each row is a median of repeated
-// measurements in this one process; the GEMM ceiling (2048^3 fp32) is the reference the model
-// FLOP rates are quoted against, the triad bandwidth the floor AdamW is quoted against.
+// `kuai bench`: the technique ablations (`--all` or a technique name: see train/ablation.h) and
+// the machine's ceilings (`machine|gemm|bandwidth|adamw [--threads=N]`). Each machine row is a
+// median of repeated measurements in this one process; the GEMM ceiling (2048^3 fp32) is the
+// reference the model FLOP rates are quoted against, the triad bandwidth the floor AdamW is
+// quoted against.
 #include "bench.h"
 
 #include <fmt/format.h>
@@ -9,14 +11,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 
 #include "kuai/backend/cpu/gemm.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
+#include "kuai/train/ablation.h"
+#include "kuai/train/config.h"
 
 namespace kuai::app {
 namespace {
@@ -84,10 +91,78 @@ void bench_adamw(double triad_gbs) {
                            floor_ms, ms / floor_ms);
 }
 
+int run_ablation_bench(const std::vector<std::string>& args) {
+  std::vector<std::string> techniques, overrides;
+  std::string config_path, json_path = "runs/bench/ablation.json",
+                           svg_path = "runs/bench/ablation.svg";
+  train::AblationOptions o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&](const std::string& name) -> std::optional<std::string> {
+      if (a == "--" + name) {
+        if (i + 1 >= args.size())
+          throw std::invalid_argument("bench: --" + name + " needs a value");
+        return args[++i];
+      }
+      if (a.rfind("--" + name + "=", 0) == 0) return a.substr(name.size() + 3);
+      return std::nullopt;
+    };
+    auto integer = [&](const std::string& name, const std::string& v) {
+      try {
+        size_t used = 0;
+        const long long n = std::stoll(v, &used);
+        if (used == v.size() && n > 0) return static_cast<int64_t>(n);
+      } catch (const std::exception&) {
+      }
+      throw std::invalid_argument("bench: --" + name + " = '" + v + "' is not a positive integer");
+    };
+    if (a == "--all") {
+      techniques = train::ablation_techniques();
+    } else if (auto v = value("config")) {
+      config_path = *v;
+    } else if (auto v = value("json")) {
+      json_path = *v;
+    } else if (auto v = value("svg")) {
+      svg_path = *v;
+    } else if (auto v = value("steps")) {
+      o.steps = integer("steps", *v);
+    } else if (auto v = value("rounds")) {
+      o.rounds = integer("rounds", *v);
+    } else if (auto v = value("warmup")) {
+      o.warmup = integer("warmup", *v);
+    } else if (a.rfind("--", 0) == 0) {
+      overrides.push_back(a);  // --section.key=value for the workload
+    } else {
+      techniques.push_back(a);
+    }
+  }
+  // The workload: the default job's model on its corpus when present, shorter sequences.
+  train::TrainConfig base = train::load_config(config_path, overrides);
+  if (config_path.empty() && base.data_source == "file" && !std::filesystem::exists(base.data_path))
+    base.data_source = "synthetic";
+  std::vector<train::AblationRow> rows;
+  for (const std::string& t : techniques)
+    rows.push_back(train::run_ablation(t, base, o, std::cerr));
+  std::cout << train::ablation_markdown(rows);
+  for (const auto& [path, text] : {std::pair{json_path, train::ablation_json(rows, base, o)},
+                                   std::pair{svg_path, train::ablation_svg(rows)}}) {
+    const std::filesystem::path p(path);
+    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+    std::ofstream f(p);
+    f << text;
+    if (!f) throw std::runtime_error(path + ": cannot write");
+    std::cout << "wrote " << path << "\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
-  std::string what = "all";
+  std::string what = "machine";
+  for (const std::string& a : args)
+    if (a == "--all" || a == "accumulation" || a == "prefetch" || a == "metrics")
+      return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)
       omp_set_num_threads(std::stoi(a.substr(10)));
@@ -96,13 +171,14 @@ int run_bench(const std::vector<std::string>& args) {
     else
       throw std::invalid_argument("bench: unknown option " + a);
   }
-  if (what != "all" && what != "gemm" && what != "bandwidth" && what != "adamw")
+  if (what != "machine" && what != "gemm" && what != "bandwidth" && what != "adamw")
     throw std::invalid_argument("bench: unknown benchmark '" + what +
-                                "' (one of: all, gemm, bandwidth, adamw)");
-  if (what == "gemm" || what == "all") bench_gemm();
+                                "' (one of: --all, accumulation, prefetch, metrics, machine, "
+                                "gemm, bandwidth, adamw)");
+  if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
-  if (what == "bandwidth" || what == "adamw" || what == "all") triad = bench_triad();
-  if (what == "adamw" || what == "all") bench_adamw(triad);
+  if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();
+  if (what == "adamw" || what == "machine") bench_adamw(triad);
   return 0;
 }
 

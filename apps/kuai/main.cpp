@@ -1,12 +1,17 @@
-// The `kuai` command: `kuai train [--config FILE] [--section.key=value ...]` trains a GPT;
-// `kuai bench [...]` measures this machine. Errors print one line and exit non-zero.
+// The `kuai` command: train, sample, prepare, bench. Errors print one line and exit non-zero.
 #include <fmt/format.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "bench.h"
+#include "kuai/data/prepare.h"
+#include "kuai/data/tokenizer.h"
+#include "kuai/io/tensor_io.h"
+#include "kuai/nn/generate.h"
 #include "kuai/train/config.h"
 #include "kuai/train/trainer.h"
 
@@ -14,25 +19,135 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: kuai <command> [options]\n"
-    "  train [--config FILE] [--section.key=value ...]   train a GPT (see configs/)\n"
-    "  bench [all|gemm|bandwidth|adamw] [--threads=N]    measure this machine\n";
+    "  train [--config FILE] [--section.key=value ...]    train a GPT (see configs/); writes "
+    "runs/<name>/\n"
+    "  sample [--run DIR] [--prompt TEXT] [--tokens N] [--temperature T] [--top_k K] [--seed S]\n"
+    "                                                      generate text from a trained run\n"
+    "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
+    "                                                      text -> token file\n"
+    "  bench [--all | accumulation | prefetch | metrics] [--config FILE] [--steps N] "
+    "[--rounds R]\n"
+    "        [--json FILE] [--svg FILE] [--section.key=value ...]\n"
+    "                                                      what each technique buys here\n"
+    "  bench [machine | gemm | bandwidth | adamw] [--threads=N]\n"
+    "                                                      this machine's ceilings\n";
+
+// "--name=value" or "--name value"; advances i past what it consumed.
+bool take_option(const std::vector<std::string>& args, size_t& i, const std::string& name,
+                 std::string& value) {
+  const std::string& a = args[i];
+  if (a == "--" + name) {
+    if (i + 1 >= args.size()) throw std::invalid_argument("--" + name + " needs a value");
+    value = args[++i];
+    return true;
+  }
+  if (a.rfind("--" + name + "=", 0) == 0) {
+    value = a.substr(name.size() + 3);
+    return true;
+  }
+  return false;
+}
 
 int train_command(const std::vector<std::string>& args) {
   std::string config_path;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--config") {
-      if (i + 1 >= args.size()) throw kuai::train::ConfigError("--config needs a file name");
-      config_path = args[++i];
-    } else if (args[i].rfind("--config=", 0) == 0) {
-      config_path = args[i].substr(9);
-    } else {
+    std::string v;
+    if (take_option(args, i, "config", v))
+      config_path = v;
+    else
       overrides.push_back(args[i]);
-    }
   }
   const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, overrides);
-  const kuai::train::TrainResult r = kuai::train::run_training(cfg, std::cout);
+  kuai::train::TrainOptions opts;
+  opts.terminal = isatty(STDOUT_FILENO) == 1;
+  opts.stop = kuai::train::install_sigint_stop();
+  const kuai::train::TrainResult r = kuai::train::run_training(cfg, std::cout, opts);
   std::cout << kuai::train::result_line(r) << std::endl;
+  return r.interrupted ? 130 : 0;
+}
+
+double parse_number(const std::string& name, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size()) return d;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument(fmt::format("--{} = '{}' is not a number", name, v));
+}
+
+int sample_command(const std::vector<std::string>& args) {
+  std::string run = "runs/kjv", prompt = "The ", tokenizer_kind, bpe_dir = "data/gpt2";
+  kuai::nn::SampleOptions so;
+  so.max_new_tokens = 300;
+  so.temperature = 0.8f;
+  so.top_k = 40;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (take_option(args, i, "run", v))
+      run = v;
+    else if (take_option(args, i, "prompt", v))
+      prompt = v;
+    else if (take_option(args, i, "tokens", v))
+      so.max_new_tokens = static_cast<int64_t>(parse_number("tokens", v));
+    else if (take_option(args, i, "temperature", v))
+      so.temperature = static_cast<float>(parse_number("temperature", v));
+    else if (take_option(args, i, "top_k", v))
+      so.top_k = static_cast<int64_t>(parse_number("top_k", v));
+    else if (take_option(args, i, "seed", v))
+      so.seed = static_cast<uint64_t>(parse_number("seed", v));
+    else if (take_option(args, i, "tokenizer", v))
+      tokenizer_kind = v;
+    else if (take_option(args, i, "bpe_dir", v))
+      bpe_dir = v;
+    else
+      throw std::invalid_argument("unknown option '" + args[i] + "' (see kuai --help)");
+  }
+  if (so.max_new_tokens < 0 || so.temperature < 0 || so.top_k < 0)
+    throw std::invalid_argument("--tokens, --temperature and --top_k must not be negative");
+  if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
+    run = "runs/" + run;
+  const std::string config_path = run + "/config.toml", weights = run + "/model.safetensors";
+  if (!std::filesystem::is_regular_file(config_path) || !std::filesystem::is_regular_file(weights))
+    throw std::invalid_argument(fmt::format(
+        "{}: no trained run here (needs config.toml and model.safetensors; run `kuai train` first)",
+        run));
+  const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, {});
+  kuai::nn::GPT model(cfg.model, 0);
+  model.load_state_dict(kuai::io::load_safetensors(weights));
+  if (tokenizer_kind.empty()) tokenizer_kind = cfg.model.vocab_size <= 256 ? "byte" : "gpt2";
+  const auto tok = kuai::data::make_tokenizer(tokenizer_kind, bpe_dir);
+  const std::vector<int32_t> ids = tok->encode(prompt);
+  if (ids.empty()) throw std::invalid_argument("--prompt is empty");
+  std::cout << prompt << std::flush;
+  kuai::nn::generate(model, ids, so, [&](int32_t id) {
+    std::cout << tok->decode(std::vector<int32_t>{id}) << std::flush;
+  });
+  std::cout << std::endl;
+  return 0;
+}
+
+int prepare_command(const std::vector<std::string>& args) {
+  std::vector<std::string> paths;
+  std::string kind = "byte", bpe_dir = "data/gpt2";
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (take_option(args, i, "tokenizer", v))
+      kind = v;
+    else if (take_option(args, i, "bpe_dir", v))
+      bpe_dir = v;
+    else if (args[i].rfind("--", 0) == 0)
+      throw std::invalid_argument("unknown option '" + args[i] + "'");
+    else
+      paths.push_back(args[i]);
+  }
+  if (paths.size() != 2)
+    throw std::invalid_argument("usage: kuai prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2]");
+  const auto tok = kuai::data::make_tokenizer(kind, bpe_dir);
+  const kuai::data::PrepareStats st = kuai::data::prepare_token_file(paths[0], paths[1], *tok);
+  std::cout << fmt::format("{}: {} bytes -> {} {} tokens ({} bytes each) in {}\n", paths[0],
+                           st.bytes_in, st.tokens, tok->name(), st.token_bytes, paths[1]);
   return 0;
 }
 
@@ -48,6 +163,8 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (command == "train") return train_command(args);
+    if (command == "sample") return sample_command(args);
+    if (command == "prepare") return prepare_command(args);
     if (command == "bench") return kuai::app::run_bench(args);
     std::cerr << "kuai: unknown command '" << command << "'\n" << kUsage;
     return 2;

@@ -485,8 +485,8 @@ std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const T
   const Shape strides{g3.strides()[0], g3.strides()[3], g3.strides()[1], g3.strides()[4]};
   std::vector<Tensor> grads;
   for (int64_t c = 0; c < 3; ++c)  // (B, H, T, d) view of slot c
-    grads.push_back(Tensor::view_of(g3, {s[0], s[3], s[1], s[4]}, strides,
-                                    g3.offset() + c * g3.strides()[2]));
+    grads.push_back(
+        Tensor::view_of(g3, {s[0], s[3], s[1], s[4]}, strides, g3.offset() + c * g3.strides()[2]));
   return grads;
 }
 

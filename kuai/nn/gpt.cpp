@@ -36,6 +36,22 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   return c_proj_->forward(y);
 }
 
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, LayerKV& kv) const {
+  const int64_t B = x.size(0), t = x.size(1), C = x.size(2), H = n_head_, hd = C / H;
+  const bool prefill = !kv.k.defined();
+  if (!prefill && t != 1)
+    throw std::invalid_argument(
+        fmt::format("attention: a filled KV cache takes one token at a time, got {}", t));
+  std::vector<Tensor> qkv = chunk(c_attn_->forward(x), 3, -1);
+  auto heads = [&](const Tensor& u) { return transpose(reshape(u, {B, t, H, hd}), 1, 2); };
+  const Tensor q = heads(qkv[0]), k = contiguous(heads(qkv[1])), v = contiguous(heads(qkv[2]));
+  kv.k = prefill ? k : cat({kv.k, k}, 2);  // (B, H, length + t, hd)
+  kv.v = prefill ? v : cat({kv.v, v}, 2);
+  Tensor y = prefill ? scaled_dot_product_attention(q, kv.k, kv.v, /*causal=*/true)
+                     : attention_composite(q, kv.k, kv.v, /*causal=*/false);  // (B, H, t, hd)
+  return c_proj_->forward(reshape(transpose(y, 1, 2), {B, t, C}));
+}
+
 MLP::MLP(int64_t d_model, Generator& gen) {
   c_fc_ = register_module("c_fc", std::make_shared<Linear>(d_model, 4 * d_model, true, gen));
   c_proj_ = register_module("c_proj", std::make_shared<Linear>(4 * d_model, d_model, true, gen));
@@ -53,6 +69,11 @@ Block::Block(const GPTConfig& cfg, Generator& gen) {
 
 Tensor Block::forward(const Tensor& x) const {
   Tensor h = add(x, attn_->forward(ln_1_->forward(x)));
+  return add(h, mlp_->forward(ln_2_->forward(h)));
+}
+
+Tensor Block::forward_cached(const Tensor& x, LayerKV& kv) const {
+  Tensor h = add(x, attn_->forward_cached(ln_1_->forward(x), kv));
   return add(h, mlp_->forward(ln_2_->forward(h)));
 }
 
@@ -100,6 +121,22 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets, int32_t ignore_index)
   Tensor logits = forward(idx);
   return cross_entropy(reshape(logits, {-1, cfg_.vocab_size}), reshape(targets, {-1}),
                        ignore_index);
+}
+
+Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) const {
+  if (idx.dim() != 2 || idx.dtype() != DType::kI32)
+    throw std::invalid_argument("GPT: expected int32 token ids (B, t), got " + idx.str());
+  const int64_t t = idx.size(1), start = cache.length;
+  if (start + t > cfg_.seq_len)
+    throw std::invalid_argument(
+        fmt::format("GPT: KV cache holds {} positions; {} more exceed model.seq_len {}", start, t,
+                    cfg_.seq_len));
+  autograd::NoGradGuard no_grad;
+  if (cache.layers.empty()) cache.layers.resize(h_.size());
+  Tensor x = add(wte_->forward(idx), narrow(wpe_->weight(), 0, start, t));  // (B, t, C)
+  for (size_t i = 0; i < h_.size(); ++i) x = h_[i]->forward_cached(x, cache.layers[i]);
+  cache.length += t;
+  return linear(ln_f_->forward(x), wte_->weight());
 }
 
 int64_t GPT::num_matmul_parameters() const {

@@ -22,12 +22,26 @@ struct GPTConfig {
 // How attention is computed. The flash kernel plugs in here.
 enum class AttentionImpl { kNaive };
 
+// Keys and values of the positions seen so far, per layer, for incremental decoding: each new
+// token attends to the cached keys instead of recomputing the whole prefix, so it costs O(T)
+// rather than O(T^2).
+struct LayerKV {
+  Tensor k, v;  // (B, H, length, head_dim), contiguous
+};
+struct KVCache {
+  std::vector<LayerKV> layers;
+  int64_t length = 0;  // positions cached
+};
+
 class CausalSelfAttention : public Module {
  public:
   CausalSelfAttention(int64_t d_model, int64_t n_head, Generator& gen);
   Tensor forward(const Tensor& x) const;  // (B, T, C) -> (B, T, C)
   AttentionImpl impl() const { return impl_; }
   void set_impl(AttentionImpl impl) { impl_ = impl; }
+  // x (B, t, C) at positions kv.length.. : either a prefill (empty cache, causal over the t
+  // tokens) or one new token (t = 1, attends to every cached position). Appends to kv.
+  Tensor forward_cached(const Tensor& x, LayerKV& kv) const;
 
  private:
   int64_t n_head_;
@@ -48,6 +62,7 @@ class Block : public Module {
  public:
   Block(const GPTConfig& cfg, Generator& gen);
   Tensor forward(const Tensor& x) const;
+  Tensor forward_cached(const Tensor& x, LayerKV& kv) const;
 
  private:
   std::shared_ptr<LayerNorm> ln_1_, ln_2_;
@@ -65,6 +80,10 @@ class GPT : public Module {
   // Mean cross-entropy of next-token targets (B, T); targets == ignore_index are skipped.
   Tensor loss(const Tensor& idx, const Tensor& targets, int32_t ignore_index = -1) const;
   const GPTConfig& config() const { return cfg_; }
+  // Inference with a KV cache (no autograd): logits (B, t, vocab) of `idx` (B, t) at positions
+  // cache.length .. cache.length + t - 1, given what the cache holds; the cache grows by t.
+  // A prefill (empty cache) takes any t <= seq_len; afterwards one token at a time.
+  Tensor forward_cached(const Tensor& idx, KVCache& cache) const;
   // Parameters without the token embedding and the positions (what "N" counts in 6·N·tokens
   // plus the tied output projection, which is a matmul).
   int64_t num_matmul_parameters() const;

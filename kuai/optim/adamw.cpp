@@ -1,6 +1,9 @@
 // AdamW step (see adamw.h).
 #include "kuai/optim/adamw.h"
 
+#include <stdexcept>
+#include <string>
+
 #include <cmath>
 #include <cstring>
 
@@ -12,6 +15,14 @@ namespace kuai::optim {
 void Optimizer::zero_grad() {
   for (ParamGroup& g : groups_)
     for (Tensor& p : g.params) p.set_grad(Tensor());
+}
+
+void Optimizer::step(const Tensor& grad_scale) {
+  if (grad_scale.device() != kCPU || grad_scale.dtype() != DType::kF32 || grad_scale.numel() != 1)
+    throw std::invalid_argument("Optimizer::step: grad_scale must be a one-element float32 " +
+                                std::string("CPU tensor, got ") + grad_scale.str());
+  // The CPU kernels run where the value lives: this load is the device reading its own memory.
+  step(grad_scale.contiguous().data<float>()[0]);
 }
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)

@@ -17,6 +17,7 @@ struct AdamWOptions {
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options);
+  using Optimizer::step;
   void step(float grad_scale = 1.0f) override;
   // Moment buffers, per group and parameter (allocated at the first step).
   const std::vector<std::vector<Tensor>>& exp_avg() const { return m_; }

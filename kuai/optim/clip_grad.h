@@ -12,6 +12,12 @@ namespace kuai::optim {
 
 double grad_norm(const std::vector<Tensor>& params);
 float clip_coefficient(double norm, float max_norm);
+
+// The same two on the device, for a training loop that never reads a device value on the host:
+// the norm as a one-element float32 tensor, and the clip factor computed from it on the device
+// (max_norm <= 0: the factor is 1). Optimizer::step(const Tensor&) takes the factor as it is.
+Tensor grad_norm_tensor(const std::vector<Tensor>& params);
+Tensor clip_coefficient(const Tensor& norm, float max_norm);
 double clip_grad_norm_(const std::vector<Tensor>& params, float max_norm);  // returns the norm
 
 }  // namespace kuai::optim

@@ -22,6 +22,9 @@ class Optimizer {
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   virtual ~Optimizer() = default;
   virtual void step(float grad_scale = 1.0f) = 0;
+  // grad_scale as a one-element device tensor (a clip factor computed on the device): the update
+  // reads it where it runs, so the host never waits for it.
+  void step(const Tensor& grad_scale);
   void zero_grad();  // gradients to none
   void set_lr(float lr) { lr_ = lr; }
   float lr() const { return lr_; }

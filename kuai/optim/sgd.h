@@ -16,6 +16,7 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
+  using Optimizer::step;
   void step(float grad_scale = 1.0f) override;
 
  private:

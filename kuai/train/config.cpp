@@ -14,7 +14,7 @@
 namespace kuai::train {
 namespace {
 
-enum class Kind { kInt, kFloat, kString };
+enum class Kind { kInt, kFloat, kString, kBool };
 
 struct Key {
   const char* name;
@@ -39,6 +39,12 @@ double as_float(const std::string& key, const toml::node& n, double lo, double h
   if (!(n.is_floating_point() || n.is_integer()) || !v)
     fail(key, fmt::format("must be a number in [{}, {}]", lo, hi));
   if (!(*v >= lo && *v <= hi)) fail(key, fmt::format("= {} is out of range [{}, {}]", *v, lo, hi));
+  return *v;
+}
+
+bool as_bool(const std::string& key, const toml::node& n) {
+  auto v = n.value<bool>();
+  if (!n.is_boolean() || !v) fail(key, "must be true or false");
   return *v;
 }
 
@@ -75,8 +81,22 @@ constexpr int64_t kBig = int64_t{1} << 40;
         [](const TrainConfig& c) { return fmt::format("{}", c.FIELD); }                   \
   }
 
+#define BOOL_KEY(NAME, FIELD)                                                                   \
+  Key {                                                                                         \
+    NAME, Kind::kBool, [](TrainConfig& c, const toml::node& n) { c.FIELD = as_bool(NAME, n); }, \
+        [](const TrainConfig& c) { return std::string(c.FIELD ? "true" : "false"); }            \
+  }
+#define STRING_KEY(NAME, FIELD, ...)                                                            \
+  Key {                                                                                         \
+    NAME, Kind::kString,                                                                        \
+        [](TrainConfig& c, const toml::node& n) { c.FIELD = as_string(NAME, n, __VA_ARGS__); }, \
+        [](const TrainConfig& c) { return quoted(c.FIELD); }                                    \
+  }
+
 const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
+      STRING_KEY("run.name", run_name, {}),
+      STRING_KEY("run.dir", run_dir, {}),
       INT_KEY("model.vocab_size", model.vocab_size, 1, int64_t{1} << 31),
       INT_KEY("model.n_layer", model.n_layer, 1, 1024),
       INT_KEY("model.n_head", model.n_head, 1, 1024),
@@ -94,14 +114,20 @@ const std::vector<Key>& keys() {
       INT_KEY("train.seed", seed, 0, kBig),
       INT_KEY("train.threads", threads, 0, 1024),
       INT_KEY("train.log_every", log_every, 1, kBig),
-      Key{"data.source", Kind::kString,
-          [](TrainConfig& c, const toml::node& n) {
-            c.data_source = as_string("data.source", n, {"file", "synthetic"});
-          },
-          [](const TrainConfig& c) { return quoted(c.data_source); }},
-      Key{"data.path", Kind::kString,
-          [](TrainConfig& c, const toml::node& n) { c.data_path = as_string("data.path", n, {}); },
-          [](const TrainConfig& c) { return quoted(c.data_path); }},
+      INT_KEY("train.accum_steps", accum_steps, 1, 1 << 20),
+      INT_KEY("train.eval_every", eval_every, 0, kBig),
+      INT_KEY("train.eval_batches", eval_batches, 1, 1 << 20),
+      STRING_KEY("data.source", data_source, {"file", "synthetic"}),
+      STRING_KEY("data.path", data_path, {}),
+      FLOAT_KEY("data.val_fraction", val_fraction, 0.0, 0.5),
+      INT_KEY("data.workers", workers, 0, 64),
+      INT_KEY("data.prefetch_factor", prefetch_factor, 1, 64),
+      FLOAT_KEY("data.delay_ms", delay_ms, 0.0, 1e6),
+      STRING_KEY("log.progress", progress, {"auto", "bar", "plain", "off"}),
+      BOOL_KEY("log.jsonl", jsonl),
+      BOOL_KEY("log.tensorboard", tensorboard),
+      BOOL_KEY("log.sync_every_step", sync_every_step),
+      BOOL_KEY("log.save_weights", save_weights),
   };
   return k;
 }
@@ -150,6 +176,9 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         fmt::format("config: model.d_model ({}) must be divisible by model.n_head ({})",
                     c.model.d_model, c.model.n_head));
+  if (c.run_name.find('/') != std::string::npos || c.run_name == "." || c.run_name == "..")
+    throw ConfigError(
+        fmt::format("config: run.name = \"{}\" must be a plain name (no '/')", c.run_name));
   if (c.data_source == "file" && c.model.vocab_size < 256)
     throw ConfigError(
         fmt::format("config: model.vocab_size ({}) must be at least 256 for byte-level token files",
@@ -171,6 +200,7 @@ TrainConfig load_config(const std::string& toml_path, const std::vector<std::str
                                     e.source().begin.column, e.description()));
     }
     apply_table(cfg, t, "");
+    if (cfg.run_name.empty()) cfg.run_name = std::filesystem::path(toml_path).stem().string();
   }
   for (std::string o : overrides) {
     if (o.rfind("--", 0) == 0) o = o.substr(2);
@@ -192,6 +222,7 @@ TrainConfig load_config(const std::string& toml_path, const std::vector<std::str
     if (key.kind == Kind::kString && !n->is_string()) parsed = toml::table{{"v", value}};
     key.set(cfg, *parsed.get("v"));
   }
+  if (cfg.run_name.empty()) cfg.run_name = "run";
   validate(cfg);
   return cfg;
 }

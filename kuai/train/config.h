@@ -17,6 +17,9 @@ struct ConfigError : std::runtime_error {
 };
 
 struct TrainConfig {
+  // [run]
+  std::string run_name;  // runs/<name>/; empty: the config file's stem, else "run"
+  std::string run_dir = "runs";
   nn::GPTConfig model;
   // [train]
   int64_t batch_size = 16;
@@ -31,9 +34,22 @@ struct TrainConfig {
   int64_t seed = 1337;
   int64_t threads = 0;  // 0: all cores
   int64_t log_every = 10;
+  int64_t accum_steps = 1;   // micro-batches per optimizer step (technique 3)
+  int64_t eval_every = 100;  // 0: no evaluation
+  int64_t eval_batches = 8;
   // [data]
   std::string data_source = "file";  // "file" | "synthetic"
   std::string data_path = "data/kjv.bin";
+  double val_fraction = 0.05;  // the held-out tail of the token file
+  int64_t workers = 2;         // loader threads; 0: batches made on the training thread
+  int64_t prefetch_factor = 2;
+  double delay_ms = 0;  // artificial per-batch loader delay (benchmarks of prefetching)
+  // [log]
+  std::string progress = "auto";  // "auto" (bar on a terminal) | "bar" | "plain" | "off"
+  bool jsonl = true;
+  bool tensorboard = true;
+  bool sync_every_step = false;  // read the loss on the host every step (the slow habit)
+  bool save_weights = true;      // runs/<name>/model.safetensors at the end
 };
 
 // Parse `toml_path` (may be empty: defaults only), then apply overrides of the form

@@ -1,22 +1,30 @@
-// The first training loop (see trainer.h).
+// The training loop (see trainer.h).
 #include "kuai/train/trainer.h"
 
 #include <fmt/format.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <optional>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <stdexcept>
 
+#include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/profiler.h"
-#include "kuai/core/rng.h"
+#include "kuai/data/batch_source.h"
+#include "kuai/data/loader.h"
 #include "kuai/data/token_file.h"
-#include "kuai/nn/gpt.h"
+#include "kuai/io/tensor_io.h"
+#include "kuai/log/metrics.h"
+#include "kuai/log/sinks.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
 
@@ -26,6 +34,14 @@ double peak_rss_mib() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+double current_rss_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages_total = 0, pages_resident = 0;
+  if (!(statm >> pages_total >> pages_resident)) return 0.0;
+  return static_cast<double>(pages_resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) /
+         (1024.0 * 1024.0);
 }
 
 double learning_rate(const TrainConfig& cfg, int64_t step) {
@@ -54,20 +70,130 @@ std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weigh
   return {decay, no_decay};
 }
 
-TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
+Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
+  Tensor loss = model.loss(x, y);
+  (loss_scale == 1.0f ? loss : scale(loss, loss_scale)).backward();
+  return loss.detach();
+}
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+
+extern "C" void on_sigint(int) {
+  g_stop.store(true);
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C ends the process as usual
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+struct Sources {
+  std::shared_ptr<const data::BatchSource> train, val;  // val may be null
+};
+
+// Training windows from the head of the token file, held-out windows from its tail
+// (data.val_fraction); synthetic data draws uniform tokens for both.
+Sources make_sources(const TrainConfig& cfg) {
+  const int64_t B = cfg.batch_size, T = cfg.model.seq_len, V = cfg.model.vocab_size;
+  const auto seed = static_cast<uint64_t>(cfg.seed);
+  Sources s;
+  if (cfg.data_source == "synthetic") {
+    s.train = std::make_shared<data::SyntheticTokens>(V, B, T, seed);
+    if (cfg.val_fraction > 0) s.val = std::make_shared<data::SyntheticTokens>(V, B, T, seed + 1);
+    return s;
+  }
+  auto file = std::make_shared<const data::TokenFile>(data::TokenFile::open(cfg.data_path));
+  if (file->vocab_bound() > V)
+    throw std::runtime_error(fmt::format("{}: token ids reach {} but model.vocab_size is {}",
+                                         cfg.data_path, file->vocab_bound() - 1, V));
+  const int64_t n = file->size();
+  const int64_t val_tokens =
+      cfg.val_fraction > 0 ? static_cast<int64_t>(std::llround(cfg.val_fraction * n)) : 0;
+  const int64_t split = n - val_tokens;
+  if (split < T + 2)
+    throw std::runtime_error(
+        fmt::format("{}: {} training tokens (after data.val_fraction = {}) is fewer than "
+                    "model.seq_len + 2 = {}",
+                    cfg.data_path, split, cfg.val_fraction, T + 2));
+  if (val_tokens > 0 && val_tokens < T + 2)
+    throw std::runtime_error(
+        fmt::format("{}: the held-out split (data.val_fraction = {}) has {} tokens, fewer than "
+                    "model.seq_len + 2 = {}; raise data.val_fraction or set it to 0",
+                    cfg.data_path, cfg.val_fraction, val_tokens, T + 2));
+  s.train = std::make_shared<data::RandomWindows>(file, 0, split, B, T, seed);
+  if (val_tokens > 0) s.val = std::make_shared<data::SequentialWindows>(file, split, n, B, T);
+  return s;
+}
+
+// Mean loss over the first `batches` held-out batches (always the same ones), on the device.
+Tensor evaluate(const nn::GPT& model, const data::BatchSource& src, int64_t batches) {
+  autograd::NoGradGuard no_grad;
+  const int64_t B = src.batch_size(), T = src.seq_len();
+  Tensor x = Tensor::empty({B, T}, DType::kI32), y = Tensor::empty({B, T}, DType::kI32);
+  Tensor total;
+  for (int64_t i = 0; i < batches; ++i) {
+    src.fill(i, x.data<int32_t>(), y.data<int32_t>());
+    Tensor l = model.loss(x, y);
+    total = total.defined() ? add(total, l) : l;
+  }
+  return scale(total, 1.0f / static_cast<float>(batches)).detach();
+}
+
+std::vector<std::unique_ptr<log::MetricSink>> make_sinks(const TrainConfig& cfg,
+                                                         const TrainOptions& opts,
+                                                         std::ostream& out,
+                                                         const std::string& run_path) {
+  std::vector<std::unique_ptr<log::MetricSink>> sinks;
+  log::ConsoleMode mode = log::ConsoleMode::kPlain;
+  if (cfg.progress == "off" || opts.quiet)
+    mode = log::ConsoleMode::kOff;
+  else if (cfg.progress == "bar" || (cfg.progress == "auto" && opts.terminal))
+    mode = log::ConsoleMode::kBar;
+  sinks.push_back(std::make_unique<log::ConsoleSink>(out, mode, cfg.steps, cfg.log_every));
+  if (!run_path.empty() && cfg.jsonl)
+    sinks.push_back(std::make_unique<log::JsonlSink>(run_path + "/metrics.jsonl"));
+  if (!run_path.empty() && cfg.tensorboard)
+    sinks.push_back(std::make_unique<log::TensorBoardSink>(run_path));
+  return sinks;
+}
+
+std::string prepare_run_dir(const TrainConfig& cfg) {
+  const std::filesystem::path dir = std::filesystem::path(cfg.run_dir) / cfg.run_name;
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    throw std::runtime_error(
+        fmt::format("{}: cannot create run directory: {}", dir.string(), ec.message()));
+  // A rerun under the same name starts fresh logs (old event files would mix into the charts).
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+      std::filesystem::remove(entry.path());
+  std::ofstream(dir / "config.toml") << to_toml(cfg);
+  return dir.string();
+}
+
+}  // namespace
+
+const std::atomic<bool>* install_sigint_stop() {
+  g_stop.store(false);
+  std::signal(SIGINT, on_sigint);
+  return &g_stop;
+}
+
+TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainOptions& opts) {
   if (cfg.threads > 0) omp_set_num_threads(static_cast<int>(cfg.threads));
   const int64_t B = cfg.batch_size, T = cfg.model.seq_len, V = cfg.model.vocab_size;
-
-  std::optional<data::TokenFile> corpus;
-  if (cfg.data_source == "file") {
-    corpus.emplace(data::TokenFile::open(cfg.data_path));
-    if (corpus->size() < T + 2)
-      throw std::runtime_error(fmt::format("{}: {} tokens is fewer than model.seq_len + 2 = {}",
-                                           cfg.data_path, corpus->size(), T + 2));
-    if (corpus->vocab_bound() > V)
-      throw std::runtime_error(fmt::format("{}: token ids reach {} but model.vocab_size is {}",
-                                           cfg.data_path, corpus->vocab_bound() - 1, V));
-  }
+  const int64_t k = cfg.accum_steps;
+  const Sources sources = make_sources(cfg);
 
   nn::GPT model(cfg.model, static_cast<uint64_t>(cfg.seed));
   optim::AdamWOptions aopt;
@@ -77,80 +203,118 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log) {
   optim::AdamW opt(param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
   const std::vector<Tensor> params = model.parameters();
 
-  log << fmt::format(
-      "kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} "
-      "({:.2f}M parameters); batch {}, {} steps, {} threads, data {}\n",
-      cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
-      static_cast<double>(model.num_parameters()) / 1e6, B, cfg.steps, omp_get_max_threads(),
-      cfg.data_source == "file" ? cfg.data_path : std::string("synthetic"));
-  log.flush();
-
-  Generator data_gen(static_cast<uint64_t>(cfg.seed), /*stream=*/2);
-  Tensor x = Tensor::empty({B, T}, DType::kI32), y = Tensor::empty({B, T}, DType::kI32);
-  std::vector<int32_t> window(T + 1);
   TrainResult result;
+  if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg);
+  if (!opts.quiet) {
+    out << fmt::format(
+        "kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} ({:.2f}M "
+        "parameters); batch {}{}, {} steps, {} threads, data {} ({} loader workers)\n",
+        cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
+        static_cast<double>(model.num_parameters()) / 1e6, B,
+        k > 1 ? fmt::format(" x {} micro-batches", k) : std::string(), cfg.steps,
+        omp_get_max_threads(), cfg.data_source == "file" ? cfg.data_path : "synthetic",
+        cfg.workers);
+    if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
+    out.flush();
+  }
+
+  data::LoaderOptions lopt;
+  lopt.workers = static_cast<int>(cfg.workers);
+  lopt.prefetch_factor = static_cast<int>(cfg.prefetch_factor);
+  lopt.delay_ms = cfg.delay_ms;
+  data::DataLoader loader(sources.train, lopt);
+  log::MetricRing ring(make_sinks(cfg, opts, out, result.run_path), cfg.log_every);
+
+  Allocator::get().reset_peak();
+  const double tokens_per_step = static_cast<double>(B * T * k);
+  using ms = std::chrono::duration<double, std::milli>;
   for (int64_t step = 0; step < cfg.steps; ++step) {
+    if (opts.stop && opts.stop->load()) {
+      result.interrupted = true;
+      break;
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    if (corpus) {
-      std::vector<int32_t> starts(B);
-      data_gen.randint(starts.data(), B, 0, static_cast<int32_t>(corpus->size() - T - 1));
-      for (int64_t b = 0; b < B; ++b) {
-        corpus->read(starts[b], T + 1, window.data());
-        std::copy(window.begin(), window.begin() + T, x.data<int32_t>() + b * T);
-        std::copy(window.begin() + 1, window.end(), y.data<int32_t>() + b * T);
-      }
-    } else {
-      data_gen.randint(x.data<int32_t>(), B * T, 0, static_cast<int32_t>(V));
-      data_gen.randint(y.data<int32_t>(), B * T, 0, static_cast<int32_t>(V));
+    const double lr = learning_rate(cfg, step);
+    opt.set_lr(static_cast<float>(lr));
+    double wait_ms = 0.0, data_ms = 0.0;
+    Tensor loss;
+    for (int64_t micro = 0; micro < k; ++micro) {
+      const auto td = std::chrono::steady_clock::now();
+      data::Batch batch = loader.next();
+      wait_ms += loader.last_wait_ms();
+      data_ms += ms(std::chrono::steady_clock::now() - td).count();
+      Tensor l = forward_backward(model, batch.x, batch.y, 1.0f / static_cast<float>(k));
+      autograd::NoGradGuard no_grad;
+      loss = loss.defined() ? add(loss, l) : l;  // summed on the device
     }
-    opt.set_lr(static_cast<float>(learning_rate(cfg, step)));
-    const auto t_data = std::chrono::steady_clock::now();
-    Tensor loss = model.loss(x, y);
-    const auto t_fwd = std::chrono::steady_clock::now();
-    loss.backward();
-    const auto t_bwd = std::chrono::steady_clock::now();
-    const double norm = optim::grad_norm(params);
-    opt.step(cfg.grad_clip > 0 ? optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip))
-                               : 1.0f);
+    const auto t_fb = std::chrono::steady_clock::now();
+    if (k > 1) {
+      autograd::NoGradGuard no_grad;
+      loss = scale(loss, 1.0f / static_cast<float>(k));
+    }
+    const Tensor norm = optim::grad_norm_tensor(params);
+    opt.step(optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
     opt.zero_grad();
+    if (cfg.sync_every_step) (void)loss.item();  // the habit technique 10 removes
+    const double step_ms = ms(std::chrono::steady_clock::now() - t0).count();
     if (profiler::enabled()) {
-      using ms = std::chrono::duration<double, std::milli>;
-      profiler::record("[step] data", ms(t_data - t0).count());
-      profiler::record("[step] forward", ms(t_fwd - t_data).count());
-      profiler::record("[step] backward", ms(t_bwd - t_fwd).count());
-      profiler::record("[step] optimizer", ms(std::chrono::steady_clock::now() - t_bwd).count());
+      profiler::record("[step] data", data_ms);
+      profiler::record("[step] forward+backward", ms(t_fb - t0).count() - data_ms);
+      profiler::record("[step] optimizer", ms(std::chrono::steady_clock::now() - t_fb).count());
+      if (step == 0) profiler::reset();  // profile the steady state
     }
-    const float loss_value = loss.item();
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    if (step == 0 && profiler::enabled()) profiler::reset();  // profile the steady state
-    result.losses.push_back(loss_value);
-    result.step_ms.push_back(ms);
-    if ((step + 1) % cfg.log_every == 0 || step == 0 || step + 1 == cfg.steps) {
-      log << fmt::format(
-          "step {:>5}/{} | loss {:.4f} | lr {:.2e} | norm {:.3f} | {:.1f} ms | "
-          "{:.0f} tok/s\n",
-          step + 1, cfg.steps, loss_value, opt.lr(), norm, ms,
-          static_cast<double>(B * T) / (ms / 1000.0));
-      log.flush();
-    }
+    result.step_ms.push_back(step_ms);
+    result.rss_max_mib = std::max(result.rss_max_mib, current_rss_mib());
+    result.data_wait_ms.push_back(wait_ms);
+
+    log::StepMetrics m;
+    m.step = step + 1;
+    m.device = {{"loss", loss}, {"grad_norm", norm}};
+    m.host = {{"lr", lr},
+              {"step_ms", step_ms},
+              {"data_wait_ms", wait_ms},
+              {"tokens_per_s", tokens_per_step / (step_ms / 1000.0)}};
+    const bool last = step + 1 == cfg.steps;
+    if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
+      m.device.emplace_back("val_loss", evaluate(model, *sources.val, cfg.eval_batches));
+    m.wall_time = now_s();
+    ring.push(std::move(m));
+    result.steps_done = step + 1;
+  }
+  ring.flush();
+  result.peak_alloc_bytes = Allocator::get().stats().peak;
+
+  for (const log::LoggedStep& s : ring.history()) {
+    result.losses.push_back(static_cast<float>(s.get("loss")));
+    if (s.has("val_loss")) result.val_losses.emplace_back(s.step, float(s.get("val_loss")));
   }
   std::vector<double> timed(result.step_ms.begin() + (result.step_ms.size() > 1 ? 1 : 0),
                             result.step_ms.end());
-  if (!timed.empty()) {
-    std::sort(timed.begin(), timed.end());
-    const size_t n = timed.size();
-    result.step_ms_median = n % 2 ? timed[n / 2] : 0.5 * (timed[n / 2 - 1] + timed[n / 2]);
-    result.tokens_per_s = static_cast<double>(B * T) / (result.step_ms_median / 1000.0);
-  }
+  result.step_ms_median = median(timed);
+  if (result.step_ms_median > 0)
+    result.tokens_per_s = tokens_per_step / (result.step_ms_median / 1e3);
+  std::vector<double> waits(result.data_wait_ms.begin() + (result.data_wait_ms.size() > 1 ? 1 : 0),
+                            result.data_wait_ms.end());
+  result.data_wait_ms_median = median(waits);
   result.final_loss = result.losses.empty() ? 0.0f : result.losses.back();
   result.peak_rss_mib = peak_rss_mib();
-  const MemoryStats mem = Allocator::get().stats();
-  log << fmt::format(
-      "memory: peak live tensors {:.1f} MiB, allocator reserved {:.1f} MiB, peak RSS {:.1f} MiB\n",
-      static_cast<double>(mem.peak) / (1 << 20), static_cast<double>(mem.reserved) / (1 << 20),
-      result.peak_rss_mib);
-  if (profiler::enabled()) log << "profile (KUAI_PROFILE=1), steps 2..N:\n" << profiler::report();
+
+  if (!result.run_path.empty() && cfg.save_weights)
+    io::save_safetensors(result.run_path + "/model.safetensors", model.named_parameters(),
+                         {{"format", "kuai"}, {"steps", std::to_string(result.steps_done)}});
+  if (!opts.quiet) {
+    if (result.interrupted)
+      out << fmt::format("interrupted: stopped cleanly after step {}\n", result.steps_done);
+    const MemoryStats mem = Allocator::get().stats();
+    out << fmt::format(
+        "memory: peak live tensors {:.1f} MiB, allocator reserved {:.1f} MiB, peak RSS {:.1f} "
+        "MiB; data wait median {:.2f} ms/step\n",
+        static_cast<double>(mem.peak) / (1 << 20), static_cast<double>(mem.reserved) / (1 << 20),
+        result.peak_rss_mib, result.data_wait_ms_median);
+    if (!result.run_path.empty() && cfg.save_weights)
+      out << "weights: " << result.run_path << "/model.safetensors\n";
+    if (profiler::enabled()) out << "profile (KUAI_PROFILE=1), steps 2..N:\n" << profiler::report();
+  }
   return result;
 }
 

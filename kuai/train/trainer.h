@@ -1,24 +1,46 @@
-// The first training loop: a GPT on a token file (random windows) or on synthetic tokens, with
-// AdamW (decay on matmul weights only), linear warmup + cosine decay, global-norm clipping
-// folded into the optimizer pass. Reports per-step times and ends with a summary.
+// The training loop. One optimizer step = `accum_steps` micro-batches from the prefetching
+// DataLoader (forward, loss / k, backward: gradients add up in .grad), a device-side gradient
+// norm and clip factor, one AdamW pass that applies the factor, and a push of the step's device
+// scalars into the metric ring; nothing in the loop reads a device value on the host (unless
+// log.sync_every_step asks for the slow habit, for the benchmark). Evaluation on the held-out
+// split every `eval_every` steps. Writes runs/<name>/ (config.toml, metrics.jsonl, TensorBoard
+// events, model.safetensors) and ends with a RESULT summary line.
 #pragma once
 
-#include <functional>
+#include <atomic>
+#include <cstdint>
 #include <ostream>
+#include <string>
 #include <vector>
 
+#include "kuai/nn/gpt.h"
 #include "kuai/optim/optimizer.h"
 #include "kuai/train/config.h"
 
 namespace kuai::train {
 
 struct TrainResult {
-  std::vector<float> losses;    // per step
-  std::vector<double> step_ms;  // per step
-  double tokens_per_s = 0;      // from the median step time (first step excluded)
+  std::vector<float> losses;                          // per optimizer step
+  std::vector<std::pair<int64_t, float>> val_losses;  // (step, held-out loss)
+  std::vector<double> step_ms;                        // per step, host wall time
+  std::vector<double> data_wait_ms;                   // per step: time blocked on the loader
+  double tokens_per_s = 0;                            // from the median step time (step 1 excluded)
   double step_ms_median = 0;
+  double data_wait_ms_median = 0;
   double peak_rss_mib = 0;
+  int64_t peak_alloc_bytes = 0;  // allocator peak over the run (live tensors)
+  double rss_max_mib = 0;        // largest resident set sampled after each step of this run
   float final_loss = 0;
+  int64_t steps_done = 0;
+  bool interrupted = false;
+  std::string run_path;  // runs/<name>, empty when no run directory was written
+};
+
+struct TrainOptions {
+  bool write_run_dir = true;                // runs/<name>/ with config, metrics, weights
+  bool terminal = false;                    // stdout is a terminal: log.progress = auto -> bar
+  const std::atomic<bool>* stop = nullptr;  // set (by SIGINT) -> stop after the current step
+  bool quiet = false;                       // no header/summary lines (benchmarks)
 };
 
 // The usual AdamW grouping: weight decay on matmul weights (2-D ".weight" outside the
@@ -28,12 +50,21 @@ std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weigh
 // Learning rate at `step` (0-based): linear warmup, then cosine decay to lr * min_lr_ratio.
 double learning_rate(const TrainConfig& cfg, int64_t step);
 
-TrainResult run_training(const TrainConfig& cfg, std::ostream& log);
+// One micro-batch: forward, loss * loss_scale, backward (gradients add into .grad). Returns the
+// unscaled mean loss, detached, as a device tensor: not read on the host.
+Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale);
+
+TrainResult run_training(const TrainConfig& cfg, std::ostream& log,
+                         const TrainOptions& options = {});
 
 // The line every run ends with: "RESULT tokens_per_s=... step_ms_median=... peak_rss_mib=...
 // final_loss=...".
 std::string result_line(const TrainResult& r);
 
-double peak_rss_mib();
+double peak_rss_mib();     // the process's peak resident set so far (getrusage)
+double current_rss_mib();  // resident set now (/proc/self/statm)
+
+// SIGINT sets the flag returned here (a second Ctrl-C kills as usual).
+const std::atomic<bool>* install_sigint_stop();
 
 }  // namespace kuai::train

@@ -64,6 +64,31 @@ TEST(Config, ErrorsNameTheKey) {
     EXPECT_STREQ(e.what(), "config: /nonexistent/run.toml: no such file");
   }
   EXPECT_NE(error_of("[optim]\nlr = 1\n", {}).find("unknown key 'optim.lr'"), std::string::npos);
+  // The trainer's keys.
+  EXPECT_NE(error_of("", {"--data.workers=-1"}).find("data.workers = -1 is out of range [0, 64]"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of("", {"--log.progress=fancy"})
+          .find("log.progress = \"fancy\" is not one of \"auto\", \"bar\", \"plain\", \"off\""),
+      std::string::npos);
+  EXPECT_NE(error_of("[log]\njsonl = \"yes\"\n", {}).find("log.jsonl must be true or false"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--train.accum_step=4"})
+                .find("unknown key 'train.accum_step' (did you mean 'train.accum_steps'?)"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--run.name=a/b"}).find("run.name = \"a/b\" must be a plain name"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of("", {"--data.val_fraction=0.9"}).find("data.val_fraction = 0.9 is out of range"),
+      std::string::npos);
+}
+
+TEST(Config, RunNameDefaultsToTheConfigStem) {
+  const auto path = (std::filesystem::temp_directory_path() / "my_run.toml").string();
+  std::ofstream(path) << "[train]\nsteps = 3\n";
+  EXPECT_EQ(load_config(path, {}).run_name, "my_run");
+  EXPECT_EQ(load_config(path, {"--run.name=other"}).run_name, "other");
+  EXPECT_EQ(load_config("", {}).run_name, "run");
 }
 
 TEST(Trainer, LearningRateSchedule) {
@@ -91,7 +116,9 @@ TEST(Trainer, LossFallsOnALearnableCorpus) {
            "--train.batch_size=8", "--train.steps=60", "--train.lr=1e-2", "--train.warmup_steps=5",
            "--train.log_every=1000", "--data.path=" + path});
   std::ostringstream log;
-  TrainResult r = run_training(c, log);
+  TrainOptions o;
+  o.write_run_dir = false;
+  TrainResult r = run_training(c, log, o);
   ASSERT_EQ(r.losses.size(), 60u);
   EXPECT_GT(r.losses.front(), 5.0f);  // ~ln 256 at initialisation
   EXPECT_LT(r.losses.back(), 1.0f);

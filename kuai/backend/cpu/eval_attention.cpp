@@ -60,9 +60,10 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
     const int64_t b = bh / H, h = bh % H;
     const cpu::HeadView hv = head_view(q, k, v, b, h);
     const int64_t o = (b * T * 3 * H + h) * d;  // head h of batch b in (B, T, 3, H, d)
-    cpu::attention_head_backward(
-        hv, pp + bh * T * T, pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
-        dq + o, 3 * H * d, dk + o, 3 * H * d, dv + o, 3 * H * d, T, d, scale_, causal_, scratch(T * T).data());
+    cpu::attention_head_backward(hv, pp + bh * T * T,
+                                 pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
+                                 dq + o, 3 * H * d, dk + o, 3 * H * d, dv + o, 3 * H * d, T, d,
+                                 scale_, causal_, scratch(T * T).data());
   }
 }
 

@@ -1,0 +1,283 @@
+// The ablation harness (see ablation.h).
+#include "kuai/train/ablation.h"
+
+#include <fmt/format.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+#include "kuai/core/allocator.h"
+#include "kuai/train/trainer.h"
+
+namespace kuai::train {
+
+double AblationRow::speedup() const {
+  return on.step_ms_median > 0 ? off.step_ms_median / on.step_ms_median : 0.0;
+}
+
+double AblationRow::memory_ratio() const {
+  return off.peak_alloc_mib > 0 ? on.peak_alloc_mib / off.peak_alloc_mib : 0.0;
+}
+
+const std::vector<std::string>& ablation_techniques() {
+  static const std::vector<std::string> t = {"accumulation", "prefetch", "metrics"};
+  return t;
+}
+
+namespace {
+
+constexpr int kAccum = 4;
+constexpr int kPrefetchWorkers = 2;
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The base workload with everything that is not the measured step switched off.
+TrainConfig quiet_config(const TrainConfig& base, const AblationOptions& o) {
+  TrainConfig c = base;
+  c.steps = o.steps;
+  c.eval_every = 0;
+  c.progress = "off";
+  c.jsonl = false;
+  c.tensorboard = false;
+  c.save_weights = false;
+  c.sync_every_step = false;
+  c.log_every = std::max<int64_t>(1, o.steps);
+  return c;
+}
+
+struct Arm {
+  ArmStats stats;
+  TrainConfig cfg;
+  std::vector<double> figures;  // one per run
+};
+
+// One run of an arm: trains, keeps the steps after warm-up, records the arm's figure.
+void run_arm(Arm& arm, const AblationOptions& o, const std::string& technique,
+             std::ostream& progress) {
+  Allocator::get().empty_cache();  // the previous arm's cached blocks must not count here
+  malloc_trim(0);
+  TrainOptions topts;
+  topts.write_run_dir = false;
+  topts.quiet = true;
+  const TrainResult r = run_training(arm.cfg, progress, topts);
+  const size_t skip = std::min<size_t>(static_cast<size_t>(o.warmup), r.step_ms.size());
+  arm.stats.step_ms.insert(arm.stats.step_ms.end(), r.step_ms.begin() + skip, r.step_ms.end());
+  arm.stats.peak_alloc_mib =
+      std::max(arm.stats.peak_alloc_mib, static_cast<double>(r.peak_alloc_bytes) / (1 << 20));
+  arm.stats.peak_rss_mib = std::max(arm.stats.peak_rss_mib, r.rss_max_mib);
+  double figure = 0;
+  if (technique == "accumulation") {
+    figure = static_cast<double>(r.peak_alloc_bytes) / (1 << 20);
+  } else if (technique == "prefetch") {
+    std::vector<double> waits(r.data_wait_ms.begin() + skip, r.data_wait_ms.end());
+    figure = median(waits);
+  } else if (technique == "metrics") {
+    figure = arm.cfg.sync_every_step ? 1.0 : 0.0;  // host reads in the step loop per step
+  }
+  arm.figures.push_back(figure);
+  progress << fmt::format("  {:<28} round {}: median step {:.1f} ms\n", arm.stats.label,
+                          arm.figures.size(),
+                          median(std::vector<double>(r.step_ms.begin() + skip, r.step_ms.end())));
+  progress.flush();
+}
+
+void finish(Arm& arm, double tokens_per_step) {
+  arm.stats.step_ms_median = median(arm.stats.step_ms);
+  arm.stats.tokens_per_s =
+      arm.stats.step_ms_median > 0 ? tokens_per_step / (arm.stats.step_ms_median / 1e3) : 0;
+  arm.stats.figure = median(arm.figures);
+}
+
+}  // namespace
+
+AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
+                         const AblationOptions& o, std::ostream& progress) {
+  const auto& known = ablation_techniques();
+  if (std::find(known.begin(), known.end(), technique) == known.end())
+    throw std::invalid_argument(fmt::format(
+        "bench: unknown technique '{}' (one of: accumulation, prefetch, metrics)", technique));
+  if (o.steps <= o.warmup) throw std::invalid_argument("bench: --steps must exceed the warm-up");
+  const TrainConfig q = quiet_config(base, o);
+  AblationRow row;
+  row.technique = technique;
+  Arm off{{}, q, {}}, on{{}, q, {}};
+  std::vector<Arm> extra;
+  progress << fmt::format("bench {}: {} steps per run ({} dropped), {} rounds\n", technique,
+                          o.steps, o.warmup, o.rounds);
+
+  if (technique == "accumulation") {
+    if (q.batch_size % kAccum != 0)
+      throw std::invalid_argument(fmt::format(
+          "bench accumulation: train.batch_size {} is not a multiple of {}", q.batch_size, kAccum));
+    off.cfg.accum_steps = 1;
+    on.cfg.batch_size = q.batch_size / kAccum;
+    on.cfg.accum_steps = kAccum;
+    off.stats.label = fmt::format("batch {}", q.batch_size);
+    on.stats.label = fmt::format("{} x micro-batch {}", kAccum, on.cfg.batch_size);
+    row.figure_name = "allocator peak MiB";
+    row.claim = fmt::format("same effective batch in about 1/{} of the activation memory", kAccum);
+  } else if (technique == "prefetch") {
+    // Calibrate the slow loader: half a step of the instant loader's median.
+    Arm calib{{}, q, {}};
+    calib.cfg.workers = 0;
+    calib.cfg.delay_ms = 0;
+    calib.stats.label = "calibration (instant loader)";
+    run_arm(calib, o, technique, progress);
+    finish(calib, 1);
+    const double delay = 0.5 * calib.stats.step_ms_median;
+    off.cfg.workers = 0;
+    on.cfg.workers = kPrefetchWorkers;
+    off.cfg.delay_ms = on.cfg.delay_ms = delay;
+    off.stats.label = fmt::format("0 workers, {:.0f} ms/batch loader", delay);
+    on.stats.label = fmt::format("{} workers, {:.0f} ms/batch loader", kPrefetchWorkers, delay);
+    Arm instant{{}, q, {}};
+    instant.cfg.workers = 0;
+    instant.cfg.delay_ms = 0;
+    instant.stats.label = "instant loader";
+    extra.push_back(instant);
+    row.figure_name = "data wait ms/step";
+    row.claim = "worker threads hide loading: step time as with an instant loader";
+  } else {  // metrics
+    off.cfg.sync_every_step = true;
+    off.cfg.log_every = 1;
+    on.cfg.sync_every_step = false;
+    on.cfg.log_every = 100;
+    off.stats.label = "host read every step";
+    on.stats.label = "device ring, read 100 steps later";
+    row.figure_name = "host reads in the step loop per step";
+    row.claim = "no per-step .item(): the step loop never waits for the device";
+  }
+
+  for (int64_t r = 0; r < o.rounds; ++r) {
+    run_arm(off, o, technique, progress);
+    run_arm(on, o, technique, progress);
+    for (Arm& e : extra) run_arm(e, o, technique, progress);
+  }
+  const auto tokens = [](const TrainConfig& c) {
+    return static_cast<double>(c.batch_size * c.model.seq_len * c.accum_steps);
+  };
+  finish(off, tokens(off.cfg));
+  finish(on, tokens(on.cfg));
+  for (Arm& e : extra) finish(e, tokens(e.cfg));
+  row.off = off.stats;
+  row.on = on.stats;
+  for (Arm& e : extra) row.extra.push_back(e.stats);
+
+  if (technique == "accumulation") {
+    row.verdict = fmt::format("allocator peak x{:.2f}, step time x{:.2f}", row.memory_ratio(),
+                              1.0 / std::max(1e-9, row.speedup()));
+  } else if (technique == "prefetch") {
+    const double vs_instant = row.on.step_ms_median / std::max(1e-9, row.extra[0].step_ms_median);
+    row.verdict = fmt::format(
+        "{:.2f}x faster; data wait {:.2f} ms = {:.1f}% of the step; step x{:.2f} of the instant "
+        "loader's",
+        row.speedup(), row.on.figure, 100.0 * row.on.figure / std::max(1e-9, row.on.step_ms_median),
+        vs_instant);
+  } else {
+    row.verdict = fmt::format(
+        "{:.3f}x: on the CPU device a host read waits for nothing, so nothing is gained here; on "
+        "an accelerator the read stalls the queue each step",
+        row.speedup());
+  }
+  return row;
+}
+
+std::string ablation_markdown(const std::vector<AblationRow>& rows) {
+  std::string s =
+      "| technique | off | on | step ms off / on | speedup | tokens/s on | allocator peak MiB "
+      "off / on | peak RSS MiB off / on | own figure off / on | the advice says | measured |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const AblationRow& r : rows)
+    s += fmt::format(
+        "| {} | {} | {} | {:.1f} / {:.1f} | {:.3f}x | {:.0f} | {:.1f} / {:.1f} ({:.2f}) | {:.0f} / "
+        "{:.0f} | {}: {:.2f} / {:.2f} | {} | {} |\n",
+        r.technique, r.off.label, r.on.label, r.off.step_ms_median, r.on.step_ms_median,
+        r.speedup(), r.on.tokens_per_s, r.off.peak_alloc_mib, r.on.peak_alloc_mib, r.memory_ratio(),
+        r.off.peak_rss_mib, r.on.peak_rss_mib, r.figure_name, r.off.figure, r.on.figure, r.claim,
+        r.verdict);
+  return s;
+}
+
+namespace {
+nlohmann::json arm_json(const ArmStats& a) {
+  return {{"label", a.label},
+          {"step_ms_median", a.step_ms_median},
+          {"tokens_per_s", a.tokens_per_s},
+          {"peak_alloc_mib", a.peak_alloc_mib},
+          {"peak_rss_mib", a.peak_rss_mib},
+          {"figure", a.figure},
+          {"step_ms", a.step_ms}};
+}
+}  // namespace
+
+std::string ablation_json(const std::vector<AblationRow>& rows, const TrainConfig& base,
+                          const AblationOptions& o) {
+  nlohmann::json j;
+  j["config"] = to_toml(base);
+  j["steps_per_run"] = o.steps;
+  j["warmup_steps_dropped"] = o.warmup;
+  j["rounds"] = o.rounds;
+  j["rows"] = nlohmann::json::array();
+  for (const AblationRow& r : rows) {
+    nlohmann::json row = {{"technique", r.technique}, {"figure_name", r.figure_name},
+                          {"claim", r.claim},         {"verdict", r.verdict},
+                          {"speedup", r.speedup()},   {"memory_ratio", r.memory_ratio()},
+                          {"off", arm_json(r.off)},   {"on", arm_json(r.on)}};
+    for (const ArmStats& e : r.extra) row["reference"].push_back(arm_json(e));
+    j["rows"].push_back(row);
+  }
+  return j.dump(2) + "\n";
+}
+
+std::string ablation_svg(const std::vector<AblationRow>& rows) {
+  // Two bars per technique on one axis: speedup (off/on step time) and allocator peak ratio
+  // (on/off); a dashed line marks 1.0 (no change).
+  const int left = 150, width = 420, bar_h = 14, gap = 10, top = 40;
+  const int row_h = 2 * bar_h + gap + 8;
+  double max_v = 1.5;
+  for (const AblationRow& r : rows) max_v = std::max({max_v, r.speedup(), r.memory_ratio()});
+  max_v = std::ceil(max_v * 2.0) / 2.0;
+  const int height = top + static_cast<int>(rows.size()) * row_h + 40;
+  auto x_of = [&](double v) { return left + static_cast<int>(std::lround(v / max_v * width)); };
+  std::string s = fmt::format(
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
+      "font-family=\"sans-serif\" font-size=\"12\">\n"
+      "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      "<text x=\"10\" y=\"20\" font-size=\"14\">kuai bench: what each technique buys here</text>\n",
+      left + width + 90, height);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const AblationRow& r = rows[i];
+    const int y = top + static_cast<int>(i) * row_h;
+    s += fmt::format("<text x=\"10\" y=\"{}\">{}</text>\n", y + bar_h + 4, r.technique);
+    s += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#3b7dd8\"/>"
+        "<text x=\"{}\" y=\"{}\">speedup {:.2f}x</text>\n",
+        left, y, std::max(1, x_of(r.speedup()) - left), bar_h, x_of(r.speedup()) + 4, y + 11,
+        r.speedup());
+    s += fmt::format(
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#e0892b\"/>"
+        "<text x=\"{}\" y=\"{}\">memory x{:.2f}</text>\n",
+        left, y + bar_h + 2, std::max(1, x_of(r.memory_ratio()) - left), bar_h,
+        x_of(r.memory_ratio()) + 4, y + bar_h + 13, r.memory_ratio());
+  }
+  const int axis_y = top + static_cast<int>(rows.size()) * row_h;
+  s += fmt::format(
+      "<line x1=\"{0}\" y1=\"{1}\" x2=\"{0}\" y2=\"{2}\" stroke=\"black\" "
+      "stroke-dasharray=\"4 3\"/>\n<text x=\"{0}\" y=\"{3}\" text-anchor=\"middle\">1.0</text>\n",
+      x_of(1.0), top - 6, axis_y, axis_y + 14);
+  s += fmt::format(
+      "<text x=\"10\" y=\"{}\" font-size=\"11\">blue: off/on median step time (higher is "
+      "faster); orange: on/off allocator peak (lower is smaller)</text>\n</svg>\n",
+      axis_y + 32);
+  return s;
+}
+
+}  // namespace kuai::train

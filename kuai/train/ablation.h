@@ -1,0 +1,55 @@
+// The ablation harness behind `kuai bench <technique>` and `kuai bench --all`: for a technique it
+// trains the same config with the technique off and on, alternating off/on/off/on in one process,
+// drops warm-up steps, and reports median step-time ratio, tokens/s, allocator peak, peak RSS and
+// the technique's own figure, beside the gain the well-known advice claims. Output: a markdown
+// table, a JSON file and an SVG chart. Every technique adds its row here.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kuai/train/config.h"
+
+namespace kuai::train {
+
+struct ArmStats {
+  std::string label;
+  std::vector<double> step_ms;  // kept steps of every round
+  double step_ms_median = 0;
+  double tokens_per_s = 0;
+  double peak_alloc_mib = 0;  // max over rounds of the allocator's peak of live tensors
+  double peak_rss_mib = 0;    // max over rounds of the sampled resident set during the run
+  double figure = 0;          // the technique's own figure (data wait ms, host reads/step, ...)
+};
+
+struct AblationRow {
+  std::string technique;
+  std::string figure_name;  // what ArmStats::figure measures
+  std::string claim;        // what the well-known advice says it buys
+  ArmStats off, on;
+  std::vector<ArmStats> extra;  // reference arms (prefetch: the instant loader)
+  std::string verdict;          // the measured gain in words
+  double speedup() const;       // off / on median step time
+  double memory_ratio() const;  // on / off allocator peak
+};
+
+struct AblationOptions {
+  int64_t steps = 12;  // per run
+  int64_t warmup = 2;  // dropped from the front of each run
+  int64_t rounds = 2;  // off/on pairs
+};
+
+const std::vector<std::string>& ablation_techniques();  // "accumulation", "prefetch", "metrics"
+
+// `base` is the workload (model, batch, data); each technique sets only its own keys.
+AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
+                         const AblationOptions& options, std::ostream& progress);
+
+std::string ablation_markdown(const std::vector<AblationRow>& rows);
+std::string ablation_json(const std::vector<AblationRow>& rows, const TrainConfig& base,
+                          const AblationOptions& options);
+std::string ablation_svg(const std::vector<AblationRow>& rows);
+
+}  // namespace kuai::train

@@ -1,0 +1,170 @@
+// The training loop's techniques against their plain versions: k micro-batches equal one batch of
+// k*b (gradients, loss and the parameters after an AdamW step) in the activation memory of one
+// micro-batch; the run directory holds config, JSONL and TensorBoard events that agree with the
+// losses; evaluation runs on the held-out split; a stop request ends the run cleanly.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kuai/core/allocator.h"
+#include "kuai/core/ops.h"
+#include "kuai/core/rng.h"
+#include "kuai/data/token_file.h"
+#include "kuai/io/tensor_io.h"
+#include "kuai/log/event_writer.h"
+#include "kuai/optim/adamw.h"
+#include "kuai/train/trainer.h"
+
+namespace kuai::train {
+namespace {
+
+nn::GPTConfig small_model() {
+  nn::GPTConfig c;
+  c.vocab_size = 64;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.seq_len = 32;
+  return c;
+}
+
+// Rows [r0, r0 + n) of (B, T) int32 `t`.
+Tensor rows(const Tensor& t, int64_t r0, int64_t n) { return contiguous(narrow(t, 0, r0, n)); }
+
+// Tolerance for sums of the same fp32 terms in another grouping (k partial sums vs one):
+// |a - b| <= 1e-6 + 1e-5 |b|.
+void expect_close(const Tensor& a, const Tensor& b, const std::string& what) {
+  const auto va = a.to_vector<float>(), vb = b.to_vector<float>();
+  ASSERT_EQ(va.size(), vb.size()) << what;
+  for (size_t i = 0; i < va.size(); ++i)
+    ASSERT_LE(std::fabs(va[i] - vb[i]), 1e-6 + 1e-5 * std::fabs(vb[i])) << what << " [" << i << "]";
+}
+
+TEST(Accumulation, MicroBatchesEqualOneLargeBatch) {
+  const nn::GPTConfig cfg = small_model();
+  const int64_t k = 4, b = 2, T = cfg.seq_len;
+  Generator g(7, 0);
+  const Tensor x = g.randint({k * b, T}, 0, static_cast<int32_t>(cfg.vocab_size));
+  const Tensor y = g.randint({k * b, T}, 0, static_cast<int32_t>(cfg.vocab_size));
+
+  nn::GPT big(cfg, 1), acc(cfg, 1);  // same seed: same weights
+  const float big_loss = forward_backward(big, x, y, 1.0f).item();
+  float acc_loss = 0.0f;
+  for (int64_t i = 0; i < k; ++i)
+    acc_loss += forward_backward(acc, rows(x, i * b, b), rows(y, i * b, b), 1.0f / k).item() / k;
+  EXPECT_NEAR(acc_loss, big_loss, 1e-6 + 1e-5 * std::fabs(big_loss));
+
+  const auto pb = big.named_parameters(), pa = acc.named_parameters();
+  for (size_t i = 0; i < pb.size(); ++i)
+    expect_close(pa[i].second.grad(), pb[i].second.grad(), pb[i].first);
+
+  // One AdamW step from those gradients gives the same parameters.
+  optim::AdamW ob(param_groups(big, 0.1f), {}), oa(param_groups(acc, 0.1f), {});
+  ob.step();
+  oa.step();
+  for (size_t i = 0; i < pb.size(); ++i) expect_close(pa[i].second, pb[i].second, pb[i].first);
+}
+
+TEST(Accumulation, PeakMemoryIsThatOfOneMicroBatch) {
+  nn::GPTConfig cfg = small_model();
+  cfg.seq_len = 64;
+  const int64_t k = 4, b = 4, T = cfg.seq_len;
+  Generator g(3, 0);
+  const Tensor x = g.randint({k * b, T}, 0, static_cast<int32_t>(cfg.vocab_size));
+  const Tensor y = g.randint({k * b, T}, 0, static_cast<int32_t>(cfg.vocab_size));
+  auto peak_of = [&](int64_t micro_rows, int64_t micro_batches) {
+    nn::GPT m(cfg, 1);
+    // Gradients exist from an earlier step, as in training (accumulation adds into them).
+    forward_backward(m, rows(x, 0, 1), rows(y, 0, 1), 1.0f);
+    Allocator::get().reset_peak();
+    const int64_t base = Allocator::get().stats().current;
+    for (int64_t i = 0; i < micro_batches; ++i)
+      forward_backward(m, rows(x, i * micro_rows, micro_rows), rows(y, i * micro_rows, micro_rows),
+                       1.0f / static_cast<float>(micro_batches));
+    return Allocator::get().stats().peak - base;  // activations and temporaries above the model
+  };
+  const double one_b = static_cast<double>(peak_of(b, 1));
+  const double k_of_b = static_cast<double>(peak_of(b, k));
+  const double one_kb = static_cast<double>(peak_of(k * b, 1));
+  EXPECT_GT(one_kb, 2.5 * one_b) << "the workload must be activation-dominated for this test";
+  EXPECT_LE(k_of_b, 1.1 * one_b);
+}
+
+std::string periodic_corpus(int64_t n) {
+  std::vector<int32_t> tokens(static_cast<size_t>(n));
+  for (size_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = static_cast<int32_t>("kuai trains fast. "[i % 18]);
+  const auto path = (std::filesystem::temp_directory_path() / "kuai_trainer_corpus.bin").string();
+  data::write_token_file(path, tokens.data(), n, 1);
+  return path;
+}
+
+TEST(Trainer, RunDirectoryHoldsConfigMetricsEventsAndWeights) {
+  const auto dir = std::filesystem::temp_directory_path() / "kuai_runs_test";
+  std::filesystem::remove_all(dir);
+  const TrainConfig c = load_config(
+      "", {"--run.name=t1", "--run.dir=" + dir.string(), "--model.n_layer=1", "--model.d_model=32",
+           "--model.n_head=2", "--model.seq_len=16", "--train.batch_size=4", "--train.steps=12",
+           "--train.accum_steps=2", "--train.eval_every=5", "--train.eval_batches=2",
+           "--train.log_every=4", "--data.workers=2", "--data.path=" + periodic_corpus(6000)});
+  std::ostringstream out;
+  const TrainResult r = run_training(c, out);
+  ASSERT_EQ(r.losses.size(), 12u);
+  ASSERT_EQ(r.run_path, (dir / "t1").string());
+  // Held-out loss at steps 5, 10 and the last one.
+  ASSERT_EQ(r.val_losses.size(), 3u);
+  EXPECT_EQ(r.val_losses[0].first, 5);
+  EXPECT_EQ(r.val_losses[2].first, 12);
+  EXPECT_TRUE(std::isfinite(r.val_losses[2].second));
+
+  EXPECT_EQ(to_toml(load_config(r.run_path + "/config.toml", {})), to_toml(c));
+  std::ifstream jsonl(r.run_path + "/metrics.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(jsonl, line)) ++lines;
+  EXPECT_EQ(lines, 12);
+
+  std::string events;
+  for (const auto& e : std::filesystem::directory_iterator(r.run_path))
+    if (e.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events = e.path();
+  ASSERT_FALSE(events.empty());
+  int losses = 0, vals = 0;
+  for (const log::ScalarEvent& e : log::read_scalar_events(events)) {
+    if (e.tag == "train/loss") {
+      ASSERT_GE(e.step, 1);
+      EXPECT_EQ(e.value, r.losses[static_cast<size_t>(e.step - 1)]);
+      ++losses;
+    }
+    if (e.tag == "val/loss") ++vals;
+  }
+  EXPECT_EQ(losses, 12);
+  EXPECT_EQ(vals, 3);
+  EXPECT_EQ(io::load_safetensors(r.run_path + "/model.safetensors").size(),
+            nn::GPT(c.model, 0).named_parameters().size());
+}
+
+TEST(Trainer, StopRequestEndsAfterTheCurrentStep) {
+  TrainConfig c = load_config(
+      "", {"--model.n_layer=1", "--model.d_model=16", "--model.n_head=2", "--model.seq_len=8",
+           "--train.batch_size=2", "--train.steps=50", "--data.source=synthetic"});
+  const std::atomic<bool>* flag = install_sigint_stop();
+  std::raise(SIGINT);  // as Ctrl-C would
+  std::signal(SIGINT, SIG_DFL);
+  ASSERT_TRUE(flag->load());
+  TrainOptions o;
+  o.write_run_dir = false;
+  o.stop = flag;
+  std::ostringstream out;
+  const TrainResult r = run_training(c, out, o);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps_done, 0);
+  EXPECT_NE(out.str().find("interrupted: stopped cleanly after step 0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kuai::train
