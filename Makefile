@@ -2,10 +2,14 @@
 # King James Bible; `make test` builds and runs every test (also under ASan+UBSan).
 BUILD ?= build
 BUILD_SAN ?= build-asan
+BUILD_TSAN ?= build-tsan
 JOBS ?= $(shell nproc)
 KUAI = $(BUILD)/kuai
 
-.PHONY: setup build build-asan train test test-fast bench bench-peer golden clean format
+# The threaded parts (loader workers, metric logger, trainer) run again under ThreadSanitizer.
+TSAN_TESTS = DataLoader*:RandomWindows*:SequentialWindows*:SyntheticTokens*:MetricRing*:Trainer*
+
+.PHONY: setup build build-asan build-tsan train test test-fast bench bench-peer golden clean format
 
 setup:
 	@scripts/setup.sh
@@ -18,19 +22,26 @@ build-asan: setup
 	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKUAI_SANITIZE=address,undefined >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS) --target kuai_tests
 
+build-tsan: setup
+	@cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKUAI_SANITIZE=thread >/dev/null
+	@cmake --build $(BUILD_TSAN) -j $(JOBS) --target kuai_tests
+
 train: build
 	$(KUAI) train --config configs/kjv.toml
 
 test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
-test: build build-asan
+test: build build-asan build-tsan
 	cd $(BUILD) && ctest --output-on-failure -j 1
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  OMP_NUM_THREADS=2 ./kuai_tests --gtest_brief=1
+	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 \
+	  ./kuai_tests --gtest_brief=1 --gtest_filter='$(TSAN_TESTS)'
 
 bench: build
 	$(KUAI) bench machine --threads=2
+	$(KUAI) bench --all
 	@if [ -x $(BUILD)/kuai_bench_ops ]; then $(BUILD)/kuai_bench_ops --benchmark_min_time=0.2; fi
 
 bench-peer: build
@@ -43,4 +54,4 @@ format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_TSAN)

@@ -58,7 +58,18 @@ void MetricRing::run() {
     return stop_ || step <= newest_ - lag_ || step <= flush_until_;
   };
   for (;;) {
-    cv_.wait(lock, [&] { return ready() || (stop_ && pending_.empty()); });
+    cv_.wait(lock, [&] { return has_announce_ || ready() || (stop_ && pending_.empty()); });
+    if (has_announce_) {
+      LoggedStep a = std::move(announce_);
+      has_announce_ = false;
+      lock.unlock();
+      try {
+        for (auto& sink : sinks_) sink->pushed(a);
+      } catch (...) {  // progress display only; write() reports real failures
+      }
+      lock.lock();
+      continue;
+    }
     if (pending_.empty()) break;  // stop_ with nothing left
     StepMetrics m = std::move(pending_.front());
     pending_.pop_front();
@@ -86,6 +97,8 @@ void MetricRing::push(StepMetrics m) {
   if (error_) std::rethrow_exception(error_);
   done_cv_.wait(lock, [&] { return static_cast<int64_t>(pending_.size()) < capacity_; });
   newest_ = std::max(newest_, m.step);
+  announce_ = LoggedStep{m.step, m.wall_time, m.host};
+  has_announce_ = true;
   pending_.push_back(std::move(m));
   ++pushed_;
   lock.unlock();

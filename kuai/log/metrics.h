@@ -46,6 +46,9 @@ class MetricSink {
  public:
   virtual ~MetricSink() = default;
   virtual void write(const LoggedStep& s) = 0;
+  // A step was just pushed: its host values only (a progress bar can move before the step's
+  // device values are read). Called on the logger thread, possibly skipping steps.
+  virtual void pushed(const LoggedStep& host_only) { (void)host_only; }
   virtual void flush() {}
 };
 
@@ -76,6 +79,8 @@ class MetricRing {
   std::condition_variable cv_;       // logger: work or stop
   std::condition_variable done_cv_;  // producers: room, or flush finished
   std::deque<StepMetrics> pending_;
+  LoggedStep announce_;  // host values of the newest push, not yet announced
+  bool has_announce_ = false;
   int64_t newest_ = 0;       // newest pushed step
   int64_t flush_until_ = 0;  // convert every pending step <= this regardless of lag
   int64_t written_ = 0;      // pushes fully written

@@ -32,35 +32,51 @@ ConsoleSink::ConsoleSink(std::ostream& out, ConsoleMode mode, int64_t total_step
                          int64_t log_every)
     : out_(out), mode_(mode), total_(total_steps), log_every_(std::max<int64_t>(1, log_every)) {}
 
-std::string ConsoleSink::bar_line(const LoggedStep& s) const {
-  constexpr int kWidth = 24;
-  const double frac = total_ > 0 ? std::clamp(double(s.step) / double(total_), 0.0, 1.0) : 1.0;
-  const int filled = static_cast<int>(frac * kWidth);
-  std::string bar(filled, '#');
-  bar.resize(kWidth, '.');
-  std::string eta = "?";
-  if (start_wall_ >= 0 && s.step > start_step_) {
-    const double per_step = (s.wall_time - start_wall_) / double(s.step - start_step_);
-    eta = format_duration(per_step * double(total_ - s.step));
-  }
-  return fmt::format("{:3.0f}% [{}] {}/{} | loss {:.4f} | lr {:.2e} | {} tok/s | ETA {}",
-                     100.0 * frac, bar, s.step, total_, s.get("loss"), s.get("lr"),
-                     rate(s.get("tokens_per_s")), eta);
-}
-
-void ConsoleSink::write(const LoggedStep& s) {
-  if (mode_ == ConsoleMode::kOff) return;
+void ConsoleSink::start_clock(const LoggedStep& s) {
   if (start_wall_ < 0) {
     start_wall_ = s.wall_time;
     start_step_ = s.step;
   }
+}
+
+void ConsoleSink::draw_bar(int64_t step, double wall_time, double lr, double tokens_per_s) {
+  constexpr int kWidth = 24;
+  const double frac = total_ > 0 ? std::clamp(double(step) / double(total_), 0.0, 1.0) : 1.0;
+  std::string bar(static_cast<size_t>(frac * kWidth), '#');
+  bar.resize(kWidth, '.');
+  std::string eta = "?";
+  if (start_wall_ >= 0 && step > start_step_) {
+    const double per_step = (wall_time - start_wall_) / double(step - start_step_);
+    eta = format_duration(per_step * double(total_ - step));
+  }
+  const std::string loss = std::isnan(last_loss_) ? "  ...  " : fmt::format("{:.4f}", last_loss_);
+  out_ << "\r\033[K"
+       << fmt::format("{:3.0f}% [{}] {}/{} | loss {} | lr {:.2e} | {} tok/s | ETA {}", 100.0 * frac,
+                      bar, step, total_, loss, lr, rate(tokens_per_s), eta)
+       << std::flush;
+  bar_drawn_ = true;
+  drawn_step_ = step;
+}
+
+void ConsoleSink::pushed(const LoggedStep& s) {
+  if (mode_ != ConsoleMode::kBar) return;
+  start_clock(s);
+  draw_bar(s.step, s.wall_time, s.get("lr"), s.get("tokens_per_s"));
+}
+
+void ConsoleSink::write(const LoggedStep& s) {
+  if (mode_ == ConsoleMode::kOff) return;
+  start_clock(s);
   const bool has_val = s.has("val_loss");
   if (mode_ == ConsoleMode::kBar) {
-    if (has_val) {
+    if (s.has("loss")) last_loss_ = s.get("loss");
+    if (has_val)
       out_ << "\r\033[K" << fmt::format("step {}: val loss {:.4f}\n", s.step, s.get("val_loss"));
-    }
-    out_ << "\r\033[K" << bar_line(s) << std::flush;
-    bar_drawn_ = true;
+    // Redraw at the newest step shown so far: the loss read now belongs to an older step.
+    if (s.step >= drawn_step_)
+      draw_bar(s.step, s.wall_time, s.get("lr"), s.get("tokens_per_s"));
+    else if (has_val)
+      bar_drawn_ = false;
     return;
   }
   if (s.step == 1 || s.step % log_every_ == 0 || s.step == total_) {

@@ -2,6 +2,7 @@
 // JSONL file (one object per step), and TensorBoard event files. All run on the logger thread.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <fstream>
 #include <memory>
@@ -22,10 +23,12 @@ class ConsoleSink final : public MetricSink {
  public:
   ConsoleSink(std::ostream& out, ConsoleMode mode, int64_t total_steps, int64_t log_every);
   void write(const LoggedStep& s) override;
+  void pushed(const LoggedStep& host_only) override;  // kBar: moves the bar right away
   void flush() override;
 
  private:
-  std::string bar_line(const LoggedStep& s) const;
+  void draw_bar(int64_t step, double wall_time, double lr, double tokens_per_s);
+  void start_clock(const LoggedStep& s);
   std::ostream& out_;
   ConsoleMode mode_;
   int64_t total_;
@@ -33,6 +36,8 @@ class ConsoleSink final : public MetricSink {
   double start_wall_ = -1.0;
   int64_t start_step_ = 0;
   bool bar_drawn_ = false;
+  double last_loss_ = NAN;  // newest loss read by the logger (the bar shows it until the next)
+  int64_t drawn_step_ = 0;
 };
 
 // One JSON object per line: {"step": 12, "wall_time": ..., "loss": ..., ...}; non-finite values

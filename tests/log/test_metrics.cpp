@@ -149,6 +149,9 @@ TEST(Sinks, ConsolePlainLinesAndBar) {
 
   std::ostringstream bar;
   ConsoleSink b(bar, ConsoleMode::kBar, 10, 4);
+  // A push moves the bar before any loss has been read.
+  b.pushed(LoggedStep{1, 0.0, {{"lr", 1e-3}, {"tokens_per_s", 1000.0}}});
+  EXPECT_NE(bar.str().find("1/10 | loss   ...   | lr 1.00e-03"), std::string::npos);
   b.write(LoggedStep{1, 0.0, {{"loss", 3.0}, {"lr", 1e-3}, {"tokens_per_s", 1000.0}}});
   b.write(LoggedStep{5, 2.0, {{"loss", 2.0}, {"lr", 1e-3}, {"tokens_per_s", 1000.0}}});
   b.flush();

@@ -4,8 +4,10 @@
 // parallel regions, on one chunk each; do not put OpenMP pragmas inside them.
 #pragma once
 
+// Sanitizer builds get the portable code only: the ifunc resolvers run before the sanitizer
+// runtime is initialised (ASan and TSan both crash there).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
 #define KUAI_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define KUAI_CLONES
