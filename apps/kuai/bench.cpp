@@ -100,8 +100,7 @@ int run_ablation_bench(const std::vector<std::string>& args) {
     const std::string& a = args[i];
     auto value = [&](const std::string& name) -> std::optional<std::string> {
       if (a == "--" + name) {
-        if (i + 1 >= args.size())
-          throw std::invalid_argument("bench: --" + name + " needs a value");
+        if (i + 1 >= args.size()) throw std::invalid_argument("--" + name + " needs a value");
         return args[++i];
       }
       if (a.rfind("--" + name + "=", 0) == 0) return a.substr(name.size() + 3);
@@ -114,7 +113,7 @@ int run_ablation_bench(const std::vector<std::string>& args) {
         if (used == v.size() && n > 0) return static_cast<int64_t>(n);
       } catch (const std::exception&) {
       }
-      throw std::invalid_argument("bench: --" + name + " = '" + v + "' is not a positive integer");
+      throw std::invalid_argument("--" + name + " = '" + v + "' is not a positive integer");
     };
     if (a == "--all") {
       techniques = train::ablation_techniques();
@@ -169,10 +168,10 @@ int run_bench(const std::vector<std::string>& args) {
     else if (a.rfind("--", 0) != 0)
       what = a;
     else
-      throw std::invalid_argument("bench: unknown option " + a);
+      throw std::invalid_argument("unknown option " + a);
   }
   if (what != "machine" && what != "gemm" && what != "bandwidth" && what != "adamw")
-    throw std::invalid_argument("bench: unknown benchmark '" + what +
+    throw std::invalid_argument("unknown benchmark '" + what +
                                 "' (one of: --all, accumulation, prefetch, metrics, machine, "
                                 "gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();

@@ -102,9 +102,9 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
                          const AblationOptions& o, std::ostream& progress) {
   const auto& known = ablation_techniques();
   if (std::find(known.begin(), known.end(), technique) == known.end())
-    throw std::invalid_argument(fmt::format(
-        "bench: unknown technique '{}' (one of: accumulation, prefetch, metrics)", technique));
-  if (o.steps <= o.warmup) throw std::invalid_argument("bench: --steps must exceed the warm-up");
+    throw std::invalid_argument(
+        fmt::format("unknown technique '{}' (one of: accumulation, prefetch, metrics)", technique));
+  if (o.steps <= o.warmup) throw std::invalid_argument("--steps must exceed --warmup");
   const TrainConfig q = quiet_config(base, o);
   AblationRow row;
   row.technique = technique;

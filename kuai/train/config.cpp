@@ -179,6 +179,8 @@ void validate(const TrainConfig& c) {
   if (c.run_name.find('/') != std::string::npos || c.run_name == "." || c.run_name == "..")
     throw ConfigError(
         fmt::format("config: run.name = \"{}\" must be a plain name (no '/')", c.run_name));
+  if (c.data_source == "file" && c.data_path.empty())
+    throw ConfigError("config: data.path is empty (a token file; see `kuai prepare`)");
   if (c.data_source == "file" && c.model.vocab_size < 256)
     throw ConfigError(
         fmt::format("config: model.vocab_size ({}) must be at least 256 for byte-level token files",
@@ -215,8 +217,7 @@ TrainConfig load_config(const std::string& toml_path, const std::vector<std::str
     try {
       parsed = toml::parse("v = " + value);
     } catch (const toml::parse_error&) {
-      if (key.kind != Kind::kString) fail(name, fmt::format("= {} is not a valid value", value));
-      parsed = toml::table{{"v", value}};
+      parsed = toml::table{{"v", value}};  // a bare word: a string, which typed keys reject
     }
     const toml::node* n = parsed.get("v");
     if (key.kind == Kind::kString && !n->is_string()) parsed = toml::table{{"v", value}};
