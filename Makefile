@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 KUAI = $(BUILD)/kuai
 
 # The threaded parts (loader workers, metric logger, trainer) run again under ThreadSanitizer.
-TSAN_TESTS = DataLoader*:RandomWindows*:SequentialWindows*:SyntheticTokens*:MetricRing*:Trainer*
+TSAN_TESTS = DataLoader*:RandomWindows*:SequentialWindows*:SyntheticTokens*:MetricRing*:Trainer*:Checkpoint*
 
 .PHONY: setup build build-asan build-tsan train test test-fast bench bench-peer golden clean format
 

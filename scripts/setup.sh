@@ -30,6 +30,8 @@ packages=(
   libopenblas-openmp-dev   # GEMM (OpenMP build: one thread pool with kuai's kernels)
   libdnnl-dev              # oneDNN matmul primitive (the faster GEMM on some shapes)
   libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
+  libxxhash-dev            # xxh3 checksums in checkpoints
+  clang-14 libclang-rt-14-dev   # libFuzzer targets (make test runs them briefly)
   libgtest-dev libbenchmark-dev
   bible-kjv                # the default corpus
 )

@@ -12,6 +12,7 @@
 #include "kuai/data/tokenizer.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/nn/generate.h"
+#include "kuai/train/checkpoint.h"
 #include "kuai/train/config.h"
 #include "kuai/train/trainer.h"
 
@@ -21,6 +22,9 @@ constexpr const char* kUsage =
     "usage: kuai <command> [options]\n"
     "  train [--config FILE] [--section.key=value ...]    train a GPT (see configs/); writes "
     "runs/<name>/\n"
+    "  train --resume RUN_OR_CHECKPOINT_DIR [--section.key=value ...]\n"
+    "                                                      continue a run exactly where it "
+    "stopped\n"
     "  sample [--run DIR] [--prompt TEXT] [--tokens N] [--temperature T] [--top_k K] [--seed S]\n"
     "                                                      generate text from a trained run\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
@@ -49,21 +53,31 @@ bool take_option(const std::vector<std::string>& args, size_t& i, const std::str
 }
 
 int train_command(const std::vector<std::string>& args) {
-  std::string config_path;
+  std::string config_path, resume;
   std::vector<std::string> overrides;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string v;
     if (take_option(args, i, "config", v))
       config_path = v;
+    else if (take_option(args, i, "resume", v))
+      resume = v;
     else
       overrides.push_back(args[i]);
   }
-  const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, overrides);
   kuai::train::TrainOptions opts;
+  if (!resume.empty()) {
+    // The run continues with the checkpoint's own config; overrides may change e.g. train.steps.
+    if (!config_path.empty())
+      throw std::invalid_argument("--resume takes the checkpoint's config; drop --config");
+    opts.resume = kuai::train::resolve_checkpoint(resume);
+    config_path = opts.resume + "/config.toml";
+  }
+  const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, overrides);
   opts.terminal = isatty(STDOUT_FILENO) == 1;
   opts.stop = kuai::train::install_sigint_stop();
   const kuai::train::TrainResult r = kuai::train::run_training(cfg, std::cout, opts);
   std::cout << kuai::train::result_line(r) << std::endl;
+  if (r.save_failures > 0 && cfg.on_save_error == "stop") return 1;
   return r.interrupted ? 130 : 0;
 }
 

@@ -99,7 +99,8 @@ void ConsoleSink::flush() {
   out_.flush();
 }
 
-JsonlSink::JsonlSink(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+JsonlSink::JsonlSink(const std::string& path, bool append)
+    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
   if (!out_) throw std::runtime_error(fmt::format("{}: cannot open for writing", path));
 }
 

@@ -44,7 +44,7 @@ class ConsoleSink final : public MetricSink {
 // are written as null.
 class JsonlSink final : public MetricSink {
  public:
-  explicit JsonlSink(const std::string& path);
+  explicit JsonlSink(const std::string& path, bool append = false);
   void write(const LoggedStep& s) override;
   void flush() override;
 

@@ -32,6 +32,16 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
   v_.resize(groups_.size());
 }
 
+void AdamW::ensure_state() {
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    if (!m_[gi].empty()) continue;
+    for (Tensor& p : groups_[gi].params) {
+      m_[gi].push_back(zeros(p.shape()));
+      v_[gi].push_back(zeros(p.shape()));
+    }
+  }
+}
+
 void AdamW::step(float grad_scale) {
   ++step_;
   const double t = static_cast<double>(step_);
@@ -46,12 +56,7 @@ void AdamW::step(float grad_scale) {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
     hp.weight_decay = group.weight_decay;
-    if (m_[gi].empty()) {
-      for (Tensor& p : group.params) {
-        m_[gi].push_back(zeros(p.shape()));
-        v_[gi].push_back(zeros(p.shape()));
-      }
-    }
+    if (m_[gi].empty()) ensure_state();
     for (size_t i = 0; i < group.params.size(); ++i) {
       Tensor& p = group.params[i];
       Tensor g = p.grad();

@@ -22,6 +22,8 @@ class AdamW : public Optimizer {
   // Moment buffers, per group and parameter (allocated at the first step).
   const std::vector<std::vector<Tensor>>& exp_avg() const { return m_; }
   const std::vector<std::vector<Tensor>>& exp_avg_sq() const { return v_; }
+  // Allocates the (zero) moments now if the first step has not: checkpoints always hold them.
+  void ensure_state();
 
  private:
   AdamWOptions opt_;

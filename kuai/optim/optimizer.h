@@ -30,6 +30,7 @@ class Optimizer {
   float lr() const { return lr_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   int64_t step_count() const { return step_; }
+  void set_step_count(int64_t step) { step_ = step; }  // restoring a checkpoint
 
  protected:
   std::vector<ParamGroup> groups_;

@@ -7,6 +7,7 @@
 #include <toml++/toml.h>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <sstream>
 #include <variant>
@@ -128,6 +129,12 @@ const std::vector<Key>& keys() {
       BOOL_KEY("log.tensorboard", tensorboard),
       BOOL_KEY("log.sync_every_step", sync_every_step),
       BOOL_KEY("log.save_weights", save_weights),
+      INT_KEY("checkpoint.save_every", save_every, 0, kBig),
+      INT_KEY("checkpoint.export_every", export_every, 0, kBig),
+      INT_KEY("checkpoint.keep_last", keep_last, 1, 1 << 20),
+      BOOL_KEY("checkpoint.async", async_save),
+      STRING_KEY("checkpoint.export_dtype", export_dtype, {"f32", "bf16"}),
+      STRING_KEY("checkpoint.on_error", on_save_error, {"stop", "continue"}),
   };
   return k;
 }
@@ -189,21 +196,9 @@ void validate(const TrainConfig& c) {
 
 }  // namespace
 
-TrainConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
-  TrainConfig cfg;
-  if (!toml_path.empty()) {
-    if (!std::filesystem::is_regular_file(toml_path))
-      throw ConfigError(fmt::format("config: {}: no such file", toml_path));
-    toml::table t;
-    try {
-      t = toml::parse_file(toml_path);
-    } catch (const toml::parse_error& e) {
-      throw ConfigError(fmt::format("config: {}:{}:{}: {}", toml_path, e.source().begin.line,
-                                    e.source().begin.column, e.description()));
-    }
-    apply_table(cfg, t, "");
-    if (cfg.run_name.empty()) cfg.run_name = std::filesystem::path(toml_path).stem().string();
-  }
+namespace {
+
+void apply_overrides(TrainConfig& cfg, const std::vector<std::string>& overrides) {
   for (std::string o : overrides) {
     if (o.rfind("--", 0) == 0) o = o.substr(2);
     const size_t eq = o.find('=');
@@ -220,12 +215,49 @@ TrainConfig load_config(const std::string& toml_path, const std::vector<std::str
       parsed = toml::table{{"v", value}};  // a bare word: a string, which typed keys reject
     }
     const toml::node* n = parsed.get("v");
-    if (key.kind == Kind::kString && !n->is_string()) parsed = toml::table{{"v", value}};
+    if (!n || (key.kind == Kind::kString && !n->is_string())) parsed = toml::table{{"v", value}};
     key.set(cfg, *parsed.get("v"));
   }
+}
+
+TrainConfig finish(TrainConfig cfg, const std::vector<std::string>& overrides) {
+  apply_overrides(cfg, overrides);
   if (cfg.run_name.empty()) cfg.run_name = "run";
   validate(cfg);
   return cfg;
+}
+
+toml::table parse_toml(std::string_view text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    throw ConfigError(fmt::format("config: {}:{}:{}: {}", source, e.source().begin.line,
+                                  e.source().begin.column, e.description()));
+  }
+}
+
+}  // namespace
+
+TrainConfig load_config_text(std::string_view toml_text, const std::string& source,
+                             const std::vector<std::string>& overrides) {
+  TrainConfig cfg;
+  apply_table(cfg, parse_toml(toml_text, source), "");
+  return finish(std::move(cfg), overrides);
+}
+
+TrainConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  TrainConfig cfg;
+  if (!toml_path.empty()) {
+    if (!std::filesystem::is_regular_file(toml_path))
+      throw ConfigError(fmt::format("config: {}: no such file", toml_path));
+    std::ifstream in(toml_path, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    if (!in && !in.eof()) throw ConfigError(fmt::format("config: {}: cannot read", toml_path));
+    apply_table(cfg, parse_toml(text.str(), toml_path), "");
+    if (cfg.run_name.empty()) cfg.run_name = std::filesystem::path(toml_path).stem().string();
+  }
+  return finish(std::move(cfg), overrides);
 }
 
 std::string to_toml(const TrainConfig& cfg) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kuai/nn/gpt.h"
@@ -50,11 +51,22 @@ struct TrainConfig {
   bool tensorboard = true;
   bool sync_every_step = false;  // read the loss on the host every step (the slow habit)
   bool save_weights = true;      // runs/<name>/model.safetensors at the end
+  // [checkpoint]
+  int64_t save_every = 0;            // full resumable checkpoint every N steps (0: only on SIGINT)
+  int64_t export_every = 0;          // weights-only export every N steps (0: never)
+  int64_t keep_last = 3;             // full checkpoints kept
+  bool async_save = true;            // a writer thread writes while training continues
+  std::string export_dtype = "f32";  // "f32" | "bf16"
+  std::string on_save_error = "stop";  // "stop" | "continue"
 };
 
 // Parse `toml_path` (may be empty: defaults only), then apply overrides of the form
 // "--section.key=value" (or "section.key=value").
 TrainConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+
+// The same from TOML text (`source` names it in errors); no file access. The fuzz target's entry.
+TrainConfig load_config_text(std::string_view toml_text, const std::string& source,
+                             const std::vector<std::string>& overrides = {});
 
 // The resolved configuration as TOML text.
 std::string to_toml(const TrainConfig& cfg);

@@ -27,6 +27,7 @@
 #include "kuai/log/sinks.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
+#include "kuai/train/checkpoint.h"
 
 namespace kuai::train {
 
@@ -151,7 +152,8 @@ Tensor evaluate(const nn::GPT& model, const data::BatchSource& src, int64_t batc
 std::vector<std::unique_ptr<log::MetricSink>> make_sinks(const TrainConfig& cfg,
                                                          const TrainOptions& opts,
                                                          std::ostream& out,
-                                                         const std::string& run_path) {
+                                                         const std::string& run_path,
+                                                         bool resuming) {
   std::vector<std::unique_ptr<log::MetricSink>> sinks;
   log::ConsoleMode mode = log::ConsoleMode::kPlain;
   if (cfg.progress == "off" || opts.quiet)
@@ -160,23 +162,25 @@ std::vector<std::unique_ptr<log::MetricSink>> make_sinks(const TrainConfig& cfg,
     mode = log::ConsoleMode::kBar;
   sinks.push_back(std::make_unique<log::ConsoleSink>(out, mode, cfg.steps, cfg.log_every));
   if (!run_path.empty() && cfg.jsonl)
-    sinks.push_back(std::make_unique<log::JsonlSink>(run_path + "/metrics.jsonl"));
+    sinks.push_back(std::make_unique<log::JsonlSink>(run_path + "/metrics.jsonl", resuming));
   if (!run_path.empty() && cfg.tensorboard)
     sinks.push_back(std::make_unique<log::TensorBoardSink>(run_path));
   return sinks;
 }
 
-std::string prepare_run_dir(const TrainConfig& cfg) {
+std::string prepare_run_dir(const TrainConfig& cfg, bool resuming) {
   const std::filesystem::path dir = std::filesystem::path(cfg.run_dir) / cfg.run_name;
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec)
     throw std::runtime_error(
         fmt::format("{}: cannot create run directory: {}", dir.string(), ec.message()));
-  // A rerun under the same name starts fresh logs (old event files would mix into the charts).
-  for (const auto& entry : std::filesystem::directory_iterator(dir))
-    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
-      std::filesystem::remove(entry.path());
+  // A rerun under the same name starts fresh logs (old event files would mix into the charts);
+  // a resumed run continues them.
+  if (!resuming)
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
+        std::filesystem::remove(entry.path());
   std::ofstream(dir / "config.toml") << to_toml(cfg);
   return dir.string();
 }
@@ -204,7 +208,21 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const std::vector<Tensor> params = model.parameters();
 
   TrainResult result;
-  if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg);
+  const bool resuming = !opts.resume.empty();
+  data::LoaderState loader_start;
+  if (resuming) {
+    const Checkpoint c = read_checkpoint(resolve_checkpoint(opts.resume));
+    if (c.state.data_seed != static_cast<uint64_t>(cfg.seed))
+      throw std::runtime_error(fmt::format(
+          "{}: saved with train.seed = {}, the config has {} (the data order would differ)", c.path,
+          c.state.data_seed, cfg.seed));
+    restore_checkpoint(c, model, opt);
+    result.start_step = c.state.step;
+    loader_start = c.state.loader;
+    if (!opts.quiet) out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step);
+  }
+  if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
+  result.steps_done = result.start_step;
   if (!opts.quiet) {
     out << fmt::format(
         "kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} ({:.2f}M "
@@ -222,15 +240,42 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   lopt.workers = static_cast<int>(cfg.workers);
   lopt.prefetch_factor = static_cast<int>(cfg.prefetch_factor);
   lopt.delay_ms = cfg.delay_ms;
-  data::DataLoader loader(sources.train, lopt);
-  log::MetricRing ring(make_sinks(cfg, opts, out, result.run_path), cfg.log_every);
+  data::DataLoader loader(sources.train, lopt, loader_start.next_index);
+  log::MetricRing ring(make_sinks(cfg, opts, out, result.run_path, resuming), cfg.log_every);
+  // Full checkpoints every save_every steps, and on a stop request.
+  std::unique_ptr<Checkpointer> ckpt;
+  if (!result.run_path.empty() && (cfg.save_every > 0 || opts.stop))
+    ckpt = std::make_unique<Checkpointer>(result.run_path, cfg.keep_last, cfg.async_save);
+  const std::string config_text = to_toml(cfg);
+  // Saves at `step` (completed steps). Returns false when training must stop (on_error = stop).
+  int64_t last_saved = -1;
+  auto save_checkpoint = [&](int64_t step) {
+    if (step == last_saved) return true;
+    try {
+      const double blocked =
+          ckpt->save(model, opt, {step, loader.state(), uint64_t(cfg.seed), config_text});
+      result.save_blocked_ms.push_back(blocked);
+      ++result.checkpoints_saved;
+      last_saved = step;
+      return true;
+    } catch (const std::exception& e) {
+      ++result.save_failures;
+      result.save_error = e.what();
+      out << fmt::format("\ncheckpoint failed: {}{}\n", e.what(),
+                         cfg.on_save_error == "stop" ? "; stopping (checkpoint.on_error = stop)"
+                                                     : "; training continues");
+      out.flush();
+      return cfg.on_save_error != "stop";
+    }
+  };
 
   Allocator::get().reset_peak();
   const double tokens_per_step = static_cast<double>(B * T * k);
   using ms = std::chrono::duration<double, std::milli>;
-  for (int64_t step = 0; step < cfg.steps; ++step) {
+  for (int64_t step = result.start_step; step < cfg.steps; ++step) {
     if (opts.stop && opts.stop->load()) {
       result.interrupted = true;
+      if (ckpt && step > result.start_step) save_checkpoint(step);
       break;
     }
     const auto t0 = std::chrono::steady_clock::now();
@@ -261,7 +306,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       profiler::record("[step] data", data_ms);
       profiler::record("[step] forward+backward", ms(t_fb - t0).count() - data_ms);
       profiler::record("[step] optimizer", ms(std::chrono::steady_clock::now() - t_fb).count());
-      if (step == 0) profiler::reset();  // profile the steady state
+      if (step == result.start_step) profiler::reset();  // profile the steady state
     }
     result.step_ms.push_back(step_ms);
     result.rss_max_mib = std::max(result.rss_max_mib, current_rss_mib());
@@ -277,9 +322,30 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     const bool last = step + 1 == cfg.steps;
     if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
       m.device.emplace_back("val_loss", evaluate(model, *sources.val, cfg.eval_batches));
+    result.steps_done = step + 1;
+    if (ckpt && cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) {
+      const bool go_on = save_checkpoint(step + 1);
+      if (!result.save_blocked_ms.empty() && go_on)
+        m.host.emplace_back("checkpoint_blocked_ms", result.save_blocked_ms.back());
+      if (!go_on) {
+        m.wall_time = now_s();
+        ring.push(std::move(m));
+        result.interrupted = true;
+        break;
+      }
+    }
     m.wall_time = now_s();
     ring.push(std::move(m));
-    result.steps_done = step + 1;
+    if (opts.after_step) opts.after_step(step + 1);
+  }
+  if (ckpt) {
+    try {
+      ckpt->wait();  // the save in flight completes before the run ends
+    } catch (const std::exception& e) {
+      ++result.save_failures;
+      result.save_error = e.what();
+      out << fmt::format("\ncheckpoint failed: {}\n", e.what());
+    }
   }
   ring.flush();
   result.peak_alloc_bytes = Allocator::get().stats().peak;
@@ -305,6 +371,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   if (!opts.quiet) {
     if (result.interrupted)
       out << fmt::format("interrupted: stopped cleanly after step {}\n", result.steps_done);
+    if (ckpt && result.checkpoints_saved > 0)
+      out << fmt::format("checkpoint: {} (latest of {} saved; median blocked {:.1f} ms/save)\n",
+                         ckpt->last_stats().path, result.checkpoints_saved,
+                         median(result.save_blocked_ms));
     const MemoryStats mem = Allocator::get().stats();
     out << fmt::format(
         "memory: peak live tensors {:.1f} MiB, allocator reserved {:.1f} MiB, peak RSS {:.1f} "

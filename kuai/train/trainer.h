@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -33,7 +34,12 @@ struct TrainResult {
   float final_loss = 0;
   int64_t steps_done = 0;
   bool interrupted = false;
-  std::string run_path;  // runs/<name>, empty when no run directory was written
+  std::string run_path;    // runs/<name>, empty when no run directory was written
+  int64_t start_step = 0;  // > 0 when resumed
+  int64_t checkpoints_saved = 0;
+  int64_t save_failures = 0;
+  std::string save_error;               // the last failed save's message
+  std::vector<double> save_blocked_ms;  // per save: time the step loop was blocked
 };
 
 struct TrainOptions {
@@ -41,6 +47,8 @@ struct TrainOptions {
   bool terminal = false;                    // stdout is a terminal: log.progress = auto -> bar
   const std::atomic<bool>* stop = nullptr;  // set (by SIGINT) -> stop after the current step
   bool quiet = false;                       // no header/summary lines (benchmarks)
+  std::string resume;  // a checkpoint or run directory to continue from (cfg must match it)
+  std::function<void(int64_t step)> after_step;  // tests: called after each optimizer step
 };
 
 // The usual AdamW grouping: weight decay on matmul weights (2-D ".weight" outside the
