@@ -38,6 +38,23 @@ test: build build-asan build-tsan
 	  OMP_NUM_THREADS=2 ./kuai_tests --gtest_brief=1
 	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 \
 	  ./kuai_tests --gtest_brief=1 --gtest_filter='$(TSAN_TESTS)'
+	@$(MAKE) --no-print-directory fuzz
+
+# Fuzzing (clang-14 libFuzzer + ASan + UBSan): the two parsers of untrusted input, the
+# safetensors reader (kuai_fuzz_safetensors: every input is rejected with an error naming the
+# file, or accepted with its promised invariants) and the TOML run config (kuai_fuzz_config:
+# no crash, and an accepted config round-trips through to_toml). Builds only those two targets
+# in $(BUILD_FUZZ), then runs both side by side for FUZZ_SECONDS each from scratch copies of
+# fuzz/corpus/*; a crash, sanitizer report, leak or hang fails (input kept in
+# $(BUILD_FUZZ)/fuzz-artifacts/).
+BUILD_FUZZ ?= build-fuzz
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz: setup
+	@CC=clang-14 CXX=clang++-14 cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DKUAI_FUZZ=ON >/dev/null
+	@cmake --build $(BUILD_FUZZ) -j $(JOBS) --target kuai_fuzz_safetensors kuai_fuzz_config
+	@fuzz/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
 bench: build
 	$(KUAI) bench machine --threads=2
@@ -54,4 +71,4 @@ format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_TSAN)
+	rm -rf $(BUILD) $(BUILD_SAN) $(BUILD_TSAN) $(BUILD_FUZZ)

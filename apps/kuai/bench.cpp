@@ -117,6 +117,7 @@ int run_ablation_bench(const std::vector<std::string>& args) {
     };
     if (a == "--all") {
       techniques = train::ablation_techniques();
+      techniques.push_back("checkpoint");
     } else if (auto v = value("config")) {
       config_path = *v;
     } else if (auto v = value("json")) {
@@ -140,11 +141,19 @@ int run_ablation_bench(const std::vector<std::string>& args) {
   if (config_path.empty() && base.data_source == "file" && !std::filesystem::exists(base.data_path))
     base.data_source = "synthetic";
   std::vector<train::AblationRow> rows;
-  for (const std::string& t : techniques)
-    rows.push_back(train::run_ablation(t, base, o, std::cerr));
-  std::cout << train::ablation_markdown(rows);
-  for (const auto& [path, text] : {std::pair{json_path, train::ablation_json(rows, base, o)},
-                                   std::pair{svg_path, train::ablation_svg(rows)}}) {
+  std::optional<train::CheckpointBench> ck;
+  for (const std::string& t : techniques) {
+    if (t == "checkpoint")
+      ck = train::run_checkpoint_bench(base, std::max<int64_t>(3, o.rounds),
+                                       "runs/bench/checkpoint_scratch", std::cerr);
+    else
+      rows.push_back(train::run_ablation(t, base, o, std::cerr));
+  }
+  if (!rows.empty()) std::cout << train::ablation_markdown(rows);
+  if (ck) std::cout << (rows.empty() ? "" : "\n") << train::checkpoint_markdown(*ck);
+  for (const auto& [path, text] :
+       {std::pair{json_path, train::ablation_json(rows, base, o, ck ? &*ck : nullptr)},
+        std::pair{svg_path, train::ablation_svg(rows)}}) {
     const std::filesystem::path p(path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     std::ofstream f(p);
@@ -160,7 +169,8 @@ int run_ablation_bench(const std::vector<std::string>& args) {
 int run_bench(const std::vector<std::string>& args) {
   std::string what = "machine";
   for (const std::string& a : args)
-    if (a == "--all" || a == "accumulation" || a == "prefetch" || a == "metrics")
+    if (a == "--all" || a == "accumulation" || a == "prefetch" || a == "metrics" ||
+        a == "checkpoint")
       return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)
@@ -172,8 +182,8 @@ int run_bench(const std::vector<std::string>& args) {
   }
   if (what != "machine" && what != "gemm" && what != "bandwidth" && what != "adamw")
     throw std::invalid_argument("unknown benchmark '" + what +
-                                "' (one of: --all, accumulation, prefetch, metrics, machine, "
-                                "gemm, bandwidth, adamw)");
+                                "' (one of: --all, accumulation, prefetch, metrics, checkpoint, "
+                                "machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();

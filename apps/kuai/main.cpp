@@ -10,7 +10,7 @@
 #include "bench.h"
 #include "kuai/data/prepare.h"
 #include "kuai/data/tokenizer.h"
-#include "kuai/io/tensor_io.h"
+#include "kuai/io/export.h"
 #include "kuai/nn/generate.h"
 #include "kuai/train/checkpoint.h"
 #include "kuai/train/config.h"
@@ -25,7 +25,8 @@ constexpr const char* kUsage =
     "  train --resume RUN_OR_CHECKPOINT_DIR [--section.key=value ...]\n"
     "                                                      continue a run exactly where it "
     "stopped\n"
-    "  sample [--run DIR] [--prompt TEXT] [--tokens N] [--temperature T] [--top_k K] [--seed S]\n"
+    "  sample [--run DIR | --weights FILE] [--prompt TEXT] [--tokens N] [--temperature T]\n"
+    "         [--top_k K] [--seed S]\n"
     "                                                      generate text from a trained run\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
@@ -92,7 +93,7 @@ double parse_number(const std::string& name, const std::string& v) {
 }
 
 int sample_command(const std::vector<std::string>& args) {
-  std::string run = "runs/kjv", prompt = "The ", tokenizer_kind, bpe_dir = "data/gpt2";
+  std::string run = "runs/kjv", weights, prompt = "The ", tokenizer_kind, bpe_dir = "data/gpt2";
   kuai::nn::SampleOptions so;
   so.max_new_tokens = 300;
   so.temperature = 0.8f;
@@ -101,6 +102,8 @@ int sample_command(const std::vector<std::string>& args) {
     std::string v;
     if (take_option(args, i, "run", v))
       run = v;
+    else if (take_option(args, i, "weights", v))
+      weights = v;
     else if (take_option(args, i, "prompt", v))
       prompt = v;
     else if (take_option(args, i, "tokens", v))
@@ -120,17 +123,19 @@ int sample_command(const std::vector<std::string>& args) {
   }
   if (so.max_new_tokens < 0 || so.temperature < 0 || so.top_k < 0)
     throw std::invalid_argument("--tokens, --temperature and --top_k must not be negative");
-  if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
-    run = "runs/" + run;
-  const std::string config_path = run + "/config.toml", weights = run + "/model.safetensors";
-  if (!std::filesystem::is_regular_file(config_path) || !std::filesystem::is_regular_file(weights))
-    throw std::invalid_argument(fmt::format(
-        "{}: no trained run here (needs config.toml and model.safetensors; run `kuai train` first)",
-        run));
-  const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, {});
-  kuai::nn::GPT model(cfg.model, 0);
-  model.load_state_dict(kuai::io::load_safetensors(weights));
-  if (tokenizer_kind.empty()) tokenizer_kind = cfg.model.vocab_size <= 256 ? "byte" : "gpt2";
+  if (weights.empty()) {
+    if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
+      run = "runs/" + run;
+    weights = run + "/model.safetensors";
+    if (!std::filesystem::is_regular_file(weights))
+      throw std::invalid_argument(fmt::format(
+          "{}: no trained model here (no model.safetensors; run `kuai train` first)", run));
+  }
+  // The export carries its model shape and tokenizer; loading checks every tensor's checksum.
+  const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
+  kuai::nn::GPT model(info.model, 0);
+  kuai::io::load_weights(weights, model);
+  if (tokenizer_kind.empty()) tokenizer_kind = info.tokenizer;
   const auto tok = kuai::data::make_tokenizer(tokenizer_kind, bpe_dir);
   const std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty()) throw std::invalid_argument("--prompt is empty");

@@ -2,7 +2,9 @@
 //
 // The reader trusts nothing in the file: sizes are checked before every read, the JSON header
 // is parsed with duplicate keys rejected, every entry's dtype, shape, offsets and byte size are
-// checked (shape products with overflow detection), and entries may not overlap.
+// checked (shape products with overflow detection), and, sorted by offset, the entries must tile
+// the data section exactly: no overlap, no gap, no trailing bytes (as the reference reader
+// requires). open() (mmap) and parse() (bytes in memory) share all of it.
 #include "kuai/io/safetensors.h"
 
 #include <fcntl.h>
@@ -28,11 +30,14 @@ static_assert(std::endian::native == std::endian::little,
 namespace kuai::io {
 namespace {
 
-using OrderedJson = nlohmann::ordered_json;
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;  // the writer keeps tensors in the given order
 
 constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr uint64_t kHeaderLengthBytes = 8;
 constexpr uint64_t kHeaderAlignment = 8;
+// A valid header nests 3 deep (header > entry > shape); deeper input is refused while parsing.
+constexpr size_t kMaxHeaderDepth = 8;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) {
   throw std::runtime_error(path + ": " + what);
@@ -40,13 +45,25 @@ constexpr uint64_t kHeaderAlignment = 8;
 
 std::string errno_text() { return std::strerror(errno); }
 
-// prod(shape) * element_size, or false on overflow.
+[[noreturn]] void fail_truncated(const std::string& path, uint64_t file_size) {
+  fail(path, "file size " + std::to_string(file_size) +
+                 " is smaller than the 8-byte header length (truncated file)");
+}
+
+// prod(shape) * element_size, or false if that overflows. Zero dimensions count as 1 in the
+// overflow check, so a shape is refused when any product of its dimensions (a stride, say)
+// would not fit in int64, even if the tensor is empty.
 bool checked_byte_size(const std::vector<int64_t>& shape, uint64_t element_size, uint64_t* out) {
-  uint64_t total = element_size;
+  uint64_t nominal = element_size;
+  bool empty = false;
   for (int64_t dim : shape) {
-    if (__builtin_mul_overflow(total, static_cast<uint64_t>(dim), &total)) return false;
+    if (dim < 0) return false;
+    if (dim == 0) empty = true;
+    const uint64_t factor = dim == 0 ? 1 : static_cast<uint64_t>(dim);
+    if (__builtin_mul_overflow(nominal, factor, &nominal)) return false;
   }
-  *out = total;
+  if (nominal > static_cast<uint64_t>(INT64_MAX)) return false;
+  *out = empty ? 0 : nominal;
   return true;
 }
 
@@ -59,37 +76,85 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return text + "]";
 }
 
-// Parses the header, rejecting duplicate keys at any depth (nlohmann keeps the last silently).
-OrderedJson parse_header(const std::string& path, const char* text, size_t size) {
-  std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  OrderedJson::parser_callback_t callback = [&](int, nlohmann::json::parse_event_t event,
-                                                OrderedJson& parsed) {
-    using Event = nlohmann::json::parse_event_t;
-    if (event == Event::object_start) {
-      open_objects.emplace_back();
-    } else if (event == Event::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (event == Event::key && !open_objects.empty() && parsed.is_string()) {
-      if (!open_objects.back().insert(parsed.get<std::string>()).second && duplicate.empty()) {
-        duplicate = parsed.get<std::string>();
-      }
+// A parsed header and its top-level keys in file order.
+struct Header {
+  Json json;
+  std::vector<std::string> order;
+};
+
+// A first, allocation-light pass over the header text (nlohmann SAX): checks the syntax, rejects
+// duplicate keys at any depth (nlohmann's DOM silently keeps the last) and nesting deeper than a
+// valid header needs (which would only cost memory), and records the top-level key order. The
+// DOM is then built without a callback: nlohmann's callback parser rescans the parent container
+// at the end of every child (quadratic in a hostile header), and its ordered_json looks keys up
+// linearly, so neither is used.
+class HeaderScan : public nlohmann::json_sax<Json> {
+ public:
+  std::vector<std::string> order;
+  std::string error;  // why the scan stopped; empty if it did not
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(true); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& name) override {
+    if (levels_.empty() || !levels_.back().is_object) return true;
+    if (!levels_.back().keys.insert(name).second) {
+      error = "header has duplicate key \"" + name + "\"";
+      return false;
     }
+    if (levels_.size() == 1) order.push_back(name);
     return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::json::exception& e) override {
+    error = std::string("header is not valid JSON (") + e.what() + ")";
+    return false;
+  }
+
+ private:
+  struct Level {
+    bool is_object;
+    std::set<std::string> keys;
   };
-  OrderedJson header;
+  bool open(bool is_object) {
+    if (levels_.size() >= kMaxHeaderDepth) {
+      error = "header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels";
+      return false;
+    }
+    levels_.push_back({is_object, {}});
+    return true;
+  }
+  bool close() {
+    if (!levels_.empty()) levels_.pop_back();
+    return true;
+  }
+  std::vector<Level> levels_;
+};
+
+Header parse_header(const std::string& path, const char* text, size_t size) {
+  HeaderScan scan;
+  if (!Json::sax_parse(text, text + size, &scan)) {
+    fail(path, scan.error.empty() ? "header is not valid JSON" : scan.error);
+  }
+  Header header;
   try {
-    header = OrderedJson::parse(text, text + size, callback);
+    header.json = Json::parse(text, text + size);
   } catch (const nlohmann::json::exception& e) {
     fail(path, std::string("header is not valid JSON (") + e.what() + ")");
   }
-  if (!duplicate.empty()) fail(path, "header has duplicate key \"" + duplicate + "\"");
-  if (!header.is_object()) fail(path, "header is not a JSON object");
+  if (!header.json.is_object()) fail(path, "header is not a JSON object");
+  header.order = std::move(scan.order);
   return header;
 }
 
-std::map<std::string, std::string> parse_metadata(const std::string& path,
-                                                  const OrderedJson& value) {
+std::map<std::string, std::string> parse_metadata(const std::string& path, const Json& value) {
   if (!value.is_object()) fail(path, "__metadata__ is not a JSON object");
   std::map<std::string, std::string> metadata;
   for (const auto& [key, item] : value.items()) {
@@ -99,8 +164,8 @@ std::map<std::string, std::string> parse_metadata(const std::string& path,
   return metadata;
 }
 
-SafetensorsEntry parse_entry(const std::string& path, const std::string& name,
-                             const OrderedJson& value, uint64_t data_size) {
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const Json& value,
+                             uint64_t data_size) {
   const std::string where = "tensor \"" + name + "\": ";
   if (name.empty()) fail(path, "tensor with an empty name");
   if (!value.is_object()) fail(path, where + "entry is not a JSON object");
@@ -190,12 +255,18 @@ uint64_t safetensors_dtype_size(std::string_view dtype) {
   return it == kSizes.end() ? 0 : it->second;
 }
 
-// An open read-only mapping of a whole file, unmapped when the last SafetensorsFile goes.
+// The bytes of a whole file: a read-only mapping (unmapped when the last SafetensorsFile goes)
+// or a buffer handed to parse().
 struct SafetensorsFile::Mapping {
-  void* address = nullptr;
+  const std::byte* bytes = nullptr;
   size_t size = 0;
+  void* mapped = nullptr;  // from mmap, or null
+  std::vector<std::byte> owned;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
   ~Mapping() {
-    if (address) ::munmap(address, size);
+    if (mapped) ::munmap(mapped, size);
   }
 };
 
@@ -215,17 +286,34 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < kHeaderLengthBytes) {
     ::close(fd);
-    fail(path, "file size " + std::to_string(file_size) +
-                   " is smaller than the 8-byte header length (truncated file)");
+    fail_truncated(path, file_size);
   }
   auto mapping = std::make_shared<Mapping>();
   void* address = ::mmap(nullptr, file_size, PROT_READ, MAP_PRIVATE, fd, 0);
   const std::string map_error = address == MAP_FAILED ? errno_text() : std::string();
   ::close(fd);
   if (address == MAP_FAILED) fail(path, "cannot mmap (" + map_error + ")");
-  mapping->address = address;
+  mapping->mapped = address;
+  mapping->bytes = static_cast<const std::byte*>(address);
   mapping->size = file_size;
-  const auto* bytes = static_cast<const std::byte*>(address);
+  return from_mapping(std::move(mapping), path);
+}
+
+SafetensorsFile SafetensorsFile::parse(std::vector<std::byte> bytes, const std::string& name) {
+  auto mapping = std::make_shared<Mapping>();
+  mapping->owned = std::move(bytes);
+  mapping->bytes = mapping->owned.data();
+  mapping->size = mapping->owned.size();
+  return from_mapping(std::move(mapping), name);
+}
+
+SafetensorsFile SafetensorsFile::from_mapping(std::shared_ptr<const Mapping> mapping,
+                                              const std::string& path) {
+  const uint64_t file_size = mapping->size;
+  if (file_size < kHeaderLengthBytes) {
+    fail_truncated(path, file_size);
+  }
+  const std::byte* bytes = mapping->bytes;
 
   uint64_t header_length = 0;
   std::memcpy(&header_length, bytes, sizeof header_length);
@@ -241,13 +329,14 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
   if (header_length == 0 || header_text[0] != '{') {
     fail(path, "header is not valid JSON (does not start with '{')");
   }
-  const OrderedJson header = parse_header(path, header_text, header_length);
+  const Header header = parse_header(path, header_text, header_length);
 
   SafetensorsFile file;
   file.path_ = path;
   file.data_begin_ = bytes + kHeaderLengthBytes + header_length;
   file.data_size_ = file_size - kHeaderLengthBytes - header_length;
-  for (const auto& [name, value] : header.items()) {
+  for (const std::string& name : header.order) {
+    const Json& value = header.json.at(name);
     if (name == kMetadataKey) {
       file.metadata_ = parse_metadata(path, value);
       continue;
@@ -256,18 +345,32 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
     file.entries_.push_back(parse_entry(path, name, value, file.data_size_));
   }
 
-  // No two non-empty byte ranges may overlap.
+  // Sorted by offset, the entries must cover the data section exactly once. Empty tensors sit
+  // at a boundary between two others (or at either end).
   std::vector<const SafetensorsEntry*> by_offset;
-  for (const auto& entry : file.entries_) {
-    if (entry.end > entry.begin) by_offset.push_back(&entry);
-  }
-  std::sort(by_offset.begin(), by_offset.end(),
-            [](const auto* a, const auto* b) { return a->begin < b->begin; });
-  for (size_t i = 1; i < by_offset.size(); ++i) {
-    if (by_offset[i]->begin < by_offset[i - 1]->end) {
-      fail(path, "tensors \"" + by_offset[i - 1]->name + "\" and \"" + by_offset[i]->name +
+  for (const auto& entry : file.entries_) by_offset.push_back(&entry);
+  std::stable_sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  uint64_t covered = 0;                    // bytes [0, covered) belong to the tensors seen so far
+  const SafetensorsEntry* last = nullptr;  // the tensor that ends at `covered`
+  for (const SafetensorsEntry* entry : by_offset) {
+    if (entry->begin < covered) {
+      fail(path, "tensors \"" + last->name + "\" and \"" + entry->name +
                      "\" overlap in the data section");
     }
+    if (entry->begin > covered) {
+      fail(path, "gap of " + std::to_string(entry->begin - covered) +
+                     " bytes in the data section before tensor \"" + entry->name + "\"");
+    }
+    if (entry->end > covered) {
+      covered = entry->end;
+      last = entry;
+    }
+  }
+  if (covered != file.data_size_) {
+    fail(path, "data section has " + std::to_string(file.data_size_ - covered) +
+                   " trailing bytes not covered by any tensor");
   }
   file.mapping_ = std::move(mapping);
   return file;
@@ -282,7 +385,7 @@ std::span<const std::byte> SafetensorsFile::data(const SafetensorsEntry& entry) 
   if (entry.begin > entry.end || entry.end > data_size_) {
     fail(path_, "tensor \"" + entry.name + "\": data_offsets out of bounds of this file");
   }
-  if (entry.end == entry.begin) return {};
+  // An empty tensor's span still points into the file (never null): callers may memcpy it.
   return {data_begin_ + entry.begin, static_cast<size_t>(entry.end - entry.begin)};
 }
 

@@ -4,8 +4,11 @@
 //   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
 //    "__metadata__": {"key": "value", ...}}
 // padded with spaces, then the raw little-endian tensor bytes; offsets are relative to the
-// start of that data section. The reader memory-maps the file and validates every field
-// before exposing it; every failure throws std::runtime_error naming the file and the check.
+// start of that data section, and the tensors' byte ranges, sorted by offset, cover it exactly
+// (in any order relative to the header; no overlap, gap or trailing bytes). The reader
+// memory-maps the file (or takes ownership of bytes already in memory) and validates every
+// field before exposing it; every failure throws std::runtime_error naming the file and the
+// check.
 // The writer writes `path + ".tmp"`, fsyncs it and renames it over `path`, so a good file is
 // never replaced by a partial one.
 #pragma once
@@ -41,13 +44,17 @@ class SafetensorsFile {
  public:
   // Maps and validates `path`; throws std::runtime_error("<path>: <check that failed>").
   static SafetensorsFile open(const std::string& path);
+  // The same validation over bytes already in memory (the whole file), which the result owns;
+  // `name` stands for the path in errors and in path(). The fuzz target's entry point.
+  static SafetensorsFile parse(std::vector<std::byte> bytes, const std::string& name);
 
   // Entries in the order of the header.
   const std::vector<SafetensorsEntry>& entries() const { return entries_; }
   // The entry called `name`, or nullptr.
   const SafetensorsEntry* find(std::string_view name) const;
   // The raw bytes of an entry of this file (end - begin bytes, little-endian, no alignment
-  // guarantee beyond what the writer chose: copy with memcpy before reinterpreting).
+  // guarantee beyond what the writer chose: copy with memcpy before reinterpreting). Never a
+  // null pointer, even for an empty tensor.
   std::span<const std::byte> data(const SafetensorsEntry& entry) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   const std::string& path() const { return path_; }
@@ -56,6 +63,9 @@ class SafetensorsFile {
   struct Mapping;
 
   SafetensorsFile() = default;
+  // Validates the whole file held by `mapping` (both entry points end here).
+  static SafetensorsFile from_mapping(std::shared_ptr<const Mapping> mapping,
+                                      const std::string& path);
 
   std::string path_;
   std::shared_ptr<const Mapping> mapping_;

@@ -43,7 +43,7 @@ Tensor read_tensor(const SafetensorsFile& file, const std::string& name) {
   if (static_cast<int64_t>(bytes.size()) != t.nbytes())
     throw std::runtime_error(fmt::format("{}: tensor \"{}\" has {} bytes, expected {}", file.path(),
                                          name, bytes.size(), t.nbytes()));
-  std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
   return t;
 }
 

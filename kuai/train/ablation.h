@@ -47,9 +47,31 @@ const std::vector<std::string>& ablation_techniques();  // "accumulation", "pref
 AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
                          const AblationOptions& options, std::ostream& progress);
 
+// Checkpoints (technique 9): size and save time of a weights-only export against a full,
+// resumable checkpoint, and of a synchronous against an asynchronous full save (the part that
+// blocks the training step). Medians over `rounds` alternating saves of the base model.
+struct CheckpointBench {
+  std::string model;                    // "GPT 4 layers, ... (3.29M parameters)"
+  double export_mib = 0, full_mib = 0;  // on disk
+  double export_ms = 0;                 // weights-only, fp32, synchronous
+  double full_sync_ms = 0;              // full checkpoint, synchronous (blocked = total)
+  double full_async_blocked_ms = 0;     // full checkpoint, asynchronous: the step's part
+  double full_async_total_ms = 0;       // ... and the writer's
+  int64_t rounds = 0;
+  std::string claim = "weights-only checkpoints are about 3x smaller and 5x faster to save";
+  double size_ratio() const { return export_mib > 0 ? full_mib / export_mib : 0; }
+  double time_ratio() const { return export_ms > 0 ? full_sync_ms / export_ms : 0; }
+  double async_share() const { return full_sync_ms > 0 ? full_async_blocked_ms / full_sync_ms : 0; }
+};
+
+CheckpointBench run_checkpoint_bench(const TrainConfig& base, int64_t rounds,
+                                     const std::string& scratch_dir, std::ostream& progress);
+
 std::string ablation_markdown(const std::vector<AblationRow>& rows);
+std::string checkpoint_markdown(const CheckpointBench& c);
 std::string ablation_json(const std::vector<AblationRow>& rows, const TrainConfig& base,
-                          const AblationOptions& options);
+                          const AblationOptions& options,
+                          const CheckpointBench* checkpoint = nullptr);
 std::string ablation_svg(const std::vector<AblationRow>& rows);
 
 }  // namespace kuai::train

@@ -61,10 +61,24 @@ std::string as_string(const std::string& key, const toml::node& n,
   return *v;
 }
 
+// A TOML basic string: "..." with every character that needs it escaped (control characters
+// as \uXXXX), so any value round-trips (toml++'s printer can emit an invalid '''...''' form).
 std::string quoted(const std::string& s) {
-  std::ostringstream out;
-  out << toml::value<std::string>(s);
-  return out.str();
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (ch == '"' || ch == '\\')
+      out += {'\\', ch};
+    else if (ch == '\n')
+      out += "\\n";
+    else if (ch == '\t')
+      out += "\\t";
+    else if (c < 0x20 || c == 0x7f)
+      out += fmt::format("\\u{:04X}", c);
+    else
+      out += ch;
+  }
+  return out + "\"";
 }
 
 constexpr int64_t kBig = int64_t{1} << 40;

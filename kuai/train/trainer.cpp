@@ -22,6 +22,7 @@
 #include "kuai/data/batch_source.h"
 #include "kuai/data/loader.h"
 #include "kuai/data/token_file.h"
+#include "kuai/io/export.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/log/metrics.h"
 #include "kuai/log/sinks.h"
@@ -166,6 +167,14 @@ std::vector<std::unique_ptr<log::MetricSink>> make_sinks(const TrainConfig& cfg,
   if (!run_path.empty() && cfg.tensorboard)
     sinks.push_back(std::make_unique<log::TensorBoardSink>(run_path));
   return sinks;
+}
+
+io::ExportOptions export_options(const TrainConfig& cfg, int64_t step) {
+  io::ExportOptions o;
+  o.dtype = cfg.export_dtype == "bf16" ? DType::kBF16 : DType::kF32;
+  o.step = step;
+  o.tokenizer = cfg.model.vocab_size <= 256 ? "byte" : "gpt2";
+  return o;
 }
 
 std::string prepare_run_dir(const TrainConfig& cfg, bool resuming) {
@@ -334,6 +343,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         break;
       }
     }
+    if (!result.run_path.empty() && cfg.export_every > 0 && (step + 1) % cfg.export_every == 0)
+      io::export_weights(fmt::format("{}/weights-{}.safetensors", result.run_path, step + 1), model,
+                         export_options(cfg, step + 1));
     m.wall_time = now_s();
     ring.push(std::move(m));
     if (opts.after_step) opts.after_step(step + 1);
@@ -366,8 +378,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   result.peak_rss_mib = peak_rss_mib();
 
   if (!result.run_path.empty() && cfg.save_weights)
-    io::save_safetensors(result.run_path + "/model.safetensors", model.named_parameters(),
-                         {{"format", "kuai"}, {"steps", std::to_string(result.steps_done)}});
+    io::export_weights(result.run_path + "/model.safetensors", model,
+                       export_options(cfg, result.steps_done));
   if (!opts.quiet) {
     if (result.interrupted)
       out << fmt::format("interrupted: stopped cleanly after step {}\n", result.steps_done);

@@ -39,6 +39,14 @@ TEST(Config, DefaultsOverridesAndRoundTrip) {
   std::ofstream(path) << text;
   TrainConfig back = load_config(path, {});
   EXPECT_EQ(to_toml(back), text);
+
+  // Strings that need escaping (quotes, backslash, newline, ''', control characters).
+  TrainConfig odd;
+  odd.data_path = "a'''\nb\"c\\d\te\x01f";
+  odd.run_dir = "runs \"x\"";
+  const TrainConfig odd_back = load_config_text(to_toml(odd), "odd.toml");
+  EXPECT_EQ(odd_back.data_path, odd.data_path);
+  EXPECT_EQ(odd_back.run_dir, odd.run_dir);
 }
 
 TEST(Config, ErrorsNameTheKey) {

@@ -1,0 +1,265 @@
+// Weights-only export and strict loading (see export.h). Loading checks, in this order: the
+// metadata (format, version, model, step, tokenizer, dtype), the model config against the
+// target model, the set of tensor names against the model's parameters, then per tensor its
+// dtype, shape and checksum; only then are the parameters overwritten.
+#include "kuai/io/export.h"
+
+#include <fmt/format.h>
+
+#include <charconv>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <utility>
+#include <vector>
+
+#include "kuai/core/version.h"
+#include "kuai/io/checksum.h"
+#include "kuai/io/safetensors.h"
+#include "kuai/io/tensor_io.h"
+
+namespace kuai::io {
+namespace {
+
+using Json = nlohmann::json;  // std::map objects: lookups stay O(log n) in a hostile file
+using OrderedJson = nlohmann::ordered_json;  // only for the five model fields, in order
+
+constexpr char kFormatKey[] = "kuai.format";
+constexpr char kVersionKey[] = "kuai.version";
+constexpr char kModelKey[] = "kuai.model";
+constexpr char kStepKey[] = "kuai.step";
+constexpr char kTokenizerKey[] = "kuai.tokenizer";
+constexpr char kDtypeKey[] = "kuai.dtype";
+constexpr char kChecksumsKey[] = "kuai.checksums";
+constexpr char kWeightsFormat[] = "weights";
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) {
+  throw std::runtime_error(fmt::format("{}: {}", path, what));
+}
+
+std::string export_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    default:
+      return std::string(dtype_name(t));
+  }
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// The model config's fields, in the order they are written and compared.
+std::vector<std::pair<const char*, int64_t nn::GPTConfig::*>> config_fields() {
+  return {{"vocab_size", &nn::GPTConfig::vocab_size},
+          {"n_layer", &nn::GPTConfig::n_layer},
+          {"n_head", &nn::GPTConfig::n_head},
+          {"d_model", &nn::GPTConfig::d_model},
+          {"seq_len", &nn::GPTConfig::seq_len}};
+}
+
+const std::string& required(const std::string& path, const SafetensorsFile& file, const char* key) {
+  auto it = file.metadata().find(key);
+  if (it == file.metadata().end()) fail(path, fmt::format("missing metadata \"{}\"", key));
+  if (it->second.empty()) fail(path, fmt::format("metadata \"{}\" is empty", key));
+  return it->second;
+}
+
+Json parse_json_object(const std::string& path, const char* key, const std::string& text) {
+  Json value;
+  try {
+    value = Json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, fmt::format("metadata \"{}\" is not valid JSON ({})", key, e.what()));
+  }
+  if (!value.is_object()) fail(path, fmt::format("metadata \"{}\" is not a JSON object", key));
+  return value;
+}
+
+nn::GPTConfig parse_model(const std::string& path, const std::string& text) {
+  const Json value = parse_json_object(path, kModelKey, text);
+  nn::GPTConfig cfg;
+  std::set<std::string> known;
+  for (const auto& [name, member] : config_fields()) {
+    known.insert(name);
+    auto it = value.find(name);
+    if (it == value.end())
+      fail(path, fmt::format("metadata \"{}\" has no \"{}\"", kModelKey, name));
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 ||
+        (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+      fail(path, fmt::format("metadata \"{}\": \"{}\" is not a positive integer ({})", kModelKey,
+                             name, it->dump()));
+    }
+    cfg.*member = it->get<int64_t>();
+  }
+  for (const auto& [name, item] : value.items()) {
+    if (!known.count(name)) {
+      fail(path, fmt::format("metadata \"{}\" has unknown field \"{}\"", kModelKey, name));
+    }
+  }
+  if (cfg.d_model % cfg.n_head != 0) {
+    fail(path, fmt::format("metadata \"{}\": d_model {} is not divisible by n_head {}", kModelKey,
+                           cfg.d_model, cfg.n_head));
+  }
+  return cfg;
+}
+
+WeightsInfo parse_info(const SafetensorsFile& file) {
+  const std::string& path = file.path();
+  auto format = file.metadata().find(kFormatKey);
+  if (format == file.metadata().end()) {
+    fail(path, fmt::format("not a kuai weights export: missing metadata \"{}\"", kFormatKey));
+  }
+  if (format->second != kWeightsFormat) {
+    fail(path, fmt::format("not a kuai weights export: \"{}\" is \"{}\", expected \"{}\"",
+                           kFormatKey, format->second, kWeightsFormat));
+  }
+  WeightsInfo info;
+  info.version = required(path, file, kVersionKey);
+  info.model = parse_model(path, required(path, file, kModelKey));
+
+  const std::string& step = required(path, file, kStepKey);
+  const auto [end, error] = std::from_chars(step.data(), step.data() + step.size(), info.step);
+  if (error != std::errc() || end != step.data() + step.size() || info.step < 0) {
+    fail(path,
+         fmt::format("metadata \"{}\" = \"{}\" is not a non-negative integer", kStepKey, step));
+  }
+  info.tokenizer = required(path, file, kTokenizerKey);
+
+  const std::string& dtype = required(path, file, kDtypeKey);
+  if (dtype == "f32") {
+    info.dtype = DType::kF32;
+  } else if (dtype == "bf16") {
+    info.dtype = DType::kBF16;
+  } else {
+    fail(path,
+         fmt::format("metadata \"{}\" = \"{}\" is not one of \"f32\", \"bf16\"", kDtypeKey, dtype));
+  }
+  return info;
+}
+
+}  // namespace
+
+void export_weights(const std::string& path, const nn::GPT& model, const ExportOptions& options) {
+  if (options.dtype != DType::kF32 && options.dtype != DType::kBF16) {
+    fail(path, fmt::format("cannot export as {}: the export dtype is f32 or bf16",
+                           dtype_name(options.dtype)));
+  }
+  if (options.step < 0) fail(path, fmt::format("cannot export a negative step {}", options.step));
+  if (options.tokenizer.empty()) fail(path, "cannot export with an empty tokenizer name");
+
+  const auto params = model.named_parameters();
+  std::vector<std::vector<std::byte>> buffers;  // the stored bytes, alive until written
+  buffers.reserve(params.size());
+  std::vector<SafetensorsView> views;
+  Json checksums = Json::object();
+  for (const auto& [name, param] : params) {
+    if (param.device() != kCPU) {
+      fail(path, fmt::format("parameter \"{}\" is on {}; export reads CPU tensors", name,
+                             param.device().str()));
+    }
+    const Tensor c = param.contiguous();
+    std::vector<std::byte>& bytes =
+        buffers.emplace_back(static_cast<size_t>(c.numel() * dtype_size(options.dtype)));
+    if (c.numel() > 0) convert(c.raw_data(), c.dtype(), bytes.data(), options.dtype, c.numel());
+    checksums[name] = xxh3_hex(bytes.data(), bytes.size());
+    views.push_back({name, safetensors_dtype(options.dtype), c.shape(), bytes.data(),
+                     static_cast<uint64_t>(bytes.size())});
+  }
+
+  OrderedJson model_json = OrderedJson::object();
+  for (const auto& [field, member] : config_fields()) model_json[field] = model.config().*member;
+
+  const std::map<std::string, std::string> metadata = {
+      {kFormatKey, kWeightsFormat},       {kVersionKey, kKuaiVersion},
+      {kModelKey, model_json.dump()},     {kStepKey, std::to_string(options.step)},
+      {kTokenizerKey, options.tokenizer}, {kDtypeKey, export_dtype_name(options.dtype)},
+      {kChecksumsKey, checksums.dump()},
+  };
+  write_safetensors(path, views, metadata);
+}
+
+WeightsInfo read_weights_info(const std::string& path) {
+  return parse_info(SafetensorsFile::open(path));
+}
+
+void load_weights(const std::string& path, nn::GPT& model) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  const WeightsInfo info = parse_info(file);
+
+  std::vector<std::string> mismatches;
+  for (const auto& [field, member] : config_fields()) {
+    if (info.model.*member != model.config().*member) {
+      mismatches.push_back(fmt::format("file has {} {}, model {}", field, info.model.*member,
+                                       model.config().*member));
+    }
+  }
+  if (!mismatches.empty()) {
+    fail(path, fmt::format("config mismatch: {}", fmt::join(mismatches, "; ")));
+  }
+
+  const Json checksums =
+      parse_json_object(path, kChecksumsKey, required(path, file, kChecksumsKey));
+  const auto params = model.named_parameters();
+  std::set<std::string> names;
+  for (const auto& [name, param] : params) names.insert(name);
+  for (const SafetensorsEntry& entry : file.entries()) {
+    if (!names.count(entry.name)) {
+      fail(path,
+           fmt::format("unexpected tensor \"{}\": the model has no such parameter", entry.name));
+    }
+  }
+  for (const auto& [name, value] : checksums.items()) {
+    if (!names.count(name)) {
+      fail(path, fmt::format("metadata \"{}\" lists unknown tensor \"{}\"", kChecksumsKey, name));
+    }
+  }
+
+  const std::string stored_dtype = safetensors_dtype(info.dtype);
+  std::map<std::string, Tensor> state;  // verified values, in the parameters' dtypes
+  for (const auto& [name, param] : params) {
+    const SafetensorsEntry* entry = file.find(name);
+    if (entry == nullptr) fail(path, fmt::format("missing tensor \"{}\"", name));
+    if (entry->dtype != stored_dtype) {
+      fail(path, fmt::format("tensor \"{}\" is {} but \"{}\" says {}", name, entry->dtype,
+                             kDtypeKey, export_dtype_name(info.dtype)));
+    }
+    if (entry->shape != param.shape()) {
+      fail(path, fmt::format("shape mismatch for \"{}\": file has {}, model {}", name,
+                             shape_text(entry->shape), shape_text(param.shape())));
+    }
+    const auto bytes = file.data(*entry);
+    auto expected = checksums.find(name);
+    if (expected == checksums.end() || !expected->is_string()) {
+      fail(path, fmt::format("metadata \"{}\" has no checksum for \"{}\"", kChecksumsKey, name));
+    }
+    const std::string actual = xxh3_hex(bytes.data(), bytes.size());
+    if (actual != expected->get<std::string>()) {
+      fail(path, fmt::format("checksum mismatch for {} (metadata says {}, data hashes to {})", name,
+                             expected->get<std::string>(), actual));
+    }
+    // Copy out of the mapping first: the data section has no alignment guarantee.
+    Tensor stored = Tensor::empty(entry->shape, info.dtype);
+    if (!bytes.empty()) std::memcpy(stored.raw_data(), bytes.data(), bytes.size());
+    Tensor value = stored;
+    if (param.dtype() != info.dtype) {
+      value = Tensor::empty(param.shape(), param.dtype());
+      if (value.numel() > 0) {
+        convert(stored.raw_data(), info.dtype, value.raw_data(), param.dtype(), value.numel());
+      }
+    }
+    state.emplace(name, std::move(value));
+  }
+  try {
+    model.load_state_dict(state);
+  } catch (const std::exception& e) {
+    fail(path, e.what());
+  }
+}
+
+}  // namespace kuai::io

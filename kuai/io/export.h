@@ -1,0 +1,53 @@
+// Weights-only export (technique 9, the export half): a GPT's parameters as one safetensors file
+// under their GPT-2 names, for inference and sharing. Not a way to resume training: optimizer
+// state, loss scale, RNG and loader position are not in it (see train/checkpoint.h for that).
+//
+// The file's __metadata__ (all values are strings, as the format requires):
+//   "kuai.format"    "weights"
+//   "kuai.version"   kKuaiVersion of the writer
+//   "kuai.model"     {"vocab_size":..,"n_layer":..,"n_head":..,"d_model":..,"seq_len":..} (JSON)
+//   "kuai.step"      the training step the weights are from (decimal)
+//   "kuai.tokenizer" e.g. "byte"
+//   "kuai.dtype"     "f32" | "bf16": how every tensor is stored
+//   "kuai.checksums" {"<tensor name>": "xxh3:<16 hex>", ...} (JSON) of each tensor's stored bytes
+// Loading is strict: every check that fails throws std::runtime_error naming the file.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kuai/core/dtype.h"
+#include "kuai/nn/gpt.h"
+
+namespace kuai::io {
+
+struct ExportOptions {
+  DType dtype = DType::kF32;  // kF32, or kBF16 (round to nearest even; half the bytes)
+  int64_t step = 0;
+  std::string tokenizer = "byte";
+};
+
+// Writes `path` atomically (a good file is never replaced by a partial one).
+void export_weights(const std::string& path, const nn::GPT& model, const ExportOptions& options);
+
+// What an export's metadata says about it.
+struct WeightsInfo {
+  nn::GPTConfig model;
+  int64_t step = 0;
+  std::string tokenizer;
+  DType dtype = DType::kF32;
+  std::string version;  // kuai version of the writer
+};
+
+// Reads and checks the metadata only (format, version present, model JSON fields, step,
+// tokenizer, dtype); tensors and checksums are not examined.
+WeightsInfo read_weights_info(const std::string& path);
+
+// Loads an export into `model`: the file's model config must equal model.config(), every
+// parameter must be present (and nothing else), with the declared dtype and the parameter's
+// shape, and every tensor's checksum must match. bf16 is widened to the parameter's f32.
+// Everything is checked before the first parameter is written, so a failed load leaves the
+// model as it was.
+void load_weights(const std::string& path, nn::GPT& model);
+
+}  // namespace kuai::io
