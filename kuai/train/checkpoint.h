@@ -6,8 +6,9 @@
 //   state.json                   step, optimizer step count, loader position, RNG keys, the loss
 //                                scale (none in fp32), kuai version, and the size and xxh3 of
 //                                every other file
-// Saving copies the state into host buffers on the training thread (a memcpy) and writes on a
-// writer thread while training continues, at most one save in flight. Files go into
+// Saving copies the state into host buffers on the training thread (a memcpy into buffers kept
+// from the previous save) and writes on a writer thread while training continues, at most one
+// save in flight. Files go into
 // ckpt-<step>.tmp/, are fsync'ed, the directory is fsync'ed and renamed into place, then the
 // `latest` pointer file is replaced atomically and checkpoints beyond keep_last are removed: a
 // crash or kill at any moment leaves the previous checkpoint and `latest` intact. Loading checks
@@ -71,6 +72,7 @@ class Checkpointer {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<Snapshot> pending_;  // handed to the writer
+  std::unique_ptr<Snapshot> spare_;    // written; its buffers are reused by the next save
   bool busy_ = false;                  // a save is being written
   bool stop_ = false;
   std::exception_ptr error_;
