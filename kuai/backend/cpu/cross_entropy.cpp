@@ -47,7 +47,9 @@ void check_targets(const char* op, const int32_t* targets, int64_t N, int64_t V,
 // -|d|, for a float or lane-wise.
 KUAI_CE_INLINE float neg_abs(float d) { return -std::fabs(d); }
 KUAI_CE_INLINE ce::f32x8 neg_abs(const ce::f32x8& d) {
-  return std::bit_cast<ce::f32x8>(std::bit_cast<ce::i32x8>(d) | INT32_MIN);  // set the sign bit
+  // __builtin_bit_cast, not std::bit_cast: an out-of-line call (at -O0) would pass the 32-byte
+  // vector with the default ISA's ABI into an AVX clone.
+  return __builtin_bit_cast(ce::f32x8, __builtin_bit_cast(ce::i32x8, d) | INT32_MIN);  // sign bit
 }
 
 // One step of the online logsumexp, lane-wise for F = ce::f32x8 or on one float: max m and sum s

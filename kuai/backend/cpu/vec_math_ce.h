@@ -55,7 +55,7 @@ KUAI_CE_INLINE F exp_impl(const F& x) {
   // x = k ln2 + r with k integer and |r| <= ln2 / 2.
   const F kr = xc * kLog2e + kRoundMagic;
   const F k = kr - kRoundMagic;
-  const I ki = std::bit_cast<I>(kr) - std::bit_cast<int32_t>(kRoundMagic);
+  const I ki = __builtin_bit_cast(I, kr) - std::bit_cast<int32_t>(kRoundMagic);
   F r = xc - k * kLn2Hi;
   r = r - k * kLn2Lo;
   // Taylor polynomial of exp(r) to degree 7: truncation error < 3e-9 for |r| <= ln2 / 2.
@@ -69,7 +69,7 @@ KUAI_CE_INLINE F exp_impl(const F& x) {
   p = p * r + 1.0f;
   // Scale by 2^k through the exponent bits: k in [-126, 127] gives a normal float, k = 128 the
   // bit pattern of +inf (so every x above about 88.37 overflows to +inf).
-  const F y = p * std::bit_cast<F>((ki + 127) << 23);
+  const F y = p * __builtin_bit_cast(F, (ki + 127) << 23);
   return x < lo ? splat<F>(0.0f) : y;
 }
 
