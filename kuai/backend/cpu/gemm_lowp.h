@@ -1,0 +1,54 @@
+// Mixed-precision matrix multiply for the CPU backend: operands stored as bf16, f16 or f32, the
+// product always accumulated in fp32, C written as f32 or rounded (nearest even) to bf16/f16.
+// Two implementations: widen the operands to fp32 and run the fast fp32 gemm (gemm.h), or hand
+// the low-precision operands to oneDNN's bf16/f16 matmul, which is only fast on CPUs with native
+// bf16 arithmetic (AVX512-BF16, AMX). kAuto chooses between them; see gemm_lowp.cpp for the
+// measurements behind the choice. gemm_lowp_reference is the naive oracle the tests compare
+// against.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "kuai/core/dtype.h"
+
+namespace kuai::cpu {
+
+enum class LowpGemmPath {
+  kAuto,         // kOneDNN on CPUs with native bf16 arithmetic, else kConvertFp32
+  kConvertFp32,  // widen A and B to fp32 scratch, cpu::gemm, round C back if low precision
+  kOneDNN,       // oneDNN matmul on the low-precision operands (falls back to kConvertFp32 for
+                 // dtype combinations oneDNN cannot build a primitive for, e.g. bf16 x f16)
+};
+
+// Force a path (tests, benchmarks); kAuto restores the automatic choice.
+void set_lowp_gemm_path(LowpGemmPath path);
+LowpGemmPath lowp_gemm_path();
+
+// The path kAuto resolves to on this CPU.
+LowpGemmPath lowp_gemm_auto_path();
+
+// True when the running CPU has native bf16 dot products (oneDNN sees avx512_core_bf16 or AMX).
+bool cpu_has_native_bf16();
+
+// C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C, all row-major, transposes and leading
+// dimensions exactly as cpu::gemm (gemm.h). A, B: kF32, kBF16 or kF16 each (they may differ); C:
+// kF32, kBF16 or kF16. Accumulation is fp32; a low-precision C is read (when beta != 0) widened
+// and written rounded to nearest even. beta == 0 ignores C's contents (NaN garbage included).
+void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               const void* A, DType a_dtype, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
+               float beta, void* C, DType c_dtype, int64_t ldc);
+
+// oneDNN's implementation name for this product ("brg:avx512_core_amx", "ref:any", ...), or ""
+// when oneDNN cannot build the primitive (kOneDNN then falls back to kConvertFp32).
+std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                             DType a_dtype, int64_t lda, DType b_dtype, int64_t ldb, DType c_dtype,
+                             int64_t ldc);
+
+// Naive triple loop in double accumulation over the widened operands; the result is rounded to
+// float and then to c_dtype. The oracle.
+void gemm_lowp_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                         const void* A, DType a_dtype, int64_t lda, const void* B, DType b_dtype,
+                         int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc);
+
+}  // namespace kuai::cpu

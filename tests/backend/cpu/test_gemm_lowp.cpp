@@ -1,0 +1,224 @@
+// Tests for kuai::cpu::gemm_lowp: both paths (widen to fp32, oneDNN low-precision matmul) and the
+// automatic choice, every transpose combination, odd shapes (1, 7, 33, 100) with and without
+// padded leading dimensions, bf16/f16/mixed operands, f32/bf16/f16 output, against the
+// double-accumulated gemm_lowp_reference.
+#include <fmt/core.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/core/dtype.h"
+
+namespace kuai::cpu {
+namespace {
+
+// Tolerances. The inputs are generated exactly representable in their low dtype, so widening
+// them is exact and the only errors are (1) the fp32 accumulation and (2) for a low-precision C
+// the final rounding.
+// (1) An fp32 dot product of length K errs by at most about K u32 sum|a_p b_p| (u32 = 2^-24),
+//     typically sqrt(K) u32 sum|a_p b_p|. As in test_gemm.cpp we allow
+//     e = 1e-5 sqrt(K) (|alpha| sum_p |a_p b_p| + |beta c|), ~170 u32 sqrt(K): above the worst
+//     case for every K <= 28000 whatever blocking or FMA order a kernel picks, while an indexing
+//     or transpose bug is off by O(1) relative and fails by orders of magnitude.
+// (2) Rounding the fp32 result r to the output dtype moves it by at most half an ulp, i.e.
+//     u |r| with the unit roundoff u = 2^-8 (bf16, 8 significand bits) or 2^-11 (f16, 11 bits),
+//     plus, for f16, half the subnormal spacing 2^-25 near zero. With |r| <= |ref| + e the bound
+//     is e + u (|ref| + e) (+ 2^-25 for f16).
+constexpr double kTolPerSqrtK = 1e-5;
+
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return std::ldexp(1.0, -8);
+    case DType::kF16:
+      return std::ldexp(1.0, -11);
+    default:
+      return 0.0;
+  }
+}
+
+double subnormal_half_spacing(DType t) { return t == DType::kF16 ? std::ldexp(1.0, -25) : 0.0; }
+
+std::string dtype_label(DType t) {
+  return t == DType::kF32 ? "f32" : t == DType::kBF16 ? "bf16" : "f16";
+}
+
+std::string path_label(LowpGemmPath p) {
+  return p == LowpGemmPath::kAuto ? "auto" : p == LowpGemmPath::kOneDNN ? "onednn" : "convert";
+}
+
+// `size` values uniform in [-1, 1), rounded to `t` and stored as `t`. `widened` receives the
+// exact float value of every element.
+std::vector<uint8_t> random_matrix(int64_t size, DType t, uint32_t seed,
+                                   std::vector<float>* widened) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> f(static_cast<size_t>(size));
+  for (float& x : f) x = dist(rng);
+  std::vector<uint8_t> stored(static_cast<size_t>(size * dtype_size(t)));
+  convert(f.data(), DType::kF32, stored.data(), t, size);
+  widened->resize(f.size());
+  convert(stored.data(), t, widened->data(), DType::kF32, size);
+  return stored;
+}
+
+struct Shape {
+  int64_t m, n, k;
+  int64_t pad;  // extra elements on every leading dimension beyond the minimum
+};
+
+const Shape kShapes[] = {{1, 1, 1, 0},    {1, 7, 33, 0},   {7, 1, 100, 0},    {33, 100, 7, 0},
+                         {100, 33, 1, 0}, {33, 7, 100, 3}, {100, 100, 33, 0}, {7, 33, 100, 5}};
+
+struct Types {
+  DType a, b;
+};
+const Types kOperandTypes[] = {{DType::kBF16, DType::kBF16},
+                               {DType::kF16, DType::kF16},
+                               {DType::kBF16, DType::kF32},
+                               {DType::kF16, DType::kBF16}};
+const DType kOutputTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+const LowpGemmPath kPaths[] = {LowpGemmPath::kConvertFp32, LowpGemmPath::kOneDNN,
+                               LowpGemmPath::kAuto};
+
+class GemmLowpTest : public ::testing::Test {
+ protected:
+  void TearDown() override { set_lowp_gemm_path(LowpGemmPath::kAuto); }
+};
+
+// Runs one product through gemm_lowp and through the reference (in f32 output from the exactly
+// widened initial C), and checks the bound above on every element; padding columns of C must be
+// untouched.
+void check(LowpGemmPath path, bool ta, bool tb, const Shape& s, Types types, DType c_type,
+           float alpha, float beta) {
+  const int64_t lda = (ta ? s.m : s.k) + s.pad, ldb = (tb ? s.k : s.n) + s.pad, ldc = s.n + s.pad;
+  std::vector<float> a32, b32, c32;
+  const auto a = random_matrix((ta ? s.k : s.m) * lda, types.a, 21, &a32);
+  const auto b = random_matrix((tb ? s.n : s.k) * ldb, types.b, 22, &b32);
+  auto c = random_matrix(s.m * ldc, c_type, 23, &c32);
+  if (beta == 0.0f) {  // NaN garbage that beta == 0 must ignore
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::fill(c32.begin(), c32.end(), nan);
+    convert(c32.data(), DType::kF32, c.data(), c_type, s.m * ldc);
+  }
+  const std::vector<uint8_t> c_init = c;
+  std::vector<float> want = c32;
+  set_lowp_gemm_path(path);
+  gemm_lowp(ta, tb, s.m, s.n, s.k, alpha, a.data(), types.a, lda, b.data(), types.b, ldb, beta,
+            c.data(), c_type, ldc);
+  gemm_lowp_reference(ta, tb, s.m, s.n, s.k, alpha, a.data(), types.a, lda, b.data(), types.b, ldb,
+                      beta, want.data(), DType::kF32, ldc);
+  std::vector<float> got(c32.size());
+  convert(c.data(), c_type, got.data(), DType::kF32, s.m * ldc);
+
+  const std::string what =
+      path_label(path) + (ta ? " T" : " N") + (tb ? "T " : "N ") + dtype_label(types.a) + "x" +
+      dtype_label(types.b) + "->" + dtype_label(c_type) + " " + std::to_string(s.m) + "x" +
+      std::to_string(s.n) + "x" + std::to_string(s.k) + " pad " + std::to_string(s.pad) +
+      " alpha " + std::to_string(alpha) + " beta " + std::to_string(beta);
+  const double tol = kTolPerSqrtK * std::sqrt(static_cast<double>(std::max<int64_t>(s.k, 1)));
+  const double u = unit_roundoff(c_type), tiny = subnormal_half_spacing(c_type);
+  int failures = 0;
+  for (int64_t i = 0; i < s.m; ++i) {
+    for (int64_t j = 0; j < s.n; ++j) {
+      double magnitude = 0.0;
+      for (int64_t p = 0; p < s.k; ++p) {
+        const double av = ta ? a32[p * lda + i] : a32[i * lda + p];
+        const double bv = tb ? b32[j * ldb + p] : b32[p * ldb + j];
+        magnitude += std::abs(av * bv);
+      }
+      magnitude *= std::abs(alpha);
+      if (beta != 0.0f) magnitude += std::abs(beta * c32[i * ldc + j]);
+      const double g = got[i * ldc + j], w = want[i * ldc + j];
+      const double e = tol * magnitude;
+      const double bound = e + u * (std::abs(w) + e) + tiny + 1e-30;
+      const bool ok = std::isfinite(g) && std::abs(g - w) <= bound;
+      if (!ok && failures++ < 3) {
+        ADD_FAILURE() << what << " at (" << i << "," << j << "): got " << g << " want " << w
+                      << " bound " << bound;
+      }
+    }
+    const size_t row = static_cast<size_t>(i * ldc), size = static_cast<size_t>(dtype_size(c_type));
+    EXPECT_EQ(0, std::memcmp(c.data() + (row + s.n) * size, c_init.data() + (row + s.n) * size,
+                             static_cast<size_t>(s.pad) * size))
+        << what << ": padding of row " << i << " changed";
+  }
+}
+
+TEST_F(GemmLowpTest, AllPathsTransposesShapesAndTypes) {
+  const float scalars[][2] = {{1.0f, 0.0f}, {-0.75f, 1.0f}};
+  for (LowpGemmPath path : kPaths) {
+    for (int t = 0; t < 4; ++t) {
+      for (const Shape& s : kShapes) {
+        for (Types types : kOperandTypes) {
+          for (DType c_type : kOutputTypes) {
+            for (const auto& sc : scalars)
+              check(path, t & 1, t & 2, s, types, c_type, sc[0], sc[1]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A low-precision C must be exactly the round-to-nearest-even of the fp32 result, which (up to
+// the accumulation order) the f32-output call produces: products of small integers are exact in
+// fp32 in any order, so the two must agree bit for bit after rounding.
+TEST_F(GemmLowpTest, LowPrecisionOutputIsRoundedFp32Result) {
+  const int64_t M = 7, N = 33, K = 100;
+  std::vector<uint16_t> a(M * K), b(K * N);
+  for (int64_t i = 0; i < M * K; ++i) a[i] = float_to_bf16(static_cast<float>(i % 13 - 6));
+  for (int64_t i = 0; i < K * N; ++i) b[i] = float_to_bf16(static_cast<float>(i % 11 - 5) * 0.125f);
+  for (LowpGemmPath path : kPaths) {
+    set_lowp_gemm_path(path);
+    std::vector<float> c32(M * N);
+    std::vector<uint16_t> c16(M * N);
+    gemm_lowp(false, false, M, N, K, 1.1f, a.data(), DType::kBF16, K, b.data(), DType::kBF16, N,
+              0.0f, c32.data(), DType::kF32, N);
+    gemm_lowp(false, false, M, N, K, 1.1f, a.data(), DType::kBF16, K, b.data(), DType::kBF16, N,
+              0.0f, c16.data(), DType::kBF16, N);
+    for (int64_t i = 0; i < M * N; ++i) {
+      ASSERT_EQ(float_to_bf16(c32[i]), c16[i]) << path_label(path) << " element " << i;
+    }
+  }
+}
+
+TEST_F(GemmLowpTest, DegenerateProducts) {
+  for (LowpGemmPath path : kPaths) {
+    set_lowp_gemm_path(path);
+    // K == 0 with beta == 0 writes zeros over NaN garbage; beta == 2 doubles C (bf16 exact).
+    std::vector<uint16_t> c(6, float_to_bf16(std::numeric_limits<float>::quiet_NaN()));
+    gemm_lowp(false, false, 2, 3, 0, 1.0f, nullptr, DType::kBF16, 1, nullptr, DType::kBF16, 3, 0.0f,
+              c.data(), DType::kBF16, 3);
+    for (uint16_t v : c) EXPECT_EQ(bf16_to_float(v), 0.0f) << path_label(path);
+    std::fill(c.begin(), c.end(), float_to_bf16(1.5f));
+    gemm_lowp(false, false, 2, 3, 0, 1.0f, nullptr, DType::kBF16, 1, nullptr, DType::kBF16, 3, 2.0f,
+              c.data(), DType::kBF16, 3);
+    for (uint16_t v : c) EXPECT_EQ(bf16_to_float(v), 3.0f) << path_label(path);
+  }
+}
+
+// Reports (not asserts) which oneDNN implementation the low-precision path gets on this CPU.
+TEST_F(GemmLowpTest, ReportsOneDnnImplementation) {
+  const std::string bf16 = lowp_onednn_impl(false, true, 64, 64, 64, DType::kBF16, 64, DType::kBF16,
+                                            64, DType::kF32, 64);
+  const std::string f16 =
+      lowp_onednn_impl(false, true, 64, 64, 64, DType::kF16, 64, DType::kF16, 64, DType::kF32, 64);
+  RecordProperty("onednn_bf16_impl", bf16);
+  RecordProperty("onednn_f16_impl", f16);
+  fmt::print("native bf16: {}; auto path: {}; oneDNN bf16 impl: '{}'; f16 impl: '{}'\n",
+             cpu_has_native_bf16(), path_label(lowp_gemm_auto_path()), bf16, f16);
+  EXPECT_EQ(lowp_gemm_auto_path(),
+            cpu_has_native_bf16() ? LowpGemmPath::kOneDNN : LowpGemmPath::kConvertFp32);
+}
+
+}  // namespace
+}  // namespace kuai::cpu
