@@ -15,6 +15,8 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
+#include "kuai/backend/cpu/onednn_cache.h"
+
 namespace kuai::cpu {
 namespace {
 
@@ -106,69 +108,43 @@ struct CachedMatmul {
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
 };
 
-// Process-wide, thread-safe cache of created matmul primitives, so steady-state training steps
-// create none. Bounded: when full it is emptied (entries in use stay alive through shared_ptr).
-class MatmulCache {
- public:
-  static MatmulCache& instance() {
-    static MatmulCache cache;
-    return cache;
+std::shared_ptr<const CachedMatmul> create_matmul(const MatmulKey& key) {
+  using dims = dnnl::memory::dims;
+  const auto f32 = dnnl::memory::data_type::f32;
+  // Logical op(A) is (M,K): row-major strides {lda,1}, or {1,lda} when A is stored (K,M).
+  dnnl::memory::desc a_md(dims{key.m, key.k}, f32,
+                          key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
+  dnnl::memory::desc b_md(dims{key.k, key.n}, f32,
+                          key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
+  dnnl::memory::desc c_md(dims{key.m, key.n}, f32, dims{key.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(key.beta);
+    attr.set_post_ops(ops);
   }
+  // oneDNN sizes its work split by omp_get_max_threads() of the creating thread.
+  const int saved_threads = omp_get_max_threads();
+  if (key.threads != saved_threads) omp_set_num_threads(key.threads);
+  const dnnl::memory::desc bias_md(dims{1, key.n}, f32, dims{key.n, 1});
+  dnnl::matmul::primitive_desc pd(key.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                           : dnnl::matmul::desc(a_md, b_md, c_md),
+                                  attr, onednn_engine());
+  auto made =
+      std::make_shared<CachedMatmul>(CachedMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md});
+  if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
+  return made;
+}
 
-  std::shared_ptr<const CachedMatmul> get(const MatmulKey& key) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) return it->second;
-    }
-    std::shared_ptr<const CachedMatmul> made = create(key);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() >= kMaxEntries) entries_.clear();
-    return entries_.emplace(key, std::move(made)).first->second;
-  }
-
-  const dnnl::engine& engine() const { return engine_; }
-
- private:
-  static constexpr size_t kMaxEntries = 512;
-
-  std::shared_ptr<const CachedMatmul> create(const MatmulKey& key) const {
-    using dims = dnnl::memory::dims;
-    const auto f32 = dnnl::memory::data_type::f32;
-    // Logical op(A) is (M,K): row-major strides {lda,1}, or {1,lda} when A is stored (K,M).
-    dnnl::memory::desc a_md(dims{key.m, key.k}, f32,
-                            key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
-    dnnl::memory::desc b_md(dims{key.k, key.n}, f32,
-                            key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
-    dnnl::memory::desc c_md(dims{key.m, key.n}, f32, dims{key.ldc, 1});
-    dnnl::primitive_attr attr;
-    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-    if (key.beta != 0.0f) {
-      dnnl::post_ops ops;
-      ops.append_sum(key.beta);
-      attr.set_post_ops(ops);
-    }
-    // oneDNN sizes its work split by omp_get_max_threads() of the creating thread.
-    const int saved_threads = omp_get_max_threads();
-    if (key.threads != saved_threads) omp_set_num_threads(key.threads);
-    const dnnl::memory::desc bias_md(dims{1, key.n}, f32, dims{key.n, 1});
-    dnnl::matmul::primitive_desc pd(key.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
-                                             : dnnl::matmul::desc(a_md, b_md, c_md),
-                                    attr, engine_);
-    auto made =
-        std::make_shared<CachedMatmul>(CachedMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md});
-    if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
-    return made;
-  }
-
-  std::mutex mutex_;
-  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
-  std::unordered_map<MatmulKey, std::shared_ptr<const CachedMatmul>, MatmulKeyHash> entries_;
-};
+std::shared_ptr<const CachedMatmul> cached_matmul(const MatmulKey& key) {
+  static OneDnnCache<MatmulKey, CachedMatmul, MatmulKeyHash> cache;
+  return cache.get(key, create_matmul);
+}
 
 void run_onednn(const CachedMatmul& mm, const float* A, const float* B, float* C,
                 const float* bias = nullptr) {
-  const dnnl::engine& engine = MatmulCache::instance().engine();
+  const dnnl::engine& engine = onednn_engine();
   thread_local dnnl::stream stream(engine);
   dnnl::memory a(mm.a_md, engine, const_cast<float*>(A));
   dnnl::memory b(mm.b_md, engine, const_cast<float*>(B));
@@ -228,8 +204,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  auto mm = MatmulCache::instance().get(
-      matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
+  auto mm = cached_matmul(matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
   run_onednn(*mm, A, B, C);
 }
 
@@ -241,7 +216,7 @@ void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   if (onednn) {
     MatmulKey key = matmul_key(trans_a, trans_b, M, N, K, 1.0f, lda, ldb, 0.0f, ldc);
     key.bias = true;
-    run_onednn(*MatmulCache::instance().get(key), A, B, C, bias);
+    run_onednn(*cached_matmul(key), A, B, C, bias);
     return;
   }
 #pragma omp parallel for schedule(static) if (M * N > (1 << 16))
@@ -269,8 +244,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   const GemmBackend backend = resolve_backend(trans_a, trans_b, M, N, K, true);
   std::shared_ptr<const CachedMatmul> mm;
   if (!degenerate && backend == GemmBackend::kOneDNN) {
-    mm = MatmulCache::instance().get(
-        MatmulKey{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, 1});
+    mm = cached_matmul(MatmulKey{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, 1});
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < batch; ++i) {

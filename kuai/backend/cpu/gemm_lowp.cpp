@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/onednn_cache.h"
 
 namespace kuai::cpu {
 namespace {
@@ -141,64 +142,39 @@ struct LowpMatmul {
   std::string impl;
 };
 
-// Process-wide, thread-safe cache of created primitives, like gemm.cpp's MatmulCache. A key
-// oneDNN has no implementation for is cached as nullptr so the failed creation is not retried.
-class LowpCache {
- public:
-  static LowpCache& instance() {
-    static LowpCache cache;
-    return cache;
+// A key oneDNN has no implementation for is cached as nullptr (see onednn_cache.h).
+std::shared_ptr<const LowpMatmul> create_lowp_matmul(const LowpKey& key) {
+  using dims = dnnl::memory::dims;
+  dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a_type),
+                          key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
+  dnnl::memory::desc b_md(dims{key.k, key.n}, dnnl_type(key.b_type),
+                          key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
+  dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c_type), dims{key.ldc, 1});
+  dnnl::primitive_attr attr;
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(key.beta);
+    attr.set_post_ops(ops);
   }
-
-  std::shared_ptr<const LowpMatmul> get(const LowpKey& key) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = entries_.find(key);
-      if (it != entries_.end()) return it->second;
-    }
-    std::shared_ptr<const LowpMatmul> made = create(key);
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (entries_.size() >= kMaxEntries) entries_.clear();
-    return entries_.emplace(key, std::move(made)).first->second;
+  const int saved_threads = omp_get_max_threads();
+  if (key.threads != saved_threads) omp_set_num_threads(key.threads);
+  std::shared_ptr<const LowpMatmul> made;
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, onednn_engine());
+    made = std::make_shared<LowpMatmul>(
+        LowpMatmul{dnnl::matmul(pd), a_md, b_md, c_md, pd.impl_info_str()});
+  } catch (const dnnl::error&) {
+    made = nullptr;  // unimplemented combination (e.g. mixed bf16 x f16)
   }
+  if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
+  return made;
+}
 
-  const dnnl::engine& engine() const { return engine_; }
-
- private:
-  static constexpr size_t kMaxEntries = 512;
-
-  std::shared_ptr<const LowpMatmul> create(const LowpKey& key) const {
-    using dims = dnnl::memory::dims;
-    dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a_type),
-                            key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
-    dnnl::memory::desc b_md(dims{key.k, key.n}, dnnl_type(key.b_type),
-                            key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
-    dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c_type), dims{key.ldc, 1});
-    dnnl::primitive_attr attr;
-    if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-    if (key.beta != 0.0f) {
-      dnnl::post_ops ops;
-      ops.append_sum(key.beta);
-      attr.set_post_ops(ops);
-    }
-    const int saved_threads = omp_get_max_threads();
-    if (key.threads != saved_threads) omp_set_num_threads(key.threads);
-    std::shared_ptr<const LowpMatmul> made;
-    try {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine_);
-      made = std::make_shared<LowpMatmul>(
-          LowpMatmul{dnnl::matmul(pd), a_md, b_md, c_md, pd.impl_info_str()});
-    } catch (const dnnl::error&) {
-      made = nullptr;  // unimplemented combination (e.g. mixed bf16 x f16)
-    }
-    if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
-    return made;
-  }
-
-  std::mutex mutex_;
-  dnnl::engine engine_{dnnl::engine::kind::cpu, 0};
-  std::unordered_map<LowpKey, std::shared_ptr<const LowpMatmul>, LowpKeyHash> entries_;
-};
+std::shared_ptr<const LowpMatmul> cached_lowp_matmul(const LowpKey& key) {
+  static OneDnnCache<LowpKey, LowpMatmul, LowpKeyHash> cache;
+  return cache.get(key, create_lowp_matmul);
+}
 
 LowpKey lowp_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                  DType a_dtype, int64_t lda, DType b_dtype, int64_t ldb, float beta, DType c_dtype,
@@ -209,7 +185,7 @@ LowpKey lowp_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
 }
 
 void run_onednn(const LowpMatmul& mm, const void* A, const void* B, void* C) {
-  const dnnl::engine& engine = LowpCache::instance().engine();
+  const dnnl::engine& engine = onednn_engine();
   thread_local dnnl::stream stream(engine);
   dnnl::memory a(mm.a_md, engine, const_cast<void*>(A));
   dnnl::memory b(mm.b_md, engine, const_cast<void*>(B));
@@ -275,7 +251,7 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const bool all_f32 = a_dtype == DType::kF32 && b_dtype == DType::kF32 && c_dtype == DType::kF32;
   // Degenerate products (no multiply) and pure fp32 ones need no oneDNN low-precision primitive.
   if (path == LowpGemmPath::kOneDNN && K > 0 && alpha != 0.0f && !all_f32) {
-    auto mm = LowpCache::instance().get(
+    auto mm = cached_lowp_matmul(
         lowp_key(trans_a, trans_b, M, N, K, alpha, a_dtype, lda, b_dtype, ldb, beta, c_dtype, ldc));
     if (mm) {
       run_onednn(*mm, A, B, C);
@@ -289,7 +265,7 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                              DType a_dtype, int64_t lda, DType b_dtype, int64_t ldb, DType c_dtype,
                              int64_t ldc) {
-  auto mm = LowpCache::instance().get(
+  auto mm = cached_lowp_matmul(
       lowp_key(trans_a, trans_b, M, N, K, 1.0f, a_dtype, lda, b_dtype, ldb, 0.0f, c_dtype, ldc));
   return mm ? mm->impl : std::string();
 }
