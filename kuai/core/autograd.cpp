@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "kuai/amp/autocast.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::autograd {
@@ -45,6 +46,8 @@ class PrimitiveNode final : public Node {
         throw std::logic_error(fmt::format("{}: gradient {} has shape {}, input has {}",
                                            prim_->name(), i, shape_str(g[i].shape()),
                                            shape_str(in_[i].shape())));
+      // A gradient has its input's dtype (an fp32 residual feeding a bf16 branch, ...).
+      if (g[i].dtype() != in_[i].dtype()) g[i] = cast(g[i], in_[i].dtype());
     }
     return g;
   }
@@ -170,6 +173,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
                                             shape_str(grad.shape()), shape_str(root.shape())));
   }
   NoGradGuard no_grad;
+  amp::AutocastGuard no_autocast(false);  // vjps see the dtypes the forward saved
   Edge root_edge = edge_for(root);
 
   // Count, for every node reachable from the root, how many edges point at it.

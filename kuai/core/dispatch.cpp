@@ -6,6 +6,7 @@
 #include <chrono>
 #include <stdexcept>
 
+#include "kuai/amp/autocast.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/profiler.h"
@@ -52,6 +53,7 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
                                               p->name(), in[0].device().str(),
                                               in[i].device().str()));
   }
+  amp::apply_autocast(*p, in);  // identity unless autocast is on
   // The graph edges follow the caller's tensors; the kernels see contiguous copies if needed.
   std::vector<Tensor> graph_in = in;
   for (size_t i = 0; i < in.size(); ++i)

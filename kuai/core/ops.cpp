@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/widen.h"
 #include "kuai/core/dispatch.h"
 #include "kuai/core/primitives.h"
 #include "kuai/core/shape_util.h"
@@ -180,12 +181,18 @@ Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
 
 void add_(const Tensor& a, const Tensor& b) {
   check_same_shape("add_", a, b);
-  check_float32("add_", a);
-  check_float32("add_", b);
+  check_floating("add_", a);
+  check_floating("add_", b);
   require_cpu("add_", a);
   if (!a.is_contiguous()) throw std::invalid_argument("add_: destination must be contiguous");
   Tensor bc = b.contiguous();
-  cpu::add(a.data<float>(), bc.data<float>(), a.data<float>(), a.numel());
+  if (a.dtype() == DType::kF32 && bc.dtype() == DType::kF32) {
+    cpu::add(a.data<float>(), bc.data<float>(), a.data<float>(), a.numel());
+    return;
+  }
+  // Low precision (a gradient accumulated in bf16 / f16): fp32 sum, one rounding into a.
+  cpu::map_widened<2>({&a, &bc}, a,
+                      [](auto src, float* y, int64_t n) { cpu::add(src[0], src[1], y, n); });
 }
 
 // ---- reductions ----

@@ -14,6 +14,10 @@ namespace kuai {
 
 enum class OpClass { kMatmul, kElementwise, kReduction, kNormalization, kAttention, kView, kOther };
 
+// What autocast (kuai/amp/autocast.h) does to an op's floating inputs: cast them to the low
+// dtype, widen low-precision ones to fp32, or leave them as they are.
+enum class CastPolicy { kLowPrecision, kFloat32, kAsIs };
+
 struct TensorSpec {
   Shape shape;
   DType dtype = DType::kF32;
@@ -24,6 +28,20 @@ class Primitive {
   virtual ~Primitive() = default;
   virtual std::string_view name() const = 0;
   virtual OpClass op_class() const = 0;
+  // Default from the class: matmul and attention run in the low dtype; normalisation and
+  // reductions in fp32; everything else as its inputs come.
+  virtual CastPolicy cast_policy() const {
+    switch (op_class()) {
+      case OpClass::kMatmul:
+      case OpClass::kAttention:
+        return CastPolicy::kLowPrecision;
+      case OpClass::kNormalization:
+      case OpClass::kReduction:
+        return CastPolicy::kFloat32;
+      default:
+        return CastPolicy::kAsIs;
+    }
+  }
   // Output shapes and dtypes; throws with the op's name and the offending shapes on mismatch.
   virtual std::vector<TensorSpec> infer(std::span<const Tensor> in) const = 0;
   virtual void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const = 0;

@@ -191,9 +191,10 @@ std::string_view Binary::name() const {
 }
 
 std::vector<TensorSpec> Binary::infer(std::span<const Tensor> in) const {
-  check_float32(name(), in[0]);
-  check_float32(name(), in[1]);
-  return {{broadcast_shapes(name(), in[0].shape(), in[1].shape()), DType::kF32}};
+  check_floating(name(), in[0]);
+  check_floating(name(), in[1]);
+  return {{broadcast_shapes(name(), in[0].shape(), in[1].shape()),
+           promote_types(in[0].dtype(), in[1].dtype())}};
 }
 
 std::vector<Tensor> Binary::vjp(std::span<const Tensor> in, std::span<const Tensor>,
@@ -224,8 +225,8 @@ std::vector<Tensor> Binary::vjp(std::span<const Tensor> in, std::span<const Tens
 }
 
 std::vector<TensorSpec> Scale::infer(std::span<const Tensor> in) const {
-  check_float32(name(), in[0]);
-  return {{in[0].shape(), DType::kF32}};
+  check_floating(name(), in[0]);
+  return {{in[0].shape(), in[0].dtype()}};
 }
 std::vector<Tensor> Scale::vjp(std::span<const Tensor>, std::span<const Tensor>,
                                std::span<const Tensor> g, const std::vector<bool>&) const {
@@ -233,8 +234,8 @@ std::vector<Tensor> Scale::vjp(std::span<const Tensor>, std::span<const Tensor>,
 }
 
 std::vector<TensorSpec> Gelu::infer(std::span<const Tensor> in) const {
-  check_float32(name(), in[0]);
-  return {{in[0].shape(), DType::kF32}};
+  check_floating(name(), in[0]);
+  return {{in[0].shape(), in[0].dtype()}};
 }
 std::vector<Tensor> Gelu::vjp(std::span<const Tensor> in, std::span<const Tensor>,
                               std::span<const Tensor> g, const std::vector<bool>&) const {
@@ -243,7 +244,8 @@ std::vector<Tensor> Gelu::vjp(std::span<const Tensor> in, std::span<const Tensor
 
 std::vector<TensorSpec> GeluBackward::infer(std::span<const Tensor> in) const {
   check_same_shape(name(), in[0], in[1]);
-  return {{in[0].shape(), DType::kF32}};
+  check_same_floating(name(), in);
+  return {{in[0].shape(), in[0].dtype()}};
 }
 std::vector<Tensor> GeluBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
                                       std::span<const Tensor>, const std::vector<bool>&) const {
@@ -254,7 +256,7 @@ std::vector<Tensor> GeluBackward::vjp(std::span<const Tensor>, std::span<const T
 // Reductions
 
 std::vector<TensorSpec> Sum::infer(std::span<const Tensor> in) const {
-  check_float32(name(), in[0]);
+  check_floating(name(), in[0]);
   Shape s = in[0].shape();
   if (dim_ < 0 || dim_ >= in[0].dim())
     throw std::invalid_argument(fmt::format("sum: dim {} out of range for {}", dim_, in[0].str()));
@@ -262,7 +264,7 @@ std::vector<TensorSpec> Sum::infer(std::span<const Tensor> in) const {
     s[dim_] = 1;
   else
     s.erase(s.begin() + dim_);
-  return {{s, DType::kF32}};
+  return {{s, in[0].dtype()}};
 }
 std::vector<Tensor> Sum::vjp(std::span<const Tensor> in, std::span<const Tensor>,
                              std::span<const Tensor> g, const std::vector<bool>&) const {
@@ -277,8 +279,7 @@ std::vector<Tensor> Sum::vjp(std::span<const Tensor> in, std::span<const Tensor>
 std::vector<TensorSpec> Matmul::infer(std::span<const Tensor> in) const {
   const Tensor& a = in[0];
   const Tensor& b = in[1];
-  check_float32(name(), a);
-  check_float32(name(), b);
+  check_same_floating(name(), in);
   if (a.dim() < 2 || b.dim() < 2 || a.shape().back() != b.shape()[b.dim() - 2])
     throw std::invalid_argument(fmt::format("matmul: cannot multiply {} by {}",
                                             shape_str(a.shape()), shape_str(b.shape())));
@@ -289,7 +290,7 @@ std::vector<TensorSpec> Matmul::infer(std::span<const Tensor> in) const {
   Shape out = ba.empty() ? bb : ba;
   out.push_back(a.shape()[a.dim() - 2]);
   out.push_back(b.shape().back());
-  return {{out, DType::kF32}};
+  return {{out, a.dtype()}};
 }
 
 std::vector<Tensor> Matmul::vjp(std::span<const Tensor> in, std::span<const Tensor>,
@@ -322,7 +323,7 @@ std::vector<Tensor> Matmul::vjp(std::span<const Tensor> in, std::span<const Tens
 std::vector<TensorSpec> Linear::infer(std::span<const Tensor> in) const {
   const Tensor& x = in[0];
   const Tensor& w = in[1];
-  for (const Tensor& t : in) check_float32(name(), t);
+  check_same_floating(name(), in);
   if (x.dim() < 1 || w.dim() != 2 || x.shape().back() != w.shape()[1])
     throw std::invalid_argument(fmt::format("linear: input {} does not fit weight {}",
                                             shape_str(x.shape()), shape_str(w.shape())));
@@ -331,7 +332,7 @@ std::vector<TensorSpec> Linear::infer(std::span<const Tensor> in) const {
                                             shape_str(in[2].shape()), shape_str(w.shape())));
   Shape out = x.shape();
   out.back() = w.shape()[0];
-  return {{out, DType::kF32}};
+  return {{out, x.dtype()}};
 }
 
 std::vector<Tensor> Linear::vjp(std::span<const Tensor> in, std::span<const Tensor>,
@@ -435,11 +436,11 @@ std::vector<Tensor> EmbeddingBackward::vjp(std::span<const Tensor>, std::span<co
 std::vector<TensorSpec> CrossEntropy::infer(std::span<const Tensor> in) const {
   const Tensor& logits = in[0];
   const Tensor& targets = in[1];
-  check_float32(name(), logits);
+  check_floating(name(), logits);
   if (logits.dim() != 2 || targets.dim() != 1 || targets.shape()[0] != logits.shape()[0] ||
       targets.dtype() != DType::kI32)
     throw std::invalid_argument(fmt::format(
-        "cross_entropy: expected logits (N, V) float32 and targets (N) int32, got {} and {}",
+        "cross_entropy: expected logits (N, V) floating and targets (N) int32, got {} and {}",
         logits.str(), targets.str()));
   const int64_t N = logits.shape()[0];
   return {{{}, DType::kF32}, {{N}, DType::kF32}, {{}, DType::kF32}};
@@ -453,7 +454,7 @@ std::vector<Tensor> CrossEntropy::vjp(std::span<const Tensor> in, std::span<cons
 }
 
 std::vector<TensorSpec> CrossEntropyBackward::infer(std::span<const Tensor> in) const {
-  return {{in[0].shape(), DType::kF32}};
+  return {{in[0].shape(), in[0].dtype()}};
 }
 std::vector<Tensor> CrossEntropyBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
                                               std::span<const Tensor>,
@@ -465,14 +466,14 @@ std::vector<Tensor> CrossEntropyBackward::vjp(std::span<const Tensor>, std::span
 // Attention
 
 std::vector<TensorSpec> Attention::infer(std::span<const Tensor> in) const {
-  for (const Tensor& t : in) check_float32(name(), t);
+  check_same_floating(name(), in);
   const Tensor& q = in[0];
   if (q.dim() != 4 || in[1].shape() != q.shape() || in[2].shape() != q.shape())
     throw std::invalid_argument(
         fmt::format("attention: q, k, v must be equal (B, H, T, d), got {}, {}, {}",
                     shape_str(q.shape()), shape_str(in[1].shape()), shape_str(in[2].shape())));
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
-  return {{{B, T, H, d}, DType::kF32}, {{B, H, T, T}, DType::kF32}};
+  return {{{B, T, H, d}, q.dtype()}, {{B, H, T, T}, q.dtype()}};
 }
 
 std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
@@ -492,7 +493,7 @@ std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const T
 
 std::vector<TensorSpec> AttentionBackward::infer(std::span<const Tensor> in) const {
   const Shape& s = in[4].shape();  // (B, T, H, d)
-  return {{{s[0], s[1], 3, s[2], s[3]}, DType::kF32}};
+  return {{{s[0], s[1], 3, s[2], s[3]}, in[0].dtype()}};
 }
 
 std::vector<Tensor> AttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,

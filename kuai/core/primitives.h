@@ -258,6 +258,8 @@ class CrossEntropy final : public Primitive {  // (logits, targets) -> (loss, ls
  public:
   explicit CrossEntropy(int32_t ignore_index) : ignore_(ignore_index) {}
   KUAI_PRIMITIVE_COMMON("cross_entropy", OpClass::kNormalization)
+  // fp32 arithmetic on logits of any floating dtype: no fp32 copy of (N, V) under autocast.
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
   bool saves_output(size_t j) const override { return j > 0; }
   bool differentiable(size_t i) const override { return i == 0; }
 

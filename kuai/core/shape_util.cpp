@@ -20,6 +20,23 @@ void check_float32(std::string_view op, const Tensor& t) {
     throw std::invalid_argument(fmt::format("{}: expected float32, got {}", op, t.str()));
 }
 
+void check_floating(std::string_view op, const Tensor& t) {
+  if (!is_floating(t.dtype()))
+    throw std::invalid_argument(
+        fmt::format("{}: expected float32, bfloat16 or float16, got {}", op, t.str()));
+}
+
+void check_same_floating(std::string_view op, std::span<const Tensor> in) {
+  for (const Tensor& t : in) {
+    check_floating(op, t);
+    if (t.dtype() != in[0].dtype())
+      throw std::invalid_argument(fmt::format("{}: dtypes {} and {} differ", op,
+                                              dtype_name(in[0].dtype()), dtype_name(t.dtype())));
+  }
+}
+
+DType promote_types(DType a, DType b) { return a == b ? a : DType::kF32; }
+
 void check_same_shape(std::string_view op, const Tensor& a, const Tensor& b) {
   if (a.shape() != b.shape())
     throw std::invalid_argument(

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -291,8 +292,11 @@ void Checkpointer::write(const Snapshot& s) {
                        {"optimizer_steps", s.optimizer_steps},
                        {"loader", {{"next_index", s.state.loader.next_index}}},
                        {"data_seed", s.state.data_seed},
-                       {"loss_scale", nullptr},  // fp32: no scaler
+                       {"loss_scale", nullptr},  // fp32 and bf16: no scaler
                        {"world_size", 1}};
+  if (s.state.loss_scale)
+    st["loss_scale"] = {{"scale", s.state.loss_scale->scale},
+                        {"growth_tracker", s.state.loss_scale->growth_tracker}};
   int64_t bytes = 0;
   for (const char* f : {kModelFile, kOptimFile, kConfigFile}) {
     const std::string content = read_file(tmp + "/" + f);  // what is on disk now
@@ -397,6 +401,13 @@ Checkpoint read_checkpoint(const std::string& dir) {
     c.optimizer_steps = st.at("optimizer_steps").get<int64_t>();
     c.state.loader.next_index = st.at("loader").at("next_index").get<int64_t>();
     c.state.data_seed = st.at("data_seed").get<uint64_t>();
+    if (const auto& ls = st.at("loss_scale"); !ls.is_null()) {
+      amp::GradScalerState g{ls.at("scale").get<float>(), ls.at("growth_tracker").get<int64_t>()};
+      if (!std::isfinite(g.scale) || g.scale <= 0.0f || g.growth_tracker < 0)
+        throw std::runtime_error(
+            fmt::format("{}: loss_scale {} is not a positive finite scale", state_path, ls.dump()));
+      c.state.loss_scale = g;
+    }
     if (c.state.step < 0 || c.optimizer_steps < 0 || c.state.loader.next_index < 0)
       throw std::runtime_error(fmt::format("{}: negative step or position", state_path));
     for (const char* f : {kModelFile, kOptimFile, kConfigFile}) {

@@ -4,7 +4,7 @@
 //   optimizer.rank0.safetensors  AdamW's exp_avg / exp_avg_sq per parameter, by parameter name
 //   config.toml                  the run's resolved config
 //   state.json                   step, optimizer step count, loader position, RNG keys, the loss
-//                                scale (none in fp32), kuai version, and the size and xxh3 of
+//                                scale (fp16 only), kuai version, and the size and xxh3 of
 //                                every other file
 // Saving copies the state into host buffers on the training thread (a memcpy into buffers kept
 // from the previous save) and writes on a writer thread while training continues, at most one
@@ -21,10 +21,12 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "kuai/amp/grad_scaler.h"
 #include "kuai/data/loader.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/adamw.h"
@@ -37,6 +39,8 @@ struct TrainingState {
   data::LoaderState loader;  // the next batch to train on
   uint64_t data_seed = 0;    // the loader's Philox key (batches are a function of it)
   std::string config_toml;   // the resolved config of the run
+  // fp16's dynamic loss scale and its growth tracker; none in fp32 and bf16.
+  std::optional<amp::GradScalerState> loss_scale;
 };
 
 struct SaveStats {

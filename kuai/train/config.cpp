@@ -130,6 +130,7 @@ const std::vector<Key>& keys() {
       INT_KEY("train.threads", threads, 0, 1024),
       INT_KEY("train.log_every", log_every, 1, kBig),
       INT_KEY("train.accum_steps", accum_steps, 1, 1 << 20),
+      STRING_KEY("train.precision", precision, {"fp32", "bf16", "fp16"}),
       INT_KEY("train.eval_every", eval_every, 0, kBig),
       INT_KEY("train.eval_batches", eval_batches, 1, 1 << 20),
       STRING_KEY("data.source", data_source, {"file", "synthetic"}),

@@ -35,7 +35,9 @@ struct TrainConfig {
   int64_t seed = 1337;
   int64_t threads = 0;  // 0: all cores
   int64_t log_every = 10;
-  int64_t accum_steps = 1;   // micro-batches per optimizer step (technique 3)
+  int64_t accum_steps = 1;  // micro-batches per optimizer step (technique 3)
+  // "fp32" | "bf16" | "fp16": autocast compute dtype (technique 1); fp16 adds a loss scaler.
+  std::string precision = "fp32";
   int64_t eval_every = 100;  // 0: no evaluation
   int64_t eval_batches = 8;
   // [data]

@@ -13,8 +13,11 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
+#include "kuai/amp/autocast.h"
+#include "kuai/amp/grad_scaler.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
@@ -137,8 +140,10 @@ Sources make_sources(const TrainConfig& cfg) {
 }
 
 // Mean loss over the first `batches` held-out batches (always the same ones), on the device.
-Tensor evaluate(const nn::GPT& model, const data::BatchSource& src, int64_t batches) {
+Tensor evaluate(const nn::GPT& model, const data::BatchSource& src, int64_t batches,
+                DType compute) {
   autograd::NoGradGuard no_grad;
+  amp::AutocastGuard amp(compute != DType::kF32, compute);
   const int64_t B = src.batch_size(), T = src.seq_len();
   Tensor x = Tensor::empty({B, T}, DType::kI32), y = Tensor::empty({B, T}, DType::kI32);
   Tensor total;
@@ -206,6 +211,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   if (cfg.threads > 0) omp_set_num_threads(static_cast<int>(cfg.threads));
   const int64_t B = cfg.batch_size, T = cfg.model.seq_len, V = cfg.model.vocab_size;
   const int64_t k = cfg.accum_steps;
+  const DType compute = amp::precision_dtype(cfg.precision);
   const Sources sources = make_sources(cfg);
 
   nn::GPT model(cfg.model, static_cast<uint64_t>(cfg.seed));
@@ -215,6 +221,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   aopt.beta2 = static_cast<float>(cfg.beta2);
   optim::AdamW opt(param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
   const std::vector<Tensor> params = model.parameters();
+  // fp16 needs a dynamic loss scale; fp32 and bf16 run the same calls with it disabled.
+  amp::GradScalerOptions sopt;
+  sopt.enabled = compute == DType::kF16;
+  amp::GradScaler scaler(sopt);
 
   TrainResult result;
   const bool resuming = !opts.resume.empty();
@@ -226,6 +236,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           "{}: saved with train.seed = {}, the config has {} (the data order would differ)", c.path,
           c.state.data_seed, cfg.seed));
     restore_checkpoint(c, model, opt);
+    if (scaler.enabled() && c.state.loss_scale) scaler.load_state(*c.state.loss_scale);
     result.start_step = c.state.step;
     loader_start = c.state.loader;
     if (!opts.quiet) out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step);
@@ -262,7 +273,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (step == last_saved) return true;
     try {
       const double blocked =
-          ckpt->save(model, opt, {step, loader.state(), uint64_t(cfg.seed), config_text});
+          ckpt->save(model, opt,
+                     {step, loader.state(), uint64_t(cfg.seed), config_text,
+                      scaler.enabled() ? std::optional(scaler.state()) : std::nullopt});
       result.save_blocked_ms.push_back(blocked);
       ++result.checkpoints_saved;
       last_saved = step;
@@ -292,22 +305,32 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     opt.set_lr(static_cast<float>(lr));
     double wait_ms = 0.0, data_ms = 0.0;
     Tensor loss;
+    // Technique 1: autocast over every micro-batch of the step, so each weight is cast once per
+    // step; the guard ends (and drops the casts) before the optimizer updates the weights.
+    std::optional<amp::AutocastGuard> amp;
+    if (compute != DType::kF32) amp.emplace(true, compute);
     for (int64_t micro = 0; micro < k; ++micro) {
       const auto td = std::chrono::steady_clock::now();
       data::Batch batch = loader.next();
       wait_ms += loader.last_wait_ms();
       data_ms += ms(std::chrono::steady_clock::now() - td).count();
-      Tensor l = forward_backward(model, batch.x, batch.y, 1.0f / static_cast<float>(k));
+      Tensor l = forward_backward(model, batch.x, batch.y, scaler.scale() / static_cast<float>(k));
       autograd::NoGradGuard no_grad;
       loss = loss.defined() ? add(loss, l) : l;  // summed on the device
     }
+    amp.reset();
     const auto t_fb = std::chrono::steady_clock::now();
     if (k > 1) {
       autograd::NoGradGuard no_grad;
       loss = scale(loss, 1.0f / static_cast<float>(k));
     }
+    // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
+    // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
+    const Tensor found_inf = scaler.unscale_(params);
     const Tensor norm = optim::grad_norm_tensor(params);
-    opt.step(optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
+    const float scale_used = scaler.scale();
+    scaler.step(opt, found_inf, optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
+    scaler.update(found_inf);
     opt.zero_grad();
     if (cfg.sync_every_step) (void)loss.item();  // the habit technique 10 removes
     const double step_ms = ms(std::chrono::steady_clock::now() - t0).count();
@@ -328,9 +351,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
               {"step_ms", step_ms},
               {"data_wait_ms", wait_ms},
               {"tokens_per_s", tokens_per_step / (step_ms / 1000.0)}};
+    if (scaler.enabled()) m.host.emplace_back("loss_scale", scale_used);
     const bool last = step + 1 == cfg.steps;
     if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
-      m.device.emplace_back("val_loss", evaluate(model, *sources.val, cfg.eval_batches));
+      m.device.emplace_back("val_loss", evaluate(model, *sources.val, cfg.eval_batches, compute));
     result.steps_done = step + 1;
     if (ckpt && cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) {
       const bool go_on = save_checkpoint(step + 1);

@@ -519,7 +519,14 @@ TEST(Ops, CastRoundTripAndGradient) {
   sum(mul(cast(h, DType::kF32), w)).backward();
   EXPECT_EQ(x.grad().to_vector<float>(), w.to_vector<float>());
   EXPECT_EQ(x.grad().dtype(), DType::kF32);
-  EXPECT_THROW(add(h, h), std::invalid_argument);  // float ops take float32 (autocast casts)
+  // Elementwise ops keep a low-precision dtype (fp32 arithmetic, one rounding); fp32-only ops
+  // (normalisation, softmax) refuse it outside autocast; matmuls refuse mixed dtypes.
+  Tensor hh = add(h, h);
+  EXPECT_EQ(hh.dtype(), DType::kF16);
+  EXPECT_EQ(cast(hh, DType::kF32).to_vector<float>()[1], -5.0f);
+  EXPECT_EQ(add(h, x).dtype(), DType::kF32);  // mixed: promoted to float32
+  EXPECT_THROW(softmax(h), std::invalid_argument);
+  EXPECT_THROW(matmul(reshape(x, {1, 5}), reshape(b, {5, 1})), std::invalid_argument);
 }
 
 }  // namespace

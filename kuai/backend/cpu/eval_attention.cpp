@@ -28,9 +28,108 @@ std::vector<float>& scratch(int64_t n) {
   return buf;
 }
 
+// ---- bf16 / f16 operands ----
+// Each head is widened into per-thread fp32 buffers, computed by the fp32 head kernels and
+// rounded once into the outputs: the probabilities are stored (and saved for backward) in the
+// low dtype, and nothing of size (B, H, T, T) is ever held in fp32.
+
+struct LowpScratch {
+  std::vector<float> q, k, v, p, y, s;
+};
+LowpScratch& lowp_scratch() {
+  thread_local LowpScratch s;
+  return s;
+}
+
+// Rows [0, T) of a (T, d) matrix with row stride ld, of dtype t, into dense fp32 dst.
+void widen_rows(const void* src, DType t, int64_t ld, float* dst, int64_t T, int64_t d) {
+  const int64_t es = dtype_size(t);
+  for (int64_t r = 0; r < T; ++r)
+    convert(static_cast<const char*>(src) + r * ld * es, t, dst + r * d, DType::kF32, d);
+}
+void narrow_rows(const float* src, void* dst, DType t, int64_t ld, int64_t T, int64_t d) {
+  const int64_t es = dtype_size(t);
+  for (int64_t r = 0; r < T; ++r)
+    convert(src + r * d, DType::kF32, static_cast<char*>(dst) + r * ld * es, t, d);
+}
+
+const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
+  return static_cast<const char*>(t.raw_data()) +
+         (b * t.strides()[0] + h * t.strides()[1]) * dtype_size(t.dtype());
+}
+
+// Widens head (b, h) of q, k, v into s.q, s.k, s.v (dense (T, d)).
+cpu::HeadView widen_head(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b, int64_t h,
+                         LowpScratch& s) {
+  const int64_t T = q.shape()[2], d = q.shape()[3];
+  for (auto* buf : {&s.q, &s.k, &s.v})
+    if (static_cast<int64_t>(buf->size()) < T * d) buf->resize(T * d);
+  widen_rows(head_ptr(q, b, h), q.dtype(), q.strides()[2], s.q.data(), T, d);
+  widen_rows(head_ptr(k, b, h), k.dtype(), k.strides()[2], s.k.data(), T, d);
+  widen_rows(head_ptr(v, b, h), v.dtype(), v.strides()[2], s.v.data(), T, d);
+  return {s.q.data(), s.k.data(), s.v.data(), d, d, d};
+}
+
+void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale, bool causal) {
+  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
+               v = unit_last_stride(in[2]);
+  const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
+  const DType t = q.dtype();
+  const int64_t es = dtype_size(t);
+  char* y = static_cast<char*>(out[0].raw_data());  // (B, T, H, d)
+  char* p = static_cast<char*>(out[1].raw_data());  // (B, H, T, T)
+#pragma omp parallel for schedule(static) if (B * H > 1)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    LowpScratch& s = lowp_scratch();
+    const cpu::HeadView hv = widen_head(q, k, v, b, h, s);
+    if (static_cast<int64_t>(s.p.size()) < T * T) s.p.resize(T * T);
+    if (static_cast<int64_t>(s.y.size()) < T * d) s.y.resize(T * d);
+    cpu::attention_head_forward(hv, s.p.data(), s.y.data(), d, T, d, scale, causal,
+                                scratch(T * T).data());
+    convert(s.p.data(), DType::kF32, p + bh * T * T * es, t, T * T);
+    narrow_rows(s.y.data(), y + (b * T * H + h) * d * es, t, H * d, T, d);
+  }
+}
+
+void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale, bool causal) {
+  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
+               v = unit_last_stride(in[2]);
+  const Tensor& p = in[3];                    // (B, H, T, T) contiguous
+  const Tensor dy = unit_last_stride(in[4]);  // (B, T, H, d)
+  const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
+  const DType t = q.dtype();
+  const int64_t es = dtype_size(t);
+  char* dqkv = static_cast<char*>(out[0].raw_data());  // (B, T, 3, H, d)
+#pragma omp parallel for schedule(static) if (B * H > 1)
+  for (int64_t bh = 0; bh < B * H; ++bh) {
+    const int64_t b = bh / H, h = bh % H;
+    LowpScratch& s = lowp_scratch();
+    const cpu::HeadView hv = widen_head(q, k, v, b, h, s);
+    if (static_cast<int64_t>(s.p.size()) < T * T) s.p.resize(T * T);
+    if (static_cast<int64_t>(s.y.size()) < 4 * T * d) s.y.resize(4 * T * d);
+    float* dy32 = s.y.data();  // then dq, dk, dv, each dense (T, d)
+    float* dq = dy32 + T * d;
+    float* dk = dq + T * d;
+    float* dv = dk + T * d;
+    convert(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, s.p.data(), DType::kF32,
+            T * T);
+    widen_rows(
+        static_cast<const char*>(dy.raw_data()) + (b * dy.strides()[0] + h * dy.strides()[2]) * es,
+        t, dy.strides()[1], dy32, T, d);
+    cpu::attention_head_backward(hv, s.p.data(), dy32, d, dq, d, dk, d, dv, d, T, d, scale, causal,
+                                 scratch(T * T).data());
+    const int64_t o = (b * T * 3 * H + h) * d;  // head h of batch b in (B, T, 3, H, d)
+    narrow_rows(dq, dqkv + o * es, t, 3 * H * d, T, d);
+    narrow_rows(dk, dqkv + (o + H * d) * es, t, 3 * H * d, T, d);
+    narrow_rows(dv, dqkv + (o + 2 * H * d) * es, t, 3 * H * d, T, d);
+  }
+}
+
 }  // namespace
 
 void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  if (in[0].dtype() != DType::kF32) return forward_lowp(in, out, scale_, causal_);
   const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
                v = unit_last_stride(in[2]);
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
@@ -46,6 +145,7 @@ void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
 }
 
 void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  if (in[0].dtype() != DType::kF32) return backward_lowp(in, out, scale_, causal_);
   const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
                v = unit_last_stride(in[2]);
   const Tensor& p = in[3];                    // (B, H, T, T) contiguous

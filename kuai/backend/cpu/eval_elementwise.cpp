@@ -5,6 +5,7 @@
 
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/strided.h"
+#include "kuai/backend/cpu/widen.h"
 #include "kuai/core/primitives.h"
 
 namespace kuai {
@@ -86,6 +87,23 @@ bool is_row_broadcast(const Tensor& b, const Tensor& y) {
 }  // namespace
 
 void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  if (!cpu::all_f32(in, out)) {
+    if (in[0].shape() != in[1].shape()) return cpu::eval_widened(*this, in, out);
+    const BinaryOp op = op_;
+    cpu::map_widened<2>({&in[0], &in[1]}, out[0], [op](auto src, float* y, int64_t n) {
+      switch (op) {
+        case BinaryOp::kAdd:
+          return cpu::add(src[0], src[1], y, n);
+        case BinaryOp::kSub:
+          return cpu::sub(src[0], src[1], y, n);
+        case BinaryOp::kMul:
+          return cpu::mul(src[0], src[1], y, n);
+        case BinaryOp::kDiv:
+          return cpu::div(src[0], src[1], y, n);
+      }
+    });
+    return;
+  }
   const Tensor& a = in[0];
   const Tensor& b = in[1];
   Tensor& y = out[0];
@@ -146,14 +164,24 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
 }
 
 void Scale::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  if (!cpu::all_f32(in, out))
+    return cpu::map_widened<1>(
+        {&in[0]}, out[0], [s = s_](auto src, float* y, int64_t n) { cpu::scale(src[0], s, y, n); });
   cpu::scale(in[0].data<float>(), s_, out[0].data<float>(), in[0].numel());
 }
 
 void Gelu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  if (!cpu::all_f32(in, out))
+    return cpu::map_widened<1>(
+        {&in[0]}, out[0], [](auto src, float* y, int64_t n) { cpu::gelu_forward(src[0], y, n); });
   cpu::gelu_forward(in[0].data<float>(), out[0].data<float>(), in[0].numel());
 }
 
 void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  if (!cpu::all_f32(in, out))
+    return cpu::map_widened<2>({&in[0], &in[1]}, out[0], [](auto src, float* dx, int64_t n) {
+      cpu::gelu_backward(src[0], src[1], dx, n);
+    });
   cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), in[0].numel());
 }
 

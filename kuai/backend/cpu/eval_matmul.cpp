@@ -5,10 +5,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm_lowp.h"
 #include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/widen.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
 
@@ -80,6 +83,18 @@ void Matmul::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const Shape batch_shape(y.shape().begin(), y.shape().end() - 2);
   const int64_t batch = shape_numel(batch_shape);
   if (y.numel() == 0) return;
+  if (a.dtype() != DType::kF32) {  // bf16 / f16 operands, fp32 accumulation (gemm_lowp.h)
+    const DType t = a.dtype();
+    if (b.dim() == 2 && folds_into_rows(a, *la))
+      cpu::gemm_lowp(false, lb->trans, M * batch, N, K, 1.0f, a.raw_data(), t, la->ld, b.raw_data(),
+                     t, lb->ld, 0.0f, y.raw_data(), t, N);
+    else if (batch == 1)
+      cpu::gemm_lowp(la->trans, lb->trans, M, N, K, 1.0f, a.raw_data(), t, la->ld, b.raw_data(), t,
+                     lb->ld, 0.0f, y.raw_data(), t, N);
+    else
+      cpu::eval_widened(*this, in, out);  // batched low-precision products: through fp32
+    return;
+  }
   const float* pa = a.data<float>();
   const float* pb = b.data<float>();
   float* py = y.data<float>();
@@ -105,6 +120,21 @@ void Linear::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t N = w.shape()[0], K = w.shape()[1];
   if (y.numel() == 0) return;
   const int64_t R = y.numel() / N;  // gemm and gemm_bias handle K == 0 (zeros, or the bias)
+  if (x.dtype() != DType::kF32) {
+    // bf16 / f16: the bias rows go into y first and the product accumulates onto them in fp32,
+    // so y is rounded once.
+    const DType t = x.dtype();
+    if (in.size() == 3) {
+      const int64_t row_bytes = N * dtype_size(t);
+      char* py = static_cast<char*>(y.raw_data());
+      const char* pb = static_cast<const char*>(in[2].raw_data());
+#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
+      for (int64_t r = 0; r < R; ++r) std::memcpy(py + r * row_bytes, pb, row_bytes);
+    }
+    cpu::gemm_lowp(false, true, R, N, K, 1.0f, x.raw_data(), t, K, w.raw_data(), t, K,
+                   in.size() == 3 ? 1.0f : 0.0f, y.raw_data(), t, N);
+    return;
+  }
   if (in.size() == 3)
     cpu::gemm_bias(false, true, R, N, K, x.data<float>(), K, w.data<float>(), K,
                    in[2].data<float>(), y.data<float>(), N);

@@ -78,4 +78,10 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float m
               float dampening, float weight_decay, bool nesterov, bool first_step,
               float grad_scale);
 
+// ---- mixed precision ----
+// Loss-scale unscaling fused with the overflow check (amp.cpp): g (n) *= inv_scale in place, and
+// *found_inf = 1 if any element of g, before or after the multiply, is inf or NaN. found_inf is
+// left untouched otherwise, so one flag accumulates over every gradient of a step.
+void unscale_and_check(float* g, int64_t n, float inv_scale, float* found_inf);
+
 }  // namespace kuai::cpu

@@ -33,4 +33,6 @@ void sgd_step(float* p, const float* g, float* buf, int64_t n, float lr, float m
               float dampening, float weight_decay, bool nesterov, bool first_step,
               float grad_scale);
 
+void unscale_and_check(float* g, int64_t n, float inv_scale, float* found_inf);
+
 }  // namespace kuai::cpu::ref

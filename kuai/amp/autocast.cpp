@@ -1,0 +1,104 @@
+// Autocast state, policy application and the parameter cast cache (see autocast.h).
+#include "kuai/amp/autocast.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+#include <unordered_map>
+
+#include "kuai/core/ops.h"
+
+namespace kuai::amp {
+namespace {
+
+struct CacheEntry {
+  std::weak_ptr<TensorImpl> source;  // guards against a freed parameter's address being reused
+  Tensor cast;
+};
+
+struct State {
+  bool enabled = false;
+  DType dtype = DType::kBF16;
+  int depth = 0;  // enabling guards alive
+  std::unordered_map<const TensorImpl*, CacheEntry> cache;
+  int64_t param_casts = 0;
+};
+
+State& state() {
+  thread_local State s;
+  return s;
+}
+
+bool is_low(DType t) { return t == DType::kBF16 || t == DType::kF16; }
+
+Tensor cast_input(const Tensor& t, DType to) {
+  State& s = state();
+  // Parameters: leaves that require grad. Their casts are reused until the step ends.
+  if (t.is_leaf() && t.requires_grad()) {
+    auto it = s.cache.find(t.impl());
+    if (it != s.cache.end() && it->second.cast.dtype() == to && !it->second.source.expired() &&
+        it->second.source.lock().get() == t.impl())
+      return it->second.cast;
+    Tensor c = cast(t, to);
+    ++s.param_casts;
+    s.cache[t.impl()] = CacheEntry{t.impl_ptr(), c};
+    return c;
+  }
+  return cast(t, to);
+}
+
+}  // namespace
+
+bool autocast_enabled() { return state().enabled; }
+DType autocast_dtype() { return state().dtype; }
+
+AutocastGuard::AutocastGuard(bool enabled, DType dtype)
+    : prev_enabled_(state().enabled), prev_dtype_(state().dtype) {
+  if (enabled && !is_low(dtype))
+    throw std::invalid_argument(
+        fmt::format("autocast: dtype must be bfloat16 or float16, got {}", dtype_name(dtype)));
+  State& s = state();
+  s.enabled = enabled;
+  if (enabled) {
+    s.dtype = dtype;
+    ++s.depth;
+  }
+}
+
+AutocastGuard::~AutocastGuard() {
+  State& s = state();
+  if (s.enabled && --s.depth == 0) s.cache.clear();
+  s.enabled = prev_enabled_;
+  s.dtype = prev_dtype_;
+}
+
+void apply_autocast(const Primitive& p, std::vector<Tensor>& in) {
+  State& s = state();
+  if (!s.enabled) return;
+  switch (p.cast_policy()) {
+    case CastPolicy::kAsIs:
+      return;
+    case CastPolicy::kLowPrecision:
+      for (Tensor& t : in)
+        if (is_floating(t.dtype()) && t.dtype() != s.dtype) t = cast_input(t, s.dtype);
+      return;
+    case CastPolicy::kFloat32:
+      for (Tensor& t : in)
+        if (is_low(t.dtype())) t = cast(t, DType::kF32);
+      return;
+  }
+}
+
+void clear_autocast_cache() { state().cache.clear(); }
+int64_t autocast_param_casts() { return state().param_casts; }
+void reset_autocast_param_casts() { state().param_casts = 0; }
+
+DType precision_dtype(std::string_view precision) {
+  if (precision == "fp32") return DType::kF32;
+  if (precision == "bf16") return DType::kBF16;
+  if (precision == "fp16") return DType::kF16;
+  throw std::invalid_argument(
+      fmt::format("precision must be \"fp32\", \"bf16\" or \"fp16\", got \"{}\"", precision));
+}
+
+}  // namespace kuai::amp

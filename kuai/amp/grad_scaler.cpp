@@ -1,0 +1,130 @@
+// Dynamic loss scaler (see grad_scaler.h).
+#include "kuai/amp/grad_scaler.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/ops.h"
+
+namespace kuai::amp {
+namespace {
+
+// A usable scale: finite and a normal float, so that 1/scale is finite too.
+bool usable_scale(float x) { return std::isfinite(x) && x >= FLT_MIN; }
+
+// found_inf as the scaler hands it out: a one-element float32 tensor on the CPU device.
+float read_flag(const Tensor& found_inf, const char* who) {
+  if (!found_inf.defined() || found_inf.dtype() != DType::kF32 || found_inf.numel() != 1)
+    throw std::invalid_argument(std::string(who) +
+                                ": found_inf must be a one-element float32 tensor, got " +
+                                (found_inf.defined() ? found_inf.str() : "an undefined tensor"));
+  if (found_inf.device() != kCPU)
+    throw std::runtime_error(std::string(who) + " has no CUDA implementation in this build");
+  return found_inf.contiguous().data<float>()[0];  // the host read (free on the CPU device)
+}
+
+}  // namespace
+
+GradScaler::GradScaler(const GradScalerOptions& options)
+    : opt_(options), scale_(options.init_scale) {
+  if (!usable_scale(opt_.init_scale))
+    throw std::invalid_argument("GradScaler: init_scale must be finite and >= 2^-126, got " +
+                                std::to_string(opt_.init_scale));
+  if (!(std::isfinite(opt_.growth_factor) && opt_.growth_factor > 1.0f))
+    throw std::invalid_argument("GradScaler: growth_factor must be finite and > 1, got " +
+                                std::to_string(opt_.growth_factor));
+  if (!(opt_.backoff_factor > 0.0f && opt_.backoff_factor < 1.0f))
+    throw std::invalid_argument("GradScaler: backoff_factor must be in (0, 1), got " +
+                                std::to_string(opt_.backoff_factor));
+  if (opt_.growth_interval < 1)
+    throw std::invalid_argument("GradScaler: growth_interval must be >= 1, got " +
+                                std::to_string(opt_.growth_interval));
+}
+
+Tensor GradScaler::unscale_(const std::vector<Tensor>& params) {
+  Device device = kCPU;
+  for (const Tensor& p : params)
+    if (p.defined() && p.grad().defined()) {
+      device = p.grad().device();
+      break;
+    }
+  Tensor found_inf = zeros({}, DType::kF32, device);
+  if (!opt_.enabled) return found_inf;
+  if (device != kCPU)
+    throw std::runtime_error("GradScaler::unscale_ has no CUDA implementation in this build");
+  if (unscaled_)
+    throw std::logic_error(
+        "GradScaler::unscale_: already called since the last update(); the gradients would be "
+        "divided by the scale twice");
+  // Check every gradient before changing any, so an error leaves them all as they were.
+  std::vector<std::pair<Tensor, Tensor>> grads;  // (parameter, gradient)
+  for (const Tensor& p : params) {
+    if (!p.defined() || !p.grad().defined()) continue;
+    const Tensor g = p.grad();
+    if (g.dtype() != DType::kF32 || g.device() != device)
+      throw std::invalid_argument("GradScaler::unscale_: gradients must be float32 on " +
+                                  device.str() + ", got " + g.str());
+    grads.emplace_back(p, g);
+  }
+  unscaled_ = true;
+  // Powers of two (the defaults) give an exact reciprocal; otherwise rounded once, as PyTorch's
+  // scale.double().reciprocal().float().
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+  float* flag = found_inf.data<float>();
+  for (auto& [p, g] : grads) {
+    if (!g.is_contiguous()) {  // unscale a contiguous copy and make it the gradient
+      g = g.contiguous();
+      p.set_grad(g);
+    }
+    cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, flag);
+  }
+  return found_inf;
+}
+
+bool GradScaler::step(optim::Optimizer& opt, const Tensor& found_inf, const Tensor& grad_factor) {
+  if (opt_.enabled && read_flag(found_inf, "GradScaler::step") != 0.0f) return false;  // NaN too
+  if (grad_factor.defined())
+    opt.step(grad_factor);
+  else
+    opt.step(1.0f);
+  return true;
+}
+
+void GradScaler::update(const Tensor& found_inf) {
+  if (!opt_.enabled) return;
+  update(read_flag(found_inf, "GradScaler::update") != 0.0f);
+}
+
+void GradScaler::update(bool found_inf) {
+  if (!opt_.enabled) return;
+  unscaled_ = false;
+  if (found_inf) {
+    scale_ = std::max(scale_ * opt_.backoff_factor, FLT_MIN);
+    tracker_ = 0;
+    return;
+  }
+  if (++tracker_ < opt_.growth_interval) return;
+  const float s = scale_ * opt_.growth_factor;
+  if (std::isfinite(s)) scale_ = s;
+  tracker_ = 0;
+}
+
+void GradScaler::load_state(const GradScalerState& state) {
+  if (!usable_scale(state.scale))
+    throw std::invalid_argument("GradScaler::load_state: scale must be finite and >= 2^-126, got " +
+                                std::to_string(state.scale));
+  if (state.growth_tracker < 0)
+    throw std::invalid_argument("GradScaler::load_state: growth_tracker must be >= 0, got " +
+                                std::to_string(state.growth_tracker));
+  scale_ = state.scale;
+  tracker_ = state.growth_tracker;
+  unscaled_ = false;
+}
+
+}  // namespace kuai::amp

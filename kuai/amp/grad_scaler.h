@@ -1,0 +1,103 @@
+// Dynamic loss scaling for fp16 mixed-precision training, with the semantics of PyTorch's
+// torch.amp.GradScaler. fp16 has 5 exponent bits: gradients below ~6e-8 flush to zero. The
+// trainer multiplies the loss by scale() before backward, so the gradients are scale× larger and
+// stay representable; unscale_() divides them back in one fused pass that also looks for inf/NaN
+// (an fp16 overflow). step() then runs the optimizer only if none was found, and update() adapts
+// the scale: halve it after an overflow, double it after growth_interval clean steps in a row.
+//
+//   scaled loss:  backward(scale(loss, scaler.scale()))        (every micro-batch)
+//   per step:     Tensor inf = scaler.unscale_(params);        (after all-reduce, see below)
+//                 Tensor c = optim::clip_coefficient(optim::grad_norm_tensor(params), clip);
+//                 scaler.step(opt, inf, c); scaler.update(inf); opt.zero_grad();
+//
+// PyTorch equivalence: scale() = get_scale(), unscale_ = unscale_ (grads *= 1/scale, found_inf
+// via _amp_foreach_non_finite_check_and_unscale_), step = step (skipped when found_inf != 0),
+// update = update (_amp_update_scale_: backoff on inf, growth after growth_interval good steps,
+// growth refused when the grown scale would not be finite in fp32), state = state_dict's
+// scale and _growth_tracker. Differences: unscale_ takes the parameters rather than the
+// optimizer, and step takes the found_inf flag and the clip factor explicitly, so clipping on the
+// unscaled gradients is folded into the optimizer's pass (Optimizer::step(const Tensor&)).
+//
+// Why the check runs after the gradient all-reduce: each rank's local gradients can overflow
+// differently, and a rank that skipped while another stepped would leave the replicas apart for
+// good. Checking the reduced gradients, which every rank holds identically, gives every rank the
+// same found_inf and so the same skip/step decision and the same next scale, with no extra
+// collective. (An overflow on any rank makes the reduced sum inf/NaN, so nothing is missed.) With
+// gradient accumulation, unscale_ likewise runs once per optimizer step, after the last
+// micro-batch, on the accumulated gradients.
+//
+// Why bf16 needs no scaler: bf16 keeps fp32's 8-bit exponent (range ~1e-38 .. 3e38), so
+// gradients neither underflow nor overflow where fp32 would not; only fp16's narrow range needs
+// the scale. Construct the scaler with enabled = false for bf16 and fp32 runs: every call then
+// costs nothing and the loop stays the same.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "kuai/core/tensor.h"
+#include "kuai/optim/optimizer.h"
+
+namespace kuai::amp {
+
+struct GradScalerOptions {
+  float init_scale = 65536.0f;  // 2^16
+  float growth_factor = 2.0f;   // > 1
+  float backoff_factor = 0.5f;  // in (0, 1)
+  int64_t growth_interval = 2000;
+  bool enabled = true;
+};
+
+// What a checkpoint keeps of the scaler (the options come from the config).
+struct GradScalerState {
+  float scale;
+  int64_t growth_tracker;  // clean steps in a row since the last growth or backoff
+};
+
+class GradScaler {
+ public:
+  explicit GradScaler(const GradScalerOptions& options = {});
+
+  bool enabled() const { return opt_.enabled; }
+  // The factor to multiply the loss by before backward (1 when disabled).
+  float scale() const { return opt_.enabled ? scale_ : 1.0f; }
+  int64_t growth_tracker() const { return tracker_; }
+
+  // One fused pass over every defined .grad of params (fp32 leaves; undefined grads skipped):
+  // grad *= 1/scale in place, and a check for inf/NaN. Returns found_inf, a one-element fp32
+  // tensor (1 or 0) on the gradients' device; nothing is read on the host. Call it once per
+  // optimizer step: after the last micro-batch of gradient accumulation and after the gradient
+  // all-reduce, so every rank sees the same gradients and decides alike. Calling it twice before
+  // update() throws (the gradients would be divided twice). Disabled: returns a zero flag and
+  // touches nothing.
+  Tensor unscale_(const std::vector<Tensor>& params);
+
+  // Runs opt.step(grad_factor) (the clip factor; undefined means 1) only if found_inf is 0, and
+  // returns whether it stepped. A skipped step touches nothing: parameters, optimizer moments and
+  // the optimizer's step count stay as they were. Reading found_inf is a host read, the one per
+  // step the fp16 scaler needs (PyTorch's step makes the same .item() call); on the CPU device it
+  // is a load from memory and costs nothing. Disabled: always steps.
+  bool step(optim::Optimizer& opt, const Tensor& found_inf, const Tensor& grad_factor = Tensor());
+
+  // Adapts the scale after step(): on inf/NaN scale *= backoff_factor and the growth tracker
+  // resets; otherwise the tracker counts up and at growth_interval scale *= growth_factor and the
+  // tracker resets. The scale stays finite and positive in fp32: growth that would overflow to
+  // inf is refused (as in PyTorch's _amp_update_scale_; the tracker still resets), and backoff
+  // stops at the smallest normal float (2^-126; PyTorch would reach 0 after ~150 backoffs in a
+  // row and then divide by zero). Disabled: no-op.
+  void update(const Tensor& found_inf);
+  void update(bool found_inf);
+
+  GradScalerState state() const { return {scale_, tracker_}; }
+  // Throws std::invalid_argument on a scale that is not finite and >= 2^-126 (the options'
+  // init_scale likewise) or on a negative tracker.
+  void load_state(const GradScalerState& state);
+
+ private:
+  GradScalerOptions opt_;
+  float scale_;
+  int64_t tracker_ = 0;
+  bool unscaled_ = false;  // unscale_ ran since the last update()
+};
+
+}  // namespace kuai::amp
