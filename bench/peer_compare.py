@@ -3,7 +3,7 @@
 
 Run by `make bench-peer`, i.e.
 
-    /usr/bin/python3 bench/peer_compare.py --kuai build/kuai [--configs tiny,gpt2]
+    /usr/bin/python3 bench/peer_compare.py --kuai build/kuai [--configs tiny,gpt2] [--precision bf16]
         [--rounds 2] [--steps N] [--out build/bench_peer.json]
 
 For each configuration the two trainers run alternately (kuai, torch, kuai, torch, ...) so that
@@ -150,23 +150,24 @@ def run(cmd, env_extra, timeout, required=RESULT_KEYS):
     return result, None, wall
 
 
-def kuai_command(kuai, cfg, steps):
+def kuai_command(kuai, cfg, steps, precision="fp32"):
     return [
         kuai, "train", "--data.source=synthetic",
         f"--model.vocab_size={cfg['vocab_size']}", f"--model.n_layer={cfg['n_layer']}",
         f"--model.n_head={cfg['n_head']}", f"--model.d_model={cfg['d_model']}",
         f"--model.seq_len={cfg['seq_len']}", f"--train.batch_size={cfg['batch_size']}",
         f"--train.steps={steps}", f"--train.threads={THREADS}",
+        f"--train.precision={precision}",
     ]  # fmt: skip
 
 
-def torch_command(cfg, steps):
+def torch_command(cfg, steps, precision="fp32"):
     return [
         TORCH_PYTHON, TORCH_PEER,
         f"--vocab_size={cfg['vocab_size']}", f"--n_layer={cfg['n_layer']}",
         f"--n_head={cfg['n_head']}", f"--d_model={cfg['d_model']}",
         f"--seq_len={cfg['seq_len']}", f"--batch_size={cfg['batch_size']}",
-        f"--steps={steps}", f"--threads={THREADS}",
+        f"--steps={steps}", f"--threads={THREADS}", f"--precision={precision}",
     ]  # fmt: skip
 
 
@@ -245,6 +246,8 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=2, help="A/B rounds per config")
     p.add_argument("--steps", type=int, default=None,
                    help="steps per run (default: 6 for tiny, 4 for gpt2)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="both engines train in this precision (bf16: autocast)")
     p.add_argument("--out", default=None, help="JSON output (default: build/bench_peer.json)")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per run")
     args = p.parse_args(argv)
@@ -279,6 +282,7 @@ def main(argv=None):
     torch_env = {"OMP_NUM_THREADS": str(THREADS), "OMP_WAIT_POLICY": "PASSIVE"}
     report = {
         "threads": THREADS,
+        "precision": args.precision,
         "peak_gflops": peak,
         "peak_note": peak_note,
         "gemm_gflops": gemm,
@@ -291,8 +295,8 @@ def main(argv=None):
         kuai_runs, torch_runs = [], []
         for r in range(args.rounds):
             for label, cmd, env, runs in (
-                ("kuai", kuai_command(kuai, cfg, steps), kuai_env, kuai_runs),
-                ("torch", torch_command(cfg, steps), torch_env, torch_runs),
+                ("kuai", kuai_command(kuai, cfg, steps, args.precision), kuai_env, kuai_runs),
+                ("torch", torch_command(cfg, steps, args.precision), torch_env, torch_runs),
             ):
                 result, error, wall = run(cmd, env, args.timeout)
                 runs.append(result)

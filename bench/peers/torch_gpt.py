@@ -22,7 +22,9 @@ Linear weights are in torch layout (out_features, in_features).
 
 At the end the benchmark prints exactly one line
     RESULT tokens_per_s=<f> step_ms_median=<f> peak_rss_mib=<f> final_loss=<f>
-where the median step time excludes the first (warm-up) step.
+where the median step time excludes the first (warm-up) step. --precision bf16 runs the
+forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16) (backward outside it, as
+PyTorch recommends); CPU autocast has no fp16 mode in this torch, and bf16 needs no GradScaler.
 """
 
 import argparse
@@ -166,6 +168,8 @@ def parse_args(argv):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be at least 2 (the first step is warm-up)")
@@ -191,7 +195,8 @@ def main(argv=None):
         x, y = tokens[:, :-1], tokens[:, 1:]
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = loss_fn(model(x), y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()

@@ -52,10 +52,16 @@ class PrimitiveNode final : public Node {
     return g;
   }
 
+  // Drops the saved tensors, keeping their shapes and dtypes. A node that saved nothing (a cast,
+  // a view) can run again: autocast's cached weight casts are shared by the graphs of every
+  // micro-batch of a step.
   void release() override {
-    in_.clear();
-    out_.clear();
-    released_ = true;
+    for (std::vector<Tensor>* v : {&in_, &out_})
+      for (Tensor& t : *v)
+        if (t.defined() && t.has_storage()) {
+          t = Tensor::meta(t.shape(), t.dtype(), t.device());
+          released_ = true;
+        }
   }
 
  private:

@@ -90,6 +90,17 @@ TEST(Autograd, SavedTensorsAreFreedAsNodesRun) {
   EXPECT_THROW(loss.backward(), std::runtime_error);  // graph already freed
 }
 
+TEST(Autograd, NodesThatSavedNothingCanRunAgain) {
+  // A cast saves nothing: a second graph that reuses a cast output (autocast's cached weight
+  // casts in every micro-batch of a step) backpropagates through it again.
+  Tensor w = full({4}, 0.5f);
+  w.requires_grad_();
+  Tensor wl = cast(w, DType::kBF16);
+  sum(cast(wl, DType::kF32)).backward();
+  sum(cast(scale(wl, 2.0f), DType::kF32)).backward();
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(4, 3.0f));
+}
+
 TEST(Autograd, NonScalarNeedsGradOutput) {
   Tensor x = full({2}, 1.0f);
   x.requires_grad_();

@@ -59,10 +59,11 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-TEST(Checkpoint, ResumeIsBitExact) {
-  const fs::path dir = fresh_dir("kuai_ckpt_resume");
+void expect_resume_is_bit_exact(const std::string& precision) {
+  const fs::path dir = fresh_dir("kuai_ckpt_resume_" + precision);
   std::vector<std::string> args = small_run(dir.string(), "full");
   args.push_back("--checkpoint.save_every=4");
+  args.push_back("--train.precision=" + precision);
   std::ostringstream out;
   const TrainResult full = run_training(load_config("", args), out);
   ASSERT_EQ(full.losses.size(), 10u);
@@ -82,6 +83,10 @@ TEST(Checkpoint, ResumeIsBitExact) {
   ASSERT_EQ(first.losses.size(), 6u);
   const fs::path cut_dir = dir / "cut";
   EXPECT_EQ(resolve_checkpoint(cut_dir.string()), (cut_dir / "ckpt-6").string());
+  // fp16 keeps its loss scale in the checkpoint; fp32 and bf16 have none.
+  const Checkpoint saved = read_checkpoint((cut_dir / "ckpt-6").string());
+  EXPECT_EQ(saved.state.loss_scale.has_value(), precision == "fp16");
+  if (saved.state.loss_scale) EXPECT_GT(saved.state.loss_scale->scale, 0.0f);
 
   TrainOptions r;
   r.resume = cut_dir.string();
@@ -106,6 +111,10 @@ TEST(Checkpoint, ResumeIsBitExact) {
     EXPECT_EQ(std::memcmp(da.data(), db.data(), da.size()), 0) << e.name;
   }
 }
+
+TEST(Checkpoint, ResumeIsBitExact) { expect_resume_is_bit_exact("fp32"); }
+TEST(Checkpoint, ResumeIsBitExactInBf16) { expect_resume_is_bit_exact("bf16"); }
+TEST(Checkpoint, ResumeIsBitExactInFp16WithTheLossScale) { expect_resume_is_bit_exact("fp16"); }
 
 void flip_byte(const std::string& path, int64_t from_end) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
