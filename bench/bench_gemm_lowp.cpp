@@ -1,8 +1,10 @@
 // Micro-benchmarks for kuai::cpu::gemm_lowp: forward linear-layer products y = x W^T of the tiny
-// GPT (4096 tokens, d_model 256) and GPT-2 124M (1024 tokens) with bf16 x and W, in GFLOP/s, for
-// the fp32 gemm on fp32 copies (the ceiling), the widen-to-fp32 path and oneDNN's bf16 matmul.
-// The kAuto choice in kuai/backend/cpu/gemm_lowp.cpp follows from these numbers. Run with
-// OMP_NUM_THREADS=2:
+// GPT (4096 tokens, d_model 256) and GPT-2 124M (1024 tokens), and the three products of GPT-2's
+// tied lm_head (logits = x Wte^T, dX = dlogits Wte, dWte = dlogits^T x), with bf16 operands, in
+// GFLOP/s, for the fp32 gemm on fp32 copies (the ceiling), the widen-to-fp32 path and oneDNN's
+// bf16 matmul; `scratch_MiB` is the widening path's scratch as the tracking allocator saw it
+// (peak during one call). The kAuto choice in kuai/backend/cpu/gemm_lowp.cpp follows from these
+// numbers. Run with OMP_NUM_THREADS=2:
 //   OMP_NUM_THREADS=2 build/kuai_bench_ops --benchmark_filter=BM_GemmLowp
 //     --benchmark_repetitions=3 --benchmark_min_time=0.3
 #include <benchmark/benchmark.h>
@@ -14,6 +16,7 @@
 
 #include "kuai/backend/cpu/gemm.h"
 #include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
 
 namespace {
@@ -44,70 +47,106 @@ const char* variant_name(Variant v) {
   return v == Variant::kFp32 ? "fp32_gemm" : v == Variant::kConvert ? "convert_fp32" : "onednn";
 }
 
-// y(M,N) = x(M,K) @ W(N,K)^T: the forward product of a linear layer, as bench_gemm.cpp's fwd_NT.
-// kFp32 multiplies fp32 copies with cpu::gemm (automatic backend); the others bf16 operands with
-// gemm_lowp on a forced path, into an fp32 (`c_type` kF32) or bf16 output.
-void bench_lowp(benchmark::State& state, Variant variant, int64_t M, int64_t N, int64_t K,
-                DType c_type) {
-  const std::vector<float> x = random_floats(M * K, 1), w = random_floats(N * K, 2);
-  const std::vector<uint16_t> x16 = to_bf16(x), w16 = to_bf16(w);
-  std::vector<float> y(static_cast<size_t>(M * N));
-  std::vector<uint16_t> y16(static_cast<size_t>(M * N));
+// C(M,N) = op(A)(M,K) @ op(B)(K,N), A stored (M,K) or (K,M) when trans_a, B stored (K,N) or
+// (N,K) when trans_b, all dense. kFp32 multiplies fp32 copies with cpu::gemm (automatic backend);
+// the others bf16 operands with gemm_lowp on a forced path, into an fp32 (`c_type` kF32) or bf16
+// output.
+void bench_lowp(benchmark::State& state, Variant variant, bool trans_a, bool trans_b, int64_t M,
+                int64_t N, int64_t K, DType c_type) {
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  std::vector<float> a, b;
+  std::vector<uint16_t> a16, b16;
+  if (variant == Variant::kFp32) {
+    a = random_floats(M * K, 1);
+    b = random_floats(K * N, 2);
+  } else {  // only the bf16 copies: the lm_head operands are hundreds of MB in fp32
+    a16 = to_bf16(random_floats(M * K, 1));
+    b16 = to_bf16(random_floats(K * N, 2));
+  }
+  std::vector<float> y;
+  std::vector<uint16_t> y16;
+  if (c_type == DType::kF32) {
+    y.resize(static_cast<size_t>(M * N));
+  } else {
+    y16.resize(static_cast<size_t>(M * N));
+  }
   void* out = c_type == DType::kF32 ? static_cast<void*>(y.data()) : y16.data();
   kuai::cpu::set_lowp_gemm_path(variant == Variant::kOneDNN ? LowpGemmPath::kOneDNN
                                                             : LowpGemmPath::kConvertFp32);
   if (variant == Variant::kOneDNN) {
     // Without a oneDNN primitive gemm_lowp would silently widen; report that instead of timing it.
-    const std::string impl = kuai::cpu::lowp_onednn_impl(false, true, M, N, K, DType::kBF16, K,
-                                                         DType::kBF16, K, c_type, N);
+    const std::string impl = kuai::cpu::lowp_onednn_impl(trans_a, trans_b, M, N, K, DType::kBF16,
+                                                         lda, DType::kBF16, ldb, c_type, N);
     if (impl.empty()) {
       state.SkipWithError("oneDNN has no bf16 matmul on this CPU");
       return;
     }
     state.SetLabel(impl);
   }
+  auto run = [&] {
+    if (variant == Variant::kFp32) {
+      kuai::cpu::gemm(trans_a, trans_b, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, y.data(),
+                      N);
+    } else {
+      kuai::cpu::gemm_lowp(trans_a, trans_b, M, N, K, 1.0f, a16.data(), DType::kBF16, lda,
+                           b16.data(), DType::kBF16, ldb, 0.0f, out, c_type, N);
+    }
+  };
+  // Scratch of one call as the tracking allocator sees it (and a warm-up).
+  kuai::Allocator& alloc = kuai::Allocator::get();
+  const int64_t before = alloc.stats().current;
+  alloc.reset_peak();
+  run();
+  const double scratch_mib = static_cast<double>(alloc.stats().peak - before) / (1 << 20);
   double best = 1e30;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    if (variant == Variant::kFp32) {
-      kuai::cpu::gemm(false, true, M, N, K, 1.0f, x.data(), K, w.data(), K, 0.0f, y.data(), N);
-    } else {
-      kuai::cpu::gemm_lowp(false, true, M, N, K, 1.0f, x16.data(), DType::kBF16, K, w16.data(),
-                           DType::kBF16, K, 0.0f, out, c_type, N);
-    }
+    run();
     benchmark::ClobberMemory();
     const double s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (s < best) best = s;
   }
   kuai::cpu::set_lowp_gemm_path(LowpGemmPath::kAuto);
-  const double flops = 2.0 * static_cast<double>(M * N * K);
+  const double flops =
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
   state.counters["GFLOPS"] = benchmark::Counter(
       flops * 1e-9 * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
   state.counters["GFLOPS_best"] = flops * 1e-9 / best;
+  state.counters["scratch_MiB"] = scratch_mib;
 }
 
-struct Layer {
+struct Product {
   const char* name;
-  int64_t rows, in, out;
+  int64_t m, n, k;
+  bool trans_a, trans_b;
 };
 
-const Layer kLayers[] = {
-    {"tiny/qkv", 4096, 256, 768},  {"tiny/proj", 4096, 256, 256},
-    {"tiny/fc", 4096, 256, 1024},  {"tiny/fc_proj", 4096, 1024, 256},
-    {"gpt2/qkv", 1024, 768, 2304}, {"gpt2/proj", 1024, 768, 768},
-    {"gpt2/fc", 1024, 768, 3072},  {"gpt2/fc_proj", 1024, 3072, 768},
+// Linear layers y(rows, out) = x(rows, in) W(out, in)^T are NT products (M, N, K) = (rows, out,
+// in); GPT-2's lm_head ties W = Wte (50257, 768) and runs all three orientations.
+const Product kProducts[] = {
+    {"tiny/qkv", 4096, 768, 256, false, true},
+    {"tiny/proj", 4096, 256, 256, false, true},
+    {"tiny/fc", 4096, 1024, 256, false, true},
+    {"tiny/fc_proj", 4096, 256, 1024, false, true},
+    {"gpt2/qkv", 1024, 2304, 768, false, true},
+    {"gpt2/proj", 1024, 768, 768, false, true},
+    {"gpt2/fc", 1024, 3072, 768, false, true},
+    {"gpt2/fc_proj", 1024, 768, 3072, false, true},
+    {"gpt2/lm_head", 1024, 50257, 768, false, true},      // logits = x Wte^T
+    {"gpt2/lm_head_dX", 1024, 768, 50257, false, false},  // dX = dlogits Wte
+    {"gpt2/lm_head_dW", 50257, 768, 1024, true, false},   // dWte = dlogits^T x
 };
 
 const bool kRegistered = [] {
-  for (const Layer& layer : kLayers) {
+  for (const Product& p : kProducts) {
     for (Variant v : {Variant::kFp32, Variant::kConvert, Variant::kOneDNN}) {
       for (DType c_type : {DType::kF32, DType::kBF16}) {
         if (v == Variant::kFp32 && c_type != DType::kF32) continue;
-        const std::string name = std::string("BM_GemmLowp/") + layer.name + "/" + variant_name(v) +
+        const std::string name = std::string("BM_GemmLowp/") + p.name + "/" + variant_name(v) +
                                  (c_type == DType::kF32 ? "/out_f32" : "/out_bf16");
-        benchmark::RegisterBenchmark(name.c_str(), bench_lowp, v, layer.rows, layer.out, layer.in,
-                                     c_type)
+        benchmark::RegisterBenchmark(name.c_str(), bench_lowp, v, p.trans_a, p.trans_b, p.m, p.n,
+                                     p.k, c_type)
             ->UseRealTime()
             ->Unit(benchmark::kMillisecond);
       }

@@ -1,6 +1,7 @@
 // Element types and their conversions. bf16 and f16 are stored as raw 16-bit patterns; the
 // conversions from float round to nearest even and keep NaN a NaN (quiet), ±inf, signed zeros
-// and (for f16) subnormals, matching what hardware converters (F16C, AVX512-BF16) produce.
+// and (for f16) subnormals, matching what hardware converters (F16C, AVX512-BF16) produce; the
+// f16 ones are bit-identical to F16C's vcvtps2ph / vcvtph2ps for every input.
 #pragma once
 
 #include <cstdint>
@@ -56,10 +57,17 @@ inline uint16_t float_to_bf16(float f) {
 inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 // ---- IEEE half: 1 sign, 5 exponent, 10 mantissa bits ----
+// float_to_f16 keeps a NaN's sign and top 9 payload bits and sets the quiet bit; f16_to_float
+// keeps sign and payload and sets the quiet bit (a signalling half NaN comes back quiet).
 uint16_t float_to_f16(float f);
 float f16_to_float(uint16_t h);
 
 // Bulk conversion between any two dtypes (n elements). Floats to integers truncate toward zero.
+// Large conversions run in parallel (OpenMP) unless called from inside a parallel region.
 void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+
+// convert() on the calling thread only, never forking OpenMP threads: for callers already inside
+// a parallel region that convert one chunk each. Same results and the same fast loops.
+void convert_serial(const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
 
 }  // namespace kuai

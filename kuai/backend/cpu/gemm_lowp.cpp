@@ -1,11 +1,14 @@
 // Mixed-precision GEMM (bf16/f16/f32 storage, fp32 accumulation) for the CPU backend: the
-// widen-to-fp32 path over cpu::gemm, the oneDNN low-precision matmul path with its own primitive
+// blocked widen-to-fp32 path over cpu::gemm (scratch bounded by a panel budget, from the tracking
+// allocator), the oneDNN low-precision matmul path with its own primitive
 // cache, the automatic choice between them and the double-accumulated reference.
 #include "kuai/backend/cpu/gemm_lowp.h"
 
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstddef>
 #include <functional>
 #include <memory>
@@ -16,6 +19,7 @@
 
 #include "kuai/backend/cpu/gemm.h"
 #include "kuai/backend/cpu/onednn_cache.h"
+#include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
 namespace {
@@ -24,19 +28,40 @@ std::atomic<LowpGemmPath> g_path{LowpGemmPath::kAuto};
 
 // ---- kConvertFp32 ----
 
-// Per-thread fp32 scratch for the widened operands and C, grown on demand and reused across
-// calls, so steady-state steps allocate nothing. This first version widens whole operands before
-// the product (one extra pass over A, B and a low-precision C, plus 4 bytes per element of
-// scratch); converting panels inside the GEMM's blocking would avoid the scratch but needs a GEMM
-// kernel of our own.
-struct Scratch {
-  std::vector<float> a, b, c;
-};
+// The product is blocked so that no widened panel holds more than the budget: op(A) in (mb, kb)
+// panels, op(B) in (kb, nb) panels and, for a low-precision C, C in (mb, nb) fp32 blocks. An fp32
+// operand is never copied (the panel is a pointer into it); an fp32 C is accumulated in place.
+// Scratch is therefore at most three panels (3 x 16 MiB by default), whatever the operand sizes,
+// comes from the tracking allocator and is returned before gemm_lowp returns.
+constexpr int64_t kDefaultPanelFloats = int64_t{1} << 22;  // 16 MiB of fp32 per panel
+constexpr int64_t kMaxKBlock = 4096;  // long K blocks keep each inner cpu::gemm efficient
+constexpr int64_t kMinMNBlock = 256;  // M, N blocks at least this long when the budget allows
+constexpr int64_t kBlockAlign = 16;   // block lengths rounded up to 64 bytes of fp32 if they fit
 
-Scratch& scratch() {
-  thread_local Scratch s;
-  return s;
+std::atomic<int64_t> g_panel_budget{0};  // 0: kDefaultPanelFloats
+
+int64_t panel_budget() {
+  const int64_t b = g_panel_budget.load(std::memory_order_relaxed);
+  return b > 0 ? b : kDefaultPanelFloats;
 }
+
+// fp32 scratch from the tracking allocator, so the memory counters see it; freed on scope exit.
+class ScratchFloats {
+ public:
+  explicit ScratchFloats(int64_t count)
+      : bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(float) : 0),
+        data_(bytes_ > 0 ? static_cast<float*>(Allocator::get().allocate(bytes_)) : nullptr) {}
+  ~ScratchFloats() {
+    if (data_ != nullptr) Allocator::get().deallocate(data_, bytes_);
+  }
+  ScratchFloats(const ScratchFloats&) = delete;
+  ScratchFloats& operator=(const ScratchFloats&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_;
+};
 
 // Element `i` of a row-major (rows, cols) matrix with leading dimension `ld`, in bytes.
 const void* element(const void* base, DType t, int64_t i) {
@@ -46,54 +71,146 @@ void* element(void* base, DType t, int64_t i) {
   return static_cast<char*>(base) + i * dtype_size(t);
 }
 
-// Copies the (rows, cols, ld) matrix `src` of type `st` into the (rows, cols, ld_dst) matrix `dst`
-// of type `dt` through kuai::convert (round to nearest even when narrowing). Contiguous matrices
-// are one call (convert parallelises large ones itself); strided ones are parallel over rows.
+// Copies the (rows, cols, ld_src) matrix `src` of type `st` into the (rows, cols, ld_dst) matrix
+// `dst` of type `dt` (round to nearest even when narrowing), in parallel over pieces of rows of at
+// most kPiece elements (so a single long row is split too); each piece is one convert_serial.
 void convert_matrix(const void* src, DType st, int64_t ld_src, void* dst, DType dt, int64_t ld_dst,
                     int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0) return;
-  if (ld_src == cols && ld_dst == cols) {
-    convert(src, st, dst, dt, rows * cols);
-    return;
+  if (ld_src == cols && ld_dst == cols) {  // dense: one long row
+    cols *= rows;
+    rows = 1;
   }
+  constexpr int64_t kPiece = 1 << 14;
+  const int64_t pieces_per_row = (cols + kPiece - 1) / kPiece;
+  const int64_t pieces = rows * pieces_per_row;
 #pragma omp parallel for schedule(static) if (rows * cols > (1 << 16) && !omp_in_parallel())
-  for (int64_t r = 0; r < rows; ++r) {
-    convert(element(src, st, r * ld_src), st, element(dst, dt, r * ld_dst), dt, cols);
+  for (int64_t t = 0; t < pieces; ++t) {
+    const int64_t r = t / pieces_per_row, c = (t % pieces_per_row) * kPiece;
+    convert_serial(element(src, st, r * ld_src + c), st, element(dst, dt, r * ld_dst + c), dt,
+                   std::min(kPiece, cols - c));
   }
 }
 
-// op(X)'s storage widened to fp32: X itself when already fp32, else dense scratch. Sets *ld_out.
-const float* widen(const void* x, DType t, int64_t rows, int64_t cols, int64_t ld,
-                   std::vector<float>& buf, int64_t* ld_out) {
+// Length of the blocks `extent` is cut into: at most `cap`, as even as possible (no short last
+// block), rounded up to kBlockAlign when that still fits.
+int64_t block_length(int64_t extent, int64_t cap) {
+  cap = std::max<int64_t>(cap, 1);
+  if (extent <= cap) return std::max<int64_t>(extent, 1);
+  const int64_t blocks = (extent + cap - 1) / cap;
+  const int64_t even = (extent + blocks - 1) / blocks;
+  const int64_t aligned = (even + kBlockAlign - 1) / kBlockAlign * kBlockAlign;
+  return aligned <= cap ? aligned : even;
+}
+
+struct Blocking {
+  int64_t mb, nb, kb;
+};
+
+// Block sizes for a product; a function of the shape, the operand types (only widened operands
+// constrain) and the budget only, never of the thread count, so results are reproducible.
+Blocking choose_blocking(int64_t M, int64_t N, int64_t K, bool widen_a, bool widen_b, bool widen_c,
+                         int64_t budget) {
+  int64_t side = static_cast<int64_t>(std::sqrt(static_cast<double>(budget)));  // floor(sqrt)
+  while (side * side > budget) --side;
+  while ((side + 1) * (side + 1) <= budget) ++side;
+  const int64_t min_mn = std::min(kMinMNBlock, side);
+  // K first: as long as possible while leaving room for min_mn rows (columns) of a panel.
+  int64_t kcap = widen_a || widen_b ? kMaxKBlock : K;  // only C widened: K need not be cut
+  if (widen_a) kcap = std::min(kcap, budget / std::min(M, min_mn));
+  if (widen_b) kcap = std::min(kcap, budget / std::min(N, min_mn));
+  const int64_t kb = block_length(K, kcap);
+  int64_t mcap = widen_a ? budget / kb : M, ncap = widen_b ? budget / kb : N;
+  mcap = std::min(std::max<int64_t>(mcap, 1), M);
+  ncap = std::min(std::max<int64_t>(ncap, 1), N);
+  // The fp32 C block: keep a side that is at most sqrt(budget) whole and cut the other; when both
+  // are longer, square blocks.
+  if (widen_c && mcap * ncap > budget) {
+    if (mcap <= side) {
+      ncap = budget / mcap;
+    } else if (ncap <= side) {
+      mcap = budget / ncap;
+    } else {
+      mcap = ncap = side;
+    }
+  }
+  return Blocking{block_length(M, mcap), block_length(N, ncap), kb};
+}
+
+// One panel of op(X): op rows [r0, r0 + rows), op columns [c0, c0 + cols) of the matrix stored
+// row-major with leading dimension `ld`, transposed when `trans`. Returns the storage of the panel
+// in fp32 (a pointer into X when X is fp32, else widened into `scratch`, densely) and its leading
+// dimension; the panel keeps the orientation of X, so cpu::gemm gets the same transpose flag.
+const float* panel(const void* x, DType t, int64_t ld, bool trans, int64_t r0, int64_t c0,
+                   int64_t rows, int64_t cols, float* scratch, int64_t* ld_out) {
+  const int64_t srow = trans ? c0 : r0, scol = trans ? r0 : c0;
+  const int64_t srows = trans ? cols : rows, scols = trans ? rows : cols;
+  if (rows <= 0 || cols <= 0) {  // nothing is read (K == 0): any pointer will do
+    *ld_out = std::max<int64_t>(t == DType::kF32 ? ld : scols, 1);
+    return t == DType::kF32 ? static_cast<const float*>(x) : scratch;
+  }
+  const void* first = element(x, t, srow * ld + scol);
   if (t == DType::kF32) {
     *ld_out = ld;
-    return static_cast<const float*>(x);
+    return static_cast<const float*>(first);
   }
-  const size_t need = static_cast<size_t>(rows * cols);
-  if (buf.size() < need) buf.resize(need);
-  convert_matrix(x, t, ld, buf.data(), DType::kF32, cols, rows, cols);
-  *ld_out = cols;
-  return buf.data();
+  convert_matrix(first, t, ld, scratch, DType::kF32, scols, srows, scols);
+  *ld_out = scols;
+  return scratch;
 }
 
 void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const void* A, DType a_dtype, int64_t lda, const void* B, DType b_dtype,
                        int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc) {
-  Scratch& s = scratch();
-  int64_t lda32 = lda, ldb32 = ldb;
-  // A is stored (M,K), or (K,M) when transposed; likewise B (K,N) or (N,K).
-  const float* a32 = widen(A, a_dtype, trans_a ? K : M, trans_a ? M : K, lda, s.a, &lda32);
-  const float* b32 = widen(B, b_dtype, trans_b ? N : K, trans_b ? K : N, ldb, s.b, &ldb32);
-  if (c_dtype == DType::kF32) {
-    gemm(trans_a, trans_b, M, N, K, alpha, a32, lda32, b32, ldb32, beta, static_cast<float*>(C),
-         ldc);
-    return;
+  const bool widen_a = a_dtype != DType::kF32, widen_b = b_dtype != DType::kF32;
+  const bool widen_c = c_dtype != DType::kF32;
+  const Blocking blk = choose_blocking(M, N, K, widen_a, widen_b, widen_c, panel_budget());
+  const int64_t kb = std::min(blk.kb, K);  // 0 when K == 0: one empty K block
+  ScratchFloats a_buf(widen_a ? std::min(blk.mb, M) * kb : 0);
+  ScratchFloats b_buf(widen_b ? kb * std::min(blk.nb, N) : 0);
+  ScratchFloats c_buf(widen_c ? std::min(blk.mb, M) * std::min(blk.nb, N) : 0);
+  // The panels last widened, so a panel that does not change between consecutive products (one
+  // K block, or one M or N block) is widened once.
+  int64_t a_at[2] = {-1, -1}, b_at[2] = {-1, -1};
+  const float* a32 = nullptr;
+  const float* b32 = nullptr;
+  int64_t lda32 = 0, ldb32 = 0;
+  for (int64_t i0 = 0; i0 < M; i0 += blk.mb) {
+    const int64_t mb = std::min(blk.mb, M - i0);
+    for (int64_t j0 = 0; j0 < N; j0 += blk.nb) {
+      const int64_t nb = std::min(blk.nb, N - j0);
+      // The fp32 C block accumulated into: C itself, or the widened block of a low-precision C
+      // (read only when beta != 0; beta == 0 ignores its contents, NaN garbage included).
+      float* c32 = widen_c ? c_buf.data() : static_cast<float*>(C) + i0 * ldc + j0;
+      const int64_t ldc32 = widen_c ? nb : ldc;
+      if (widen_c && beta != 0.0f) {
+        convert_matrix(element(C, c_dtype, i0 * ldc + j0), c_dtype, ldc, c32, DType::kF32, nb, mb,
+                       nb);
+      }
+      int64_t p0 = 0;
+      do {
+        const int64_t kp = std::min(kb, K - p0);
+        if (a_at[0] != i0 || a_at[1] != p0) {
+          a32 = panel(A, a_dtype, lda, trans_a, i0, p0, mb, kp, a_buf.data(), &lda32);
+          a_at[0] = i0;
+          a_at[1] = p0;
+        }
+        if (b_at[0] != p0 || b_at[1] != j0) {
+          b32 = panel(B, b_dtype, ldb, trans_b, p0, j0, kp, nb, b_buf.data(), &ldb32);
+          b_at[0] = p0;
+          b_at[1] = j0;
+        }
+        // beta on the first K block only; the later ones accumulate. Partial sums stay fp32.
+        gemm(trans_a, trans_b, mb, nb, kp, alpha, a32, lda32, b32, ldb32, p0 == 0 ? beta : 1.0f,
+             c32, ldc32);
+        p0 += kb;
+      } while (p0 < K);
+      if (widen_c) {
+        convert_matrix(c32, DType::kF32, nb, element(C, c_dtype, i0 * ldc + j0), c_dtype, ldc, mb,
+                       nb);
+      }
+    }
   }
-  const size_t need = static_cast<size_t>(M * N);
-  if (s.c.size() < need) s.c.resize(need);
-  if (beta != 0.0f) convert_matrix(C, c_dtype, ldc, s.c.data(), DType::kF32, N, M, N);
-  gemm(trans_a, trans_b, M, N, K, alpha, a32, lda32, b32, ldb32, beta, s.c.data(), N);
-  convert_matrix(s.c.data(), DType::kF32, N, C, c_dtype, ldc, M, N);
 }
 
 // ---- kOneDNN ----
@@ -201,19 +318,25 @@ void run_onednn(const LowpMatmul& mm, const void* A, const void* B, void* C) {
 // BF16) or far more (AMX) the fp32 rate while reading half the bytes; there kAuto uses it. Below
 // avx512_core oneDNN 2.6 has no bf16 or f16 matmul at all (primitive creation fails, even the
 // reference one), so every AVX2-only machine widens. Measured on the 2-core AVX2 EPYC
-// (OMP_NUM_THREADS=2, bench/bench_gemm_lowp.cpp, median GFLOP/s of 3 repetitions, fwd y = x W^T,
-// bf16 x and W):
-//   shape (M,N,K)           fp32 gemm   widen, f32 out   widen, bf16 out   oneDNN bf16
-//   tiny qkv  4096,768,256      153          123               96          unimplemented
-//   tiny proj 4096,256,256      156           71               62          unimplemented
-//   tiny fc   4096,1024,256     168          158              115          unimplemented
-//   tiny fc_p 4096,256,1024     141           72               73          unimplemented
-//   gpt2 qkv  1024,2304,768     165          141              129          unimplemented
-//   gpt2 proj 1024,768,768      163          107              100          unimplemented
-//   gpt2 fc   1024,3072,768     167          145              130          unimplemented
-//   gpt2 fc_p 1024,768,3072    (167 best)    141              138          unimplemented
-// Widening whole operands costs ~1 ns per element here (kuai::convert, bandwidth bound), which
-// is what separates the middle columns from the fp32 one on the products with little reuse.
+// (OMP_NUM_THREADS=2, bench/bench_gemm_lowp.cpp, best GFLOP/s of 6 repetitions on a shared
+// machine, bf16 operands; linear layers y = x W^T, and GPT-2's lm_head; "MiB" is the blocked
+// widening path's scratch with bf16 out, as the allocator counts it):
+//   shape (M,N,K)               fp32 gemm   widen, f32 out   widen, bf16 out   MiB   oneDNN bf16
+//   tiny qkv  4096,768,256 NT       173          171              165          16.8  unimplemented
+//   tiny proj 4096,256,256 NT       172          160              162           8.2  unimplemented
+//   tiny fc   4096,1024,256 NT      175          173              164          21.0  unimplemented
+//   tiny fc_p 4096,256,1024 NT      149          140              142          21.0  unimplemented
+//   gpt2 qkv  1024,2304,768 NT      170          164              161          18.8  unimplemented
+//   gpt2 proj 1024,768,768 NT       172          169              169           8.2  unimplemented
+//   gpt2 fc   1024,3072,768 NT      166          168              166          24.0  unimplemented
+//   gpt2 fc_p 1024,768,3072 NT      164          160              164          24.0  unimplemented
+//   lm_head   1024,50257,768 NT     167          167              167          29.5  unimplemented
+//   lm_head dX 1024,768,50257 NN    168          163              163          29.5  unimplemented
+//   lm_head dW 50257,768,1024 TN    162          162              161          29.5  unimplemented
+// Widening costs ~0.15 ns per element (kuai::convert, bandwidth bound), a few percent of these
+// products. The whole-operand widening this path replaced ran at the same rates (within the
+// noise) but kept up to 347 MiB of thread-local scratch per lm_head product outside the
+// allocator's counters.
 // The ISA is what oneDNN itself dispatches on.
 LowpGemmPath measured_auto_path() {
   return cpu_has_native_bf16() ? LowpGemmPath::kOneDNN : LowpGemmPath::kConvertFp32;
@@ -236,6 +359,12 @@ LowpGemmPath lowp_gemm_auto_path() {
   static const LowpGemmPath path = measured_auto_path();
   return path;
 }
+
+void set_lowp_gemm_panel_budget(int64_t floats) {
+  g_panel_budget.store(floats > 0 ? floats : 0, std::memory_order_relaxed);
+}
+
+int64_t lowp_gemm_panel_budget() { return panel_budget(); }
 
 void set_lowp_gemm_path(LowpGemmPath path) { g_path.store(path, std::memory_order_relaxed); }
 

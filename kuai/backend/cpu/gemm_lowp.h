@@ -1,10 +1,10 @@
 // Mixed-precision matrix multiply for the CPU backend: operands stored as bf16, f16 or f32, the
 // product always accumulated in fp32, C written as f32 or rounded (nearest even) to bf16/f16.
-// Two implementations: widen the operands to fp32 and run the fast fp32 gemm (gemm.h), or hand
-// the low-precision operands to oneDNN's bf16/f16 matmul, which is only fast on CPUs with native
-// bf16 arithmetic (AVX512-BF16, AMX). kAuto chooses between them; see gemm_lowp.cpp for the
-// measurements behind the choice. gemm_lowp_reference is the naive oracle the tests compare
-// against.
+// Two implementations: widen the operands to fp32 block by block (bounded scratch, accounted by
+// kuai::Allocator) and run the fast fp32 gemm (gemm.h) on each block, or hand the low-precision
+// operands to oneDNN's bf16/f16 matmul, which is only fast on CPUs with native bf16 arithmetic
+// (AVX512-BF16, AMX). kAuto chooses between them; see gemm_lowp.cpp for the measurements behind
+// the choice. gemm_lowp_reference is the naive oracle the tests compare against.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,8 @@ namespace kuai::cpu {
 
 enum class LowpGemmPath {
   kAuto,         // kOneDNN on CPUs with native bf16 arithmetic, else kConvertFp32
-  kConvertFp32,  // widen A and B to fp32 scratch, cpu::gemm, round C back if low precision
+  kConvertFp32,  // widen A, B (and a low-precision C) panel by panel to bounded fp32 scratch,
+                 // cpu::gemm per block, round C back once if low precision
   kOneDNN,       // oneDNN matmul on the low-precision operands (falls back to kConvertFp32 for
                  // dtype combinations oneDNN cannot build a primitive for, e.g. bf16 x f16)
 };
@@ -24,6 +25,16 @@ enum class LowpGemmPath {
 // Force a path (tests, benchmarks); kAuto restores the automatic choice.
 void set_lowp_gemm_path(LowpGemmPath path);
 LowpGemmPath lowp_gemm_path();
+
+// kConvertFp32 blocks the product so that each widened fp32 panel (of op(A), of op(B), and of a
+// low-precision C) holds at most this many floats: its scratch is at most 3 x budget x 4 bytes
+// (48 MiB by default), taken from kuai::Allocator (so the peak counters see it) and released
+// before gemm_lowp returns. fp32 operands are read in place and cost no scratch. Block sizes
+// depend only on the shapes, the dtypes and this budget, never on the thread count. A testing
+// hook: a small budget forces blocking of M, N and K on small products; 0 restores the default
+// (1 << 22 floats, 16 MiB). Read once per call.
+void set_lowp_gemm_panel_budget(int64_t floats);
+int64_t lowp_gemm_panel_budget();  // the budget in force, in floats
 
 // The path kAuto resolves to on this CPU.
 LowpGemmPath lowp_gemm_auto_path();

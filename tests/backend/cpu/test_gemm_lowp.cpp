@@ -1,7 +1,8 @@
 // Tests for kuai::cpu::gemm_lowp: both paths (widen to fp32, oneDNN low-precision matmul) and the
 // automatic choice, every transpose combination, odd shapes (1, 7, 33, 100) with and without
 // padded leading dimensions, bf16/f16/mixed operands, f32/bf16/f16 output, against the
-// double-accumulated gemm_lowp_reference.
+// double-accumulated gemm_lowp_reference; the widening path's blocking (forced in M, N and K by a
+// small panel budget) and its scratch, bounded and accounted by the tracking allocator.
 #include <fmt/core.h>
 #include <gtest/gtest.h>
 
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
@@ -91,7 +93,10 @@ const LowpGemmPath kPaths[] = {LowpGemmPath::kConvertFp32, LowpGemmPath::kOneDNN
 
 class GemmLowpTest : public ::testing::Test {
  protected:
-  void TearDown() override { set_lowp_gemm_path(LowpGemmPath::kAuto); }
+  void TearDown() override {
+    set_lowp_gemm_path(LowpGemmPath::kAuto);
+    set_lowp_gemm_panel_budget(0);
+  }
 };
 
 // Runs one product through gemm_lowp and through the reference (in f32 output from the exactly
@@ -204,6 +209,66 @@ TEST_F(GemmLowpTest, DegenerateProducts) {
               c.data(), DType::kBF16, 3);
     for (uint16_t v : c) EXPECT_EQ(bf16_to_float(v), 3.0f) << path_label(path);
   }
+}
+
+// The widening path with a panel budget of 600 floats: op(A) (70, 130) is cut into 3 x 6 panels,
+// op(B) (130, 90) into 6 x 4 and C into 3 x 4 blocks, so every product accumulates over K blocks
+// (beta on the first only) and every panel is a strided view of a possibly transposed, padded
+// operand. fp32 operands (read in place) and an fp32 C (accumulated in place) are covered too.
+TEST_F(GemmLowpTest, BlockedWideningInAllDimensions) {
+  const Types types[] = {{DType::kBF16, DType::kBF16}, {DType::kF16, DType::kF16},
+                         {DType::kBF16, DType::kF32},  {DType::kF32, DType::kF16},
+                         {DType::kF16, DType::kBF16},  {DType::kF32, DType::kF32}};
+  const float scalars[][2] = {{1.0f, 0.0f}, {-0.75f, 1.0f}, {0.5f, -2.0f}};
+  set_lowp_gemm_panel_budget(600);
+  ASSERT_EQ(lowp_gemm_panel_budget(), 600);
+  for (int t = 0; t < 4; ++t) {
+    const int64_t pad = (t == 1 || t == 2) ? 5 : 0;  // dense and padded, both orientations
+    for (Types ty : types) {
+      for (DType c_type : kOutputTypes) {
+        for (const auto& sc : scalars) {
+          check(LowpGemmPath::kConvertFp32, t & 1, t & 2, Shape{70, 90, 130, pad}, ty, c_type,
+                sc[0], sc[1]);
+        }
+      }
+    }
+  }
+  // The extreme budget of one float: 1 x 1 x 1 blocks.
+  set_lowp_gemm_panel_budget(1);
+  for (int t = 0; t < 4; ++t) {
+    for (DType c_type : kOutputTypes) {
+      check(LowpGemmPath::kConvertFp32, t & 1, t & 2, Shape{5, 6, 7, 2},
+            Types{DType::kBF16, DType::kF16}, c_type, -0.75f, 1.0f);
+    }
+  }
+  set_lowp_gemm_panel_budget(0);
+  EXPECT_EQ(lowp_gemm_panel_budget(), int64_t{1} << 22);
+}
+
+// The widening path's scratch comes from the tracking allocator, never exceeds three panels of
+// the budget (whole widened operands would take 2.8 MB here, against 384 KiB), and is all
+// returned when gemm_lowp returns.
+TEST_F(GemmLowpTest, WideningScratchIsBoundedAndAccounted) {
+  const int64_t M = 300, N = 500, K = 700, budget = int64_t{1} << 15;
+  std::vector<float> a32, b32, c32;
+  const auto a = random_matrix(K * M, DType::kBF16, 31, &a32);  // stored (K, M): transposed
+  const auto b = random_matrix(N * K, DType::kF16, 32, &b32);   // stored (N, K): transposed
+  auto c = random_matrix(M * N, DType::kBF16, 33, &c32);
+  set_lowp_gemm_path(LowpGemmPath::kConvertFp32);
+  set_lowp_gemm_panel_budget(budget);
+  Allocator& alloc = Allocator::get();
+  alloc.empty_cache();  // fresh blocks: no larger cached block can serve a panel
+  const MemoryStats before = alloc.stats();
+  alloc.reset_peak();
+  gemm_lowp(true, true, M, N, K, 1.0f, a.data(), DType::kBF16, M, b.data(), DType::kF16, K, 0.5f,
+            c.data(), DType::kBF16, N);
+  const MemoryStats after = alloc.stats();
+  const int64_t panel_bytes = static_cast<int64_t>(Allocator::round_size(budget * sizeof(float)));
+  const int64_t whole_bytes = (M * K + K * N + M * N) * static_cast<int64_t>(sizeof(float));
+  EXPECT_GT(after.peak - before.current, 0) << "scratch not seen by the allocator";
+  EXPECT_LE(after.peak - before.current, 3 * panel_bytes);
+  EXPECT_LT(3 * panel_bytes, whole_bytes / 4);  // the bound is a real one
+  EXPECT_EQ(after.current, before.current) << "scratch left allocated";
 }
 
 // Reports (not asserts) which oneDNN implementation the low-precision path gets on this CPU.
