@@ -48,11 +48,13 @@ inline float bits_float(uint32_t u) {
 }
 
 // ---- bfloat16: the upper half of an fp32 pattern ----
+// Branch-free (a select), so loops over it vectorise.
 inline uint16_t float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even; overflows correctly into inf
-  return static_cast<uint16_t>(u >> 16);
+  const uint32_t u = float_bits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;  // nearest even; overflows
+                                                                    // correctly into inf
+  const uint32_t quiet_nan = (u >> 16) | 0x0040u;
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 

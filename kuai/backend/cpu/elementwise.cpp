@@ -8,6 +8,7 @@
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/parallel_chunks.h"
 #include "kuai/backend/cpu/vec_math.h"
+#include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
 namespace {
@@ -83,28 +84,53 @@ KUAI_CLONES void mul_row_chunk(const float* x, const float* b, float* y, int64_t
   row_loop<Binary::kMul>(x, b, y, rows, cols);
 }
 
+// Element access for fp32 and bf16 storage: the bf16 kernels are the fp32 ones with a shift on
+// load and a round-to-nearest-even on store, in registers (no widened copy in memory).
+[[gnu::always_inline]] inline float load(const float* p, int64_t i) { return p[i]; }
+[[gnu::always_inline]] inline float load(const uint16_t* p, int64_t i) {
+  return bf16_to_float(p[i]);
+}
+[[gnu::always_inline]] inline void store(float* p, int64_t i, float v) { p[i] = v; }
+[[gnu::always_inline]] inline void store(uint16_t* p, int64_t i, float v) {
+  p[i] = float_to_bf16(v);
+}
+
+KUAI_CLONES void add_f32_bf16_chunk(const float* a, const uint16_t* b, float* y, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] + load(b, i);
+}
+
 // gelu(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
 // The sigmoid form has no cancellation for negative x, so small outputs keep full relative
 // accuracy down to the subnormal range.
-KUAI_CLONES void gelu_forward_chunk(const float* x, float* y, int64_t n) {
+template <class T>
+[[gnu::always_inline]] inline void gelu_forward_body(const T* x, T* y, int64_t n) {
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) {
-    const float xi = x[i];
+    const float xi = load(x, i);
     float xc = vm::select(xi > kGeluClamp, kGeluClamp, xi);
     xc = vm::select(xc < -kGeluClamp, -kGeluClamp, xc);
     const float z = 2.0f * kSqrt2OverPi * (xc + kGeluCubic * xc * xc * xc);
     float s, sc;
     vm::sigmoid_pair(z, s, sc);
-    y[i] = vm::select(xi < -kGeluClamp, -0.0f, xi * s);
+    store(y, i, vm::select(xi < -kGeluClamp, -0.0f, xi * s));
   }
+}
+KUAI_CLONES void gelu_forward_chunk(const float* x, float* y, int64_t n) {
+  gelu_forward_body(x, y, n);
+}
+KUAI_CLONES void gelu_forward_bf16_chunk(const uint16_t* x, uint16_t* y, int64_t n) {
+  gelu_forward_body(x, y, n);
 }
 
 // gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'
 //          = s + 2 x s (1 - s) u',  s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-KUAI_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx, int64_t n) {
+template <class T>
+[[gnu::always_inline]] inline void gelu_backward_body(const T* x, const T* dy, T* dx, int64_t n) {
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) {
-    float xc = vm::select(x[i] > kGeluClamp, kGeluClamp, x[i]);
+    const float xi = load(x, i);
+    float xc = vm::select(xi > kGeluClamp, kGeluClamp, xi);
     xc = vm::select(xc < -kGeluClamp, -kGeluClamp, xc);
     const float x2 = xc * xc;
     const float z = 2.0f * kSqrt2OverPi * (xc + kGeluCubic * x2 * xc);
@@ -112,8 +138,15 @@ KUAI_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx,
     float s, sc;
     vm::sigmoid_pair(z, s, sc);
     const float d = s + 2.0f * xc * du * (s * sc);
-    dx[i] = dy[i] * d;
+    store(dx, i, load(dy, i) * d);
   }
+}
+KUAI_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx, int64_t n) {
+  gelu_backward_body(x, dy, dx, n);
+}
+KUAI_CLONES void gelu_backward_bf16_chunk(const uint16_t* x, const uint16_t* dy, uint16_t* dx,
+                                          int64_t n) {
+  gelu_backward_body(x, dy, dx, n);
 }
 
 }  // namespace
@@ -166,6 +199,22 @@ void mul_row(const float* x, const float* b, float* y, int64_t rows, int64_t col
 void gelu_forward(const float* x, float* y, int64_t n) {
   parallel_chunks(n, kGeluChunk,
                   [&](int64_t i, int64_t e) { gelu_forward_chunk(x + i, y + i, e - i); });
+}
+
+void gelu_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n) {
+  parallel_chunks(n, kGeluChunk,
+                  [&](int64_t i, int64_t e) { gelu_forward_bf16_chunk(x + i, y + i, e - i); });
+}
+
+void gelu_backward_bf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n) {
+  parallel_chunks(n, kGeluChunk, [&](int64_t i, int64_t e) {
+    gelu_backward_bf16_chunk(x + i, dy + i, dx + i, e - i);
+  });
+}
+
+void add_f32_bf16(const float* a, const uint16_t* b, float* y, int64_t n) {
+  parallel_chunks(n, kChunk,
+                  [&](int64_t i, int64_t e) { add_f32_bf16_chunk(a + i, b + i, y + i, e - i); });
 }
 
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {

@@ -41,16 +41,30 @@ LowpScratch& lowp_scratch() {
   return s;
 }
 
-// Rows [0, T) of a (T, d) matrix with row stride ld, of dtype t, into dense fp32 dst.
+// Rows [0, T) of a (T, d) matrix with row stride ld, of dtype t, into dense fp32 dst. bf16 rows
+// convert inline (a shift; one call per row would cost as much as the row); f16 rows through
+// convert_serial (F16C).
 void widen_rows(const void* src, DType t, int64_t ld, float* dst, int64_t T, int64_t d) {
+  if (t == DType::kBF16) {
+    const uint16_t* s = static_cast<const uint16_t*>(src);
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t j = 0; j < d; ++j) dst[r * d + j] = bf16_to_float(s[r * ld + j]);
+    return;
+  }
   const int64_t es = dtype_size(t);
   for (int64_t r = 0; r < T; ++r)
-    convert(static_cast<const char*>(src) + r * ld * es, t, dst + r * d, DType::kF32, d);
+    convert_serial(static_cast<const char*>(src) + r * ld * es, t, dst + r * d, DType::kF32, d);
 }
 void narrow_rows(const float* src, void* dst, DType t, int64_t ld, int64_t T, int64_t d) {
+  if (t == DType::kBF16) {
+    uint16_t* o = static_cast<uint16_t*>(dst);
+    for (int64_t r = 0; r < T; ++r)
+      for (int64_t j = 0; j < d; ++j) o[r * ld + j] = float_to_bf16(src[r * d + j]);
+    return;
+  }
   const int64_t es = dtype_size(t);
   for (int64_t r = 0; r < T; ++r)
-    convert(src + r * d, DType::kF32, static_cast<char*>(dst) + r * ld * es, t, d);
+    convert_serial(src + r * d, DType::kF32, static_cast<char*>(dst) + r * ld * es, t, d);
 }
 
 const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
@@ -87,7 +101,7 @@ void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale
     if (static_cast<int64_t>(s.y.size()) < T * d) s.y.resize(T * d);
     cpu::attention_head_forward(hv, s.p.data(), s.y.data(), d, T, d, scale, causal,
                                 scratch(T * T).data());
-    convert(s.p.data(), DType::kF32, p + bh * T * T * es, t, T * T);
+    convert_serial(s.p.data(), DType::kF32, p + bh * T * T * es, t, T * T);
     narrow_rows(s.y.data(), y + (b * T * H + h) * d * es, t, H * d, T, d);
   }
 }
@@ -112,8 +126,8 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
     float* dq = dy32 + T * d;
     float* dk = dq + T * d;
     float* dv = dk + T * d;
-    convert(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, s.p.data(), DType::kF32,
-            T * T);
+    convert_serial(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, s.p.data(),
+                   DType::kF32, T * T);
     widen_rows(
         static_cast<const char*>(dy.raw_data()) + (b * dy.strides()[0] + h * dy.strides()[2]) * es,
         t, dy.strides()[1], dy32, T, d);

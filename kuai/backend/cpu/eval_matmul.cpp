@@ -121,18 +121,14 @@ void Linear::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   if (y.numel() == 0) return;
   const int64_t R = y.numel() / N;  // gemm and gemm_bias handle K == 0 (zeros, or the bias)
   if (x.dtype() != DType::kF32) {
-    // bf16 / f16: the bias rows go into y first and the product accumulates onto them in fp32,
-    // so y is rounded once.
+    // bf16 / f16: fp32 accumulation, the bias added in fp32, y rounded once.
     const DType t = x.dtype();
-    if (in.size() == 3) {
-      const int64_t row_bytes = N * dtype_size(t);
-      char* py = static_cast<char*>(y.raw_data());
-      const char* pb = static_cast<const char*>(in[2].raw_data());
-#pragma omp parallel for schedule(static) if (R * N > (1 << 16))
-      for (int64_t r = 0; r < R; ++r) std::memcpy(py + r * row_bytes, pb, row_bytes);
-    }
-    cpu::gemm_lowp(false, true, R, N, K, 1.0f, x.raw_data(), t, K, w.raw_data(), t, K,
-                   in.size() == 3 ? 1.0f : 0.0f, y.raw_data(), t, N);
+    if (in.size() == 3)
+      cpu::gemm_lowp_bias(false, true, R, N, K, x.raw_data(), t, K, w.raw_data(), t, K,
+                          in[2].raw_data(), t, y.raw_data(), t, N);
+    else
+      cpu::gemm_lowp(false, true, R, N, K, 1.0f, x.raw_data(), t, K, w.raw_data(), t, K, 0.0f,
+                     y.raw_data(), t, N);
     return;
   }
   if (in.size() == 3)

@@ -159,9 +159,12 @@ const float* panel(const void* x, DType t, int64_t ld, bool trans, int64_t r0, i
   return scratch;
 }
 
+// bias (N floats, fp32) is added on the first K block through gemm_bias (alpha 1, beta 0 only),
+// so a low-precision C is still rounded once.
 void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const void* A, DType a_dtype, int64_t lda, const void* B, DType b_dtype,
-                       int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc) {
+                       int64_t ldb, float beta, void* C, DType c_dtype, int64_t ldc,
+                       const float* bias = nullptr) {
   const bool widen_a = a_dtype != DType::kF32, widen_b = b_dtype != DType::kF32;
   const bool widen_c = c_dtype != DType::kF32;
   const Blocking blk = choose_blocking(M, N, K, widen_a, widen_b, widen_c, panel_budget());
@@ -201,8 +204,11 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
           b_at[1] = j0;
         }
         // beta on the first K block only; the later ones accumulate. Partial sums stay fp32.
-        gemm(trans_a, trans_b, mb, nb, kp, alpha, a32, lda32, b32, ldb32, p0 == 0 ? beta : 1.0f,
-             c32, ldc32);
+        if (bias != nullptr && p0 == 0)
+          gemm_bias(trans_a, trans_b, mb, nb, kp, a32, lda32, b32, ldb32, bias + j0, c32, ldc32);
+        else
+          gemm(trans_a, trans_b, mb, nb, kp, alpha, a32, lda32, b32, ldb32, p0 == 0 ? beta : 1.0f,
+               c32, ldc32);
         p0 += kb;
       } while (p0 < K);
       if (widen_c) {
@@ -389,6 +395,31 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   }
   gemm_convert_fp32(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, B, b_dtype, ldb, beta, C,
                     c_dtype, ldc);
+}
+
+void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
+                    DType a_dtype, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
+                    const void* bias, DType bias_dtype, void* C, DType c_dtype, int64_t ldc) {
+  if (!valid_operand(a_dtype) || !valid_operand(b_dtype) || !valid_operand(c_dtype) ||
+      !valid_operand(bias_dtype))
+    return;
+  if (M <= 0 || N <= 0) return;
+  LowpGemmPath path = lowp_gemm_path();
+  if (path == LowpGemmPath::kAuto) path = lowp_gemm_auto_path();
+  if (path == LowpGemmPath::kOneDNN) {
+    // C pre-filled with the bias rows, then C += A B: oneDNN reads C once and rounds once.
+    const int64_t es = dtype_size(c_dtype);
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
+    for (int64_t r = 0; r < M; ++r)
+      convert_serial(bias, bias_dtype, static_cast<char*>(C) + r * ldc * es, c_dtype, N);
+    gemm_lowp(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 1.0f, C, c_dtype,
+              ldc);
+    return;
+  }
+  ScratchFloats bias32(N);
+  convert_serial(bias, bias_dtype, bias32.data(), DType::kF32, N);
+  gemm_convert_fp32(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 0.0f, C,
+                    c_dtype, ldc, bias32.data());
 }
 
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -50,6 +50,12 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                const void* A, DType a_dtype, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
                float beta, void* C, DType c_dtype, int64_t ldc);
 
+// C(M,N) = op(A) @ op(B) + bias(N) on every row, rounded once into C (the bias is added to the
+// fp32 accumulator, not to a rounded product). bias: kF32, kBF16 or kF16.
+void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
+                    DType a_dtype, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
+                    const void* bias, DType bias_dtype, void* C, DType c_dtype, int64_t ldc);
+
 // oneDNN's implementation name for this product ("brg:avx512_core_amx", "ref:any", ...), or ""
 // when oneDNN cannot build the primitive (kOneDNN then falls back to kConvertFp32).
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -42,8 +42,8 @@ void map_widened(const std::array<const Tensor*, N>& in, const Tensor& out, Fn&&
         if (t == DType::kF32) {
           src[i] = in[i]->template data<float>() + c;
         } else {
-          convert(static_cast<const char*>(in[i]->raw_data()) + c * dtype_size(t), t, buf[i],
-                  DType::kF32, m);
+          convert_serial(static_cast<const char*>(in[i]->raw_data()) + c * dtype_size(t), t, buf[i],
+                         DType::kF32, m);
           src[i] = buf[i];
         }
       }
@@ -51,8 +51,8 @@ void map_widened(const std::array<const Tensor*, N>& in, const Tensor& out, Fn&&
       float* dst = to == DType::kF32 ? out.template data<float>() + c : buf[N];
       fn(src, dst, m);
       if (to != DType::kF32)
-        convert(buf[N], DType::kF32, static_cast<char*>(out.raw_data()) + c * dtype_size(to), to,
-                m);
+        convert_serial(buf[N], DType::kF32, static_cast<char*>(out.raw_data()) + c * dtype_size(to),
+                       to, m);
     }
   });
 }

@@ -14,6 +14,7 @@
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
+#include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
 namespace {
@@ -162,6 +163,43 @@ TEST(Elementwise, GeluBackwardMatchesReference) {
     gelu_backward(x.data(), dy.data(), dx.data(), n);
     ref::gelu_backward(x.data(), dy.data(), want.data(), n);
     expect_close(dx, want, 1e-6, 2e-7, "gelu_backward");
+  }
+}
+
+// bf16 storage: the fp32 kernels with the conversion in registers. Bit for bit what widening,
+// the fp32 kernel and one round-to-nearest-even give (same arithmetic, same rounding); NaN stays
+// NaN. add_f32_bf16 is exact against the fp32 add of the widened operand.
+std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = float_to_bf16(x[i]);
+  return h;
+}
+std::vector<float> widen(const std::vector<uint16_t>& h) {
+  std::vector<float> x(h.size());
+  for (size_t i = 0; i < h.size(); ++i) x[i] = bf16_to_float(h[i]);
+  return x;
+}
+
+TEST(Elementwise, Bf16StorageKernelsEqualWidenComputeRound) {
+  for (int64_t n : kSizes) {
+    auto xf = gelu_inputs(n, 14);
+    if (n > 9) xf[9] = std::numeric_limits<float>::quiet_NaN();
+    const auto x = to_bf16(xf), dy = to_bf16(uniform(n, -1.0f, 1.0f, 15));
+    const auto x32 = widen(x), dy32 = widen(dy);
+    std::vector<uint16_t> y(n), dx(n);
+    std::vector<float> y32(n), dx32(n);
+    gelu_forward_bf16(x.data(), y.data(), n);
+    gelu_forward(x32.data(), y32.data(), n);
+    gelu_backward_bf16(x.data(), dy.data(), dx.data(), n);
+    gelu_backward(x32.data(), dy32.data(), dx32.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(y[i], float_to_bf16(y32[i])) << "gelu_forward_bf16 at " << i << " x " << x32[i];
+      ASSERT_EQ(dx[i], float_to_bf16(dx32[i])) << "gelu_backward_bf16 at " << i;
+    }
+    const auto a = uniform(n, -3.0f, 3.0f, 16);
+    std::vector<float> sum(n);
+    add_f32_bf16(a.data(), dy.data(), sum.data(), n);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sum[i], a[i] + dy32[i]) << "add_f32_bf16 at " << i;
   }
 }
 

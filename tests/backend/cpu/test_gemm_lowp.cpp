@@ -196,6 +196,43 @@ TEST_F(GemmLowpTest, LowPrecisionOutputIsRoundedFp32Result) {
   }
 }
 
+TEST_F(GemmLowpTest, BiasIsAddedBeforeTheOneRounding) {
+  // gemm_lowp_bias = op(A) op(B) + bias rounded once: within the bound of `check` against the
+  // double-accumulated product plus the bias, on both paths, unblocked and blocked in K.
+  for (LowpGemmPath path : {LowpGemmPath::kConvertFp32, LowpGemmPath::kOneDNN})
+    for (int64_t budget : {int64_t{0}, int64_t{600}})
+      for (DType t : {DType::kBF16, DType::kF16})
+        for (const Shape& s : {Shape{33, 100, 7, 0}, Shape{70, 90, 130, 2}}) {
+          set_lowp_gemm_path(path);
+          set_lowp_gemm_panel_budget(budget);
+          const int64_t lda = s.k + s.pad, ldb = s.k + s.pad, ldc = s.n + s.pad;
+          std::vector<float> a32, b32, bias32, c32;
+          const auto a = random_matrix(s.m * lda, t, 31, &a32);
+          const auto b = random_matrix(s.n * ldb, t, 32, &b32);  // (N, K): the NT of linear
+          const auto bias = random_matrix(s.n, t, 33, &bias32);
+          auto c = random_matrix(s.m * ldc, t, 34, &c32);
+          gemm_lowp_bias(false, true, s.m, s.n, s.k, a.data(), t, lda, b.data(), t, ldb,
+                         bias.data(), t, c.data(), t, ldc);
+          std::vector<float> want(c32.size());
+          gemm_lowp_reference(false, true, s.m, s.n, s.k, 1.0f, a.data(), t, lda, b.data(), t, ldb,
+                              0.0f, want.data(), DType::kF32, ldc);
+          std::vector<float> got(c32.size());
+          convert(c.data(), t, got.data(), DType::kF32, s.m * ldc);
+          const double tol = kTolPerSqrtK * std::sqrt(static_cast<double>(s.k));
+          const double u = unit_roundoff(t), tiny = subnormal_half_spacing(t);
+          for (int64_t i = 0; i < s.m; ++i)
+            for (int64_t j = 0; j < s.n; ++j) {
+              double magnitude = std::abs(bias32[j]);
+              for (int64_t p = 0; p < s.k; ++p)
+                magnitude += std::abs(double(a32[i * lda + p]) * b32[j * ldb + p]);
+              const double w = double(want[i * ldc + j]) + bias32[j], e = tol * magnitude;
+              ASSERT_LE(std::abs(got[i * ldc + j] - w), e + u * (std::abs(w) + e) + tiny + 1e-30)
+                  << path_label(path) << " budget " << budget << " " << dtype_label(t) << " at ("
+                  << i << "," << j << ")";
+            }
+        }
+}
+
 TEST_F(GemmLowpTest, DegenerateProducts) {
   for (LowpGemmPath path : kPaths) {
     set_lowp_gemm_path(path);
