@@ -90,14 +90,46 @@ KUAI_CLONES void mul_row_chunk(const float* x, const float* b, float* y, int64_t
 [[gnu::always_inline]] inline float load(const uint16_t* p, int64_t i) {
   return bf16_to_float(p[i]);
 }
+// f16 storage: GCC's _Float16 converts with F16C in the x86-64-v3 clone and in software
+// elsewhere, both equal to f16_to_float / float_to_f16 bit for bit (nearest even, NaN quieted).
+// Compilers without _Float16 on x86 (clang 14) get the scalar conversions.
+#if defined(__GNUC__) && !defined(__clang__)
+using Half = _Float16;
+[[gnu::always_inline]] inline float load(const Half* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+[[gnu::always_inline]] inline void store(Half* p, int64_t i, float v) {
+  p[i] = static_cast<Half>(v);
+}
+#else
+struct Half {
+  uint16_t bits;
+};
+[[gnu::always_inline]] inline float load(const Half* p, int64_t i) {
+  return f16_to_float(p[i].bits);
+}
+[[gnu::always_inline]] inline void store(Half* p, int64_t i, float v) {
+  p[i].bits = float_to_f16(v);
+}
+#endif
+static_assert(sizeof(Half) == 2);
 [[gnu::always_inline]] inline void store(float* p, int64_t i, float v) { p[i] = v; }
+
 [[gnu::always_inline]] inline void store(uint16_t* p, int64_t i, float v) {
   p[i] = float_to_bf16(v);
 }
 
-KUAI_CLONES void add_f32_bf16_chunk(const float* a, const uint16_t* b, float* y, int64_t n) {
+template <class T>
+[[gnu::always_inline]] inline void add_f32_low_body(const float* a, const T* b, float* y,
+                                                    int64_t n) {
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + load(b, i);
+}
+KUAI_CLONES void add_f32_bf16_chunk(const float* a, const uint16_t* b, float* y, int64_t n) {
+  add_f32_low_body(a, b, y, n);
+}
+KUAI_CLONES void add_f32_f16_chunk(const float* a, const Half* b, float* y, int64_t n) {
+  add_f32_low_body(a, b, y, n);
 }
 
 // gelu(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
@@ -120,6 +152,9 @@ KUAI_CLONES void gelu_forward_chunk(const float* x, float* y, int64_t n) {
   gelu_forward_body(x, y, n);
 }
 KUAI_CLONES void gelu_forward_bf16_chunk(const uint16_t* x, uint16_t* y, int64_t n) {
+  gelu_forward_body(x, y, n);
+}
+KUAI_CLONES void gelu_forward_f16_chunk(const Half* x, Half* y, int64_t n) {
   gelu_forward_body(x, y, n);
 }
 
@@ -146,6 +181,9 @@ KUAI_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx,
 }
 KUAI_CLONES void gelu_backward_bf16_chunk(const uint16_t* x, const uint16_t* dy, uint16_t* dx,
                                           int64_t n) {
+  gelu_backward_body(x, dy, dx, n);
+}
+KUAI_CLONES void gelu_backward_f16_chunk(const Half* x, const Half* dy, Half* dx, int64_t n) {
   gelu_backward_body(x, dy, dx, n);
 }
 
@@ -201,20 +239,35 @@ void gelu_forward(const float* x, float* y, int64_t n) {
                   [&](int64_t i, int64_t e) { gelu_forward_chunk(x + i, y + i, e - i); });
 }
 
-void gelu_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n) {
-  parallel_chunks(n, kGeluChunk,
-                  [&](int64_t i, int64_t e) { gelu_forward_bf16_chunk(x + i, y + i, e - i); });
-}
+// f16 data arrives as uint16_t bit patterns; Half has the same size and layout.
+const Half* as_f16(const uint16_t* p) { return reinterpret_cast<const Half*>(p); }
+Half* as_f16(uint16_t* p) { return reinterpret_cast<Half*>(p); }
 
-void gelu_backward_bf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n) {
+void gelu_forward_lowp(const uint16_t* x, uint16_t* y, int64_t n, DType t) {
   parallel_chunks(n, kGeluChunk, [&](int64_t i, int64_t e) {
-    gelu_backward_bf16_chunk(x + i, dy + i, dx + i, e - i);
+    if (t == DType::kBF16)
+      gelu_forward_bf16_chunk(x + i, y + i, e - i);
+    else
+      gelu_forward_f16_chunk(as_f16(x + i), as_f16(y + i), e - i);
   });
 }
 
-void add_f32_bf16(const float* a, const uint16_t* b, float* y, int64_t n) {
-  parallel_chunks(n, kChunk,
-                  [&](int64_t i, int64_t e) { add_f32_bf16_chunk(a + i, b + i, y + i, e - i); });
+void gelu_backward_lowp(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n, DType t) {
+  parallel_chunks(n, kGeluChunk, [&](int64_t i, int64_t e) {
+    if (t == DType::kBF16)
+      gelu_backward_bf16_chunk(x + i, dy + i, dx + i, e - i);
+    else
+      gelu_backward_f16_chunk(as_f16(x + i), as_f16(dy + i), as_f16(dx + i), e - i);
+  });
+}
+
+void add_f32_lowp(const float* a, const uint16_t* b, float* y, int64_t n, DType t) {
+  parallel_chunks(n, kChunk, [&](int64_t i, int64_t e) {
+    if (t == DType::kBF16)
+      add_f32_bf16_chunk(a + i, b + i, y + i, e - i);
+    else
+      add_f32_f16_chunk(a + i, as_f16(b + i), y + i, e - i);
+  });
 }
 
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {

@@ -43,7 +43,7 @@ LowpScratch& lowp_scratch() {
 
 // Rows [0, T) of a (T, d) matrix with row stride ld, of dtype t, into dense fp32 dst. bf16 rows
 // convert inline (a shift; one call per row would cost as much as the row); f16 rows through
-// convert_serial (F16C).
+// convert_serial (its F16C path is chosen at run time; this file is built for the baseline ISA).
 void widen_rows(const void* src, DType t, int64_t ld, float* dst, int64_t T, int64_t d) {
   if (t == DType::kBF16) {
     const uint16_t* s = static_cast<const uint16_t*>(src);

@@ -91,9 +91,9 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
     if (in[0].shape() != in[1].shape()) return cpu::eval_widened(*this, in, out);
     if (op_ == BinaryOp::kAdd && out[0].dtype() == DType::kF32) {  // fp32 residual + bf16 branch
       for (int i = 0; i < 2; ++i)
-        if (in[i].dtype() == DType::kF32 && in[1 - i].dtype() == DType::kBF16)
-          return cpu::add_f32_bf16(in[i].data<float>(), in[1 - i].data<uint16_t>(),
-                                   out[0].data<float>(), out[0].numel());
+        if (in[i].dtype() == DType::kF32 && in[1 - i].dtype() != DType::kF32)
+          return cpu::add_f32_lowp(in[i].data<float>(), in[1 - i].data<uint16_t>(),
+                                   out[0].data<float>(), out[0].numel(), in[1 - i].dtype());
     }
     const BinaryOp op = op_;
     cpu::map_widened<2>({&in[0], &in[1]}, out[0], [op](auto src, float* y, int64_t n) {
@@ -177,8 +177,9 @@ void Scale::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
 }
 
 void Gelu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  if (in[0].dtype() == DType::kBF16)
-    return cpu::gelu_forward_bf16(in[0].data<uint16_t>(), out[0].data<uint16_t>(), in[0].numel());
+  if (in[0].dtype() != DType::kF32)
+    return cpu::gelu_forward_lowp(in[0].data<uint16_t>(), out[0].data<uint16_t>(), in[0].numel(),
+                                  in[0].dtype());
   if (!cpu::all_f32(in, out))
     return cpu::map_widened<1>(
         {&in[0]}, out[0], [](auto src, float* y, int64_t n) { cpu::gelu_forward(src[0], y, n); });
@@ -186,9 +187,9 @@ void Gelu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
 }
 
 void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  if (in[0].dtype() == DType::kBF16 && in[1].dtype() == DType::kBF16)
-    return cpu::gelu_backward_bf16(in[0].data<uint16_t>(), in[1].data<uint16_t>(),
-                                   out[0].data<uint16_t>(), in[0].numel());
+  if (in[0].dtype() != DType::kF32 && in[1].dtype() == in[0].dtype())
+    return cpu::gelu_backward_lowp(in[0].data<uint16_t>(), in[1].data<uint16_t>(),
+                                   out[0].data<uint16_t>(), in[0].numel(), in[0].dtype());
   if (!cpu::all_f32(in, out))
     return cpu::map_widened<2>({&in[0], &in[1]}, out[0], [](auto src, float* dx, int64_t n) {
       cpu::gelu_backward(src[0], src[1], dx, n);

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kuai/core/dtype.h"
+
 namespace kuai::cpu {
 
 // ---- elementwise (n elements) ----
@@ -23,12 +25,12 @@ void mul_row(const float* x, const float* b, float* y, int64_t rows, int64_t col
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);  // dx = dy * gelu'(x)
-// The same on bf16 storage (mixed precision): fp32 math in registers, each output rounded once to
-// nearest even. Equal to widening, the fp32 kernel and rounding, bit for bit.
-void gelu_forward_bf16(const uint16_t* x, uint16_t* y, int64_t n);
-void gelu_backward_bf16(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n);
-// y = a + widen(b): the fp32 residual stream plus a bf16 branch.
-void add_f32_bf16(const float* a, const uint16_t* b, float* y, int64_t n);
+// The same on bf16 or f16 storage (t; mixed precision): fp32 math in registers, each output
+// rounded once to nearest even. Equal to widening, the fp32 kernel and rounding, bit for bit.
+void gelu_forward_lowp(const uint16_t* x, uint16_t* y, int64_t n, DType t);
+void gelu_backward_lowp(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n, DType t);
+// y = a + widen(b): the fp32 residual stream plus a bf16 / f16 branch (exact fp32 sum).
+void add_f32_lowp(const float* a, const uint16_t* b, float* y, int64_t n, DType t);
 
 // ---- reductions ----
 // x viewed as (outer, n, inner): y(outer, inner) = sum over the middle axis. Fixed summation

@@ -166,41 +166,44 @@ TEST(Elementwise, GeluBackwardMatchesReference) {
   }
 }
 
-// bf16 storage: the fp32 kernels with the conversion in registers. Bit for bit what widening,
-// the fp32 kernel and one round-to-nearest-even give (same arithmetic, same rounding); NaN stays
-// NaN. add_f32_bf16 is exact against the fp32 add of the widened operand.
-std::vector<uint16_t> to_bf16(const std::vector<float>& x) {
+// bf16 / f16 storage: the fp32 kernels with the conversion in registers. Bit for bit what
+// widening, the fp32 kernel and one round-to-nearest-even give (same arithmetic, same rounding);
+// NaN stays NaN. add_f32_lowp is exact against the fp32 add of the widened operand.
+std::vector<uint16_t> narrow(const std::vector<float>& x, DType t) {
   std::vector<uint16_t> h(x.size());
-  for (size_t i = 0; i < x.size(); ++i) h[i] = float_to_bf16(x[i]);
+  convert(x.data(), DType::kF32, h.data(), t, static_cast<int64_t>(x.size()));
   return h;
 }
-std::vector<float> widen(const std::vector<uint16_t>& h) {
+std::vector<float> widen(const std::vector<uint16_t>& h, DType t) {
   std::vector<float> x(h.size());
-  for (size_t i = 0; i < h.size(); ++i) x[i] = bf16_to_float(h[i]);
+  convert(h.data(), t, x.data(), DType::kF32, static_cast<int64_t>(h.size()));
   return x;
 }
 
-TEST(Elementwise, Bf16StorageKernelsEqualWidenComputeRound) {
-  for (int64_t n : kSizes) {
-    auto xf = gelu_inputs(n, 14);
-    if (n > 9) xf[9] = std::numeric_limits<float>::quiet_NaN();
-    const auto x = to_bf16(xf), dy = to_bf16(uniform(n, -1.0f, 1.0f, 15));
-    const auto x32 = widen(x), dy32 = widen(dy);
-    std::vector<uint16_t> y(n), dx(n);
-    std::vector<float> y32(n), dx32(n);
-    gelu_forward_bf16(x.data(), y.data(), n);
-    gelu_forward(x32.data(), y32.data(), n);
-    gelu_backward_bf16(x.data(), dy.data(), dx.data(), n);
-    gelu_backward(x32.data(), dy32.data(), dx32.data(), n);
-    for (int64_t i = 0; i < n; ++i) {
-      ASSERT_EQ(y[i], float_to_bf16(y32[i])) << "gelu_forward_bf16 at " << i << " x " << x32[i];
-      ASSERT_EQ(dx[i], float_to_bf16(dx32[i])) << "gelu_backward_bf16 at " << i;
+TEST(Elementwise, LowPrecisionStorageKernelsEqualWidenComputeRound) {
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (int64_t n : kSizes) {
+      auto xf = gelu_inputs(n, 14);
+      if (n > 9) xf[9] = std::numeric_limits<float>::quiet_NaN();
+      const auto x = narrow(xf, t), dy = narrow(uniform(n, -1.0f, 1.0f, 15), t);
+      const auto x32 = widen(x, t), dy32 = widen(dy, t);
+      std::vector<uint16_t> y(n), dx(n);
+      std::vector<float> y32(n), dx32(n);
+      gelu_forward_lowp(x.data(), y.data(), n, t);
+      gelu_forward(x32.data(), y32.data(), n);
+      gelu_backward_lowp(x.data(), dy.data(), dx.data(), n, t);
+      gelu_backward(x32.data(), dy32.data(), dx32.data(), n);
+      const auto want_y = narrow(y32, t), want_dx = narrow(dx32, t);
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(y[i], want_y[i]) << dtype_name(t) << " gelu_forward_lowp at " << i;
+        ASSERT_EQ(dx[i], want_dx[i]) << dtype_name(t) << " gelu_backward_lowp at " << i;
+      }
+      const auto a = uniform(n, -3.0f, 3.0f, 16);
+      std::vector<float> sum(n);
+      add_f32_lowp(a.data(), dy.data(), sum.data(), n, t);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(sum[i], a[i] + dy32[i]) << dtype_name(t) << " add_f32_lowp at " << i;
     }
-    const auto a = uniform(n, -3.0f, 3.0f, 16);
-    std::vector<float> sum(n);
-    add_f32_bf16(a.data(), dy.data(), sum.data(), n);
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(sum[i], a[i] + dy32[i]) << "add_f32_bf16 at " << i;
-  }
 }
 
 // Limits and NaN: gelu(+inf) = inf, gelu(-inf) = -0, gelu'(+-inf) = 1, 0; NaN propagates.
