@@ -89,6 +89,9 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(
       error_of("", {"--data.val_fraction=0.9"}).find("data.val_fraction = 0.9 is out of range"),
       std::string::npos);
+  EXPECT_NE(error_of("", {"--train.precision=fp8"})
+                .find("train.precision = \"fp8\" is not one of \"fp32\", \"bf16\", \"fp16\""),
+            std::string::npos);
 }
 
 TEST(Config, RunNameDefaultsToTheConfigStem) {
