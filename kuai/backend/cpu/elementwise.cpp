@@ -2,6 +2,7 @@
 // GELU with its exact derivative. Each op is an OpenMP loop over fixed-size chunks; the per-chunk
 // loop is a KUAI_CLONES function, so it runs as AVX-512, AVX2+FMA or SSE2 code depending on the
 // CPU. Outputs may alias an input exactly (y == a for in-place use), never partially.
+#include <algorithm>
 #include <cstdint>
 
 #include "kuai/backend/cpu/isa.h"
@@ -90,29 +91,6 @@ KUAI_CLONES void mul_row_chunk(const float* x, const float* b, float* y, int64_t
 [[gnu::always_inline]] inline float load(const uint16_t* p, int64_t i) {
   return bf16_to_float(p[i]);
 }
-// f16 storage: GCC's _Float16 converts with F16C in the x86-64-v3 clone and in software
-// elsewhere, both equal to f16_to_float / float_to_f16 bit for bit (nearest even, NaN quieted).
-// Compilers without _Float16 on x86 (clang 14) get the scalar conversions.
-#if defined(__GNUC__) && !defined(__clang__)
-using Half = _Float16;
-[[gnu::always_inline]] inline float load(const Half* p, int64_t i) {
-  return static_cast<float>(p[i]);
-}
-[[gnu::always_inline]] inline void store(Half* p, int64_t i, float v) {
-  p[i] = static_cast<Half>(v);
-}
-#else
-struct Half {
-  uint16_t bits;
-};
-[[gnu::always_inline]] inline float load(const Half* p, int64_t i) {
-  return f16_to_float(p[i].bits);
-}
-[[gnu::always_inline]] inline void store(Half* p, int64_t i, float v) {
-  p[i].bits = float_to_f16(v);
-}
-#endif
-static_assert(sizeof(Half) == 2);
 [[gnu::always_inline]] inline void store(float* p, int64_t i, float v) { p[i] = v; }
 
 [[gnu::always_inline]] inline void store(uint16_t* p, int64_t i, float v) {
@@ -126,9 +104,6 @@ template <class T>
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + load(b, i);
 }
 KUAI_CLONES void add_f32_bf16_chunk(const float* a, const uint16_t* b, float* y, int64_t n) {
-  add_f32_low_body(a, b, y, n);
-}
-KUAI_CLONES void add_f32_f16_chunk(const float* a, const Half* b, float* y, int64_t n) {
   add_f32_low_body(a, b, y, n);
 }
 
@@ -152,9 +127,6 @@ KUAI_CLONES void gelu_forward_chunk(const float* x, float* y, int64_t n) {
   gelu_forward_body(x, y, n);
 }
 KUAI_CLONES void gelu_forward_bf16_chunk(const uint16_t* x, uint16_t* y, int64_t n) {
-  gelu_forward_body(x, y, n);
-}
-KUAI_CLONES void gelu_forward_f16_chunk(const Half* x, Half* y, int64_t n) {
   gelu_forward_body(x, y, n);
 }
 
@@ -181,9 +153,6 @@ KUAI_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx,
 }
 KUAI_CLONES void gelu_backward_bf16_chunk(const uint16_t* x, const uint16_t* dy, uint16_t* dx,
                                           int64_t n) {
-  gelu_backward_body(x, dy, dx, n);
-}
-KUAI_CLONES void gelu_backward_f16_chunk(const Half* x, const Half* dy, Half* dx, int64_t n) {
   gelu_backward_body(x, dy, dx, n);
 }
 
@@ -239,34 +208,58 @@ void gelu_forward(const float* x, float* y, int64_t n) {
                   [&](int64_t i, int64_t e) { gelu_forward_chunk(x + i, y + i, e - i); });
 }
 
-// f16 data arrives as uint16_t bit patterns; Half has the same size and layout.
-const Half* as_f16(const uint16_t* p) { return reinterpret_cast<const Half*>(p); }
-Half* as_f16(uint16_t* p) { return reinterpret_cast<Half*>(p); }
+// f16 (F16C, chosen at run time by convert_serial): each chunk is widened into a per-thread
+// buffer, the fp32 kernel runs on it, and the result is rounded back. GCC 12 converts _Float16
+// in software unless AVX512-FP16 is enabled (measured: 13x slower than this), so f16 is not
+// converted in registers like bf16.
+constexpr int64_t kF16Chunk = int64_t{1} << 11;
+
+template <class Fn>
+void f16_chunks(int64_t n, int64_t chunk, const uint16_t* const* in, int nin, uint16_t* out,
+                Fn&& fp32_kernel) {
+  parallel_chunks(n, chunk, [&](int64_t begin, int64_t end) {
+    alignas(64) float buf[3][kF16Chunk];
+    for (int64_t c = begin; c < end; c += kF16Chunk) {
+      const int64_t m = std::min(kF16Chunk, end - c);
+      for (int k = 0; k < nin; ++k) convert_serial(in[k] + c, DType::kF16, buf[k], DType::kF32, m);
+      fp32_kernel(buf[0], buf[1], buf[2], m);
+      convert_serial(buf[2], DType::kF32, out + c, DType::kF16, m);
+    }
+  });
+}
 
 void gelu_forward_lowp(const uint16_t* x, uint16_t* y, int64_t n, DType t) {
-  parallel_chunks(n, kGeluChunk, [&](int64_t i, int64_t e) {
-    if (t == DType::kBF16)
-      gelu_forward_bf16_chunk(x + i, y + i, e - i);
-    else
-      gelu_forward_f16_chunk(as_f16(x + i), as_f16(y + i), e - i);
+  if (t == DType::kBF16)
+    return parallel_chunks(
+        n, kGeluChunk, [&](int64_t i, int64_t e) { gelu_forward_bf16_chunk(x + i, y + i, e - i); });
+  const uint16_t* in[] = {x};
+  f16_chunks(n, kGeluChunk, in, 1, y, [](const float* a, const float*, float* o, int64_t m) {
+    gelu_forward_chunk(a, o, m);
   });
 }
 
 void gelu_backward_lowp(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int64_t n, DType t) {
-  parallel_chunks(n, kGeluChunk, [&](int64_t i, int64_t e) {
-    if (t == DType::kBF16)
+  if (t == DType::kBF16)
+    return parallel_chunks(n, kGeluChunk, [&](int64_t i, int64_t e) {
       gelu_backward_bf16_chunk(x + i, dy + i, dx + i, e - i);
-    else
-      gelu_backward_f16_chunk(as_f16(x + i), as_f16(dy + i), as_f16(dx + i), e - i);
+    });
+  const uint16_t* in[] = {x, dy};
+  f16_chunks(n, kGeluChunk, in, 2, dx, [](const float* a, const float* b, float* o, int64_t m) {
+    gelu_backward_chunk(a, b, o, m);
   });
 }
 
 void add_f32_lowp(const float* a, const uint16_t* b, float* y, int64_t n, DType t) {
-  parallel_chunks(n, kChunk, [&](int64_t i, int64_t e) {
-    if (t == DType::kBF16)
-      add_f32_bf16_chunk(a + i, b + i, y + i, e - i);
-    else
-      add_f32_f16_chunk(a + i, as_f16(b + i), y + i, e - i);
+  if (t == DType::kBF16)
+    return parallel_chunks(
+        n, kChunk, [&](int64_t i, int64_t e) { add_f32_bf16_chunk(a + i, b + i, y + i, e - i); });
+  parallel_chunks(n, kChunk, [&](int64_t begin, int64_t end) {
+    alignas(64) float buf[kF16Chunk];
+    for (int64_t c = begin; c < end; c += kF16Chunk) {
+      const int64_t m = std::min(kF16Chunk, end - c);
+      convert_serial(b + c, DType::kF16, buf, DType::kF32, m);
+      add_chunk(a + c, buf, y + c, m);
+    }
   });
 }
 
