@@ -250,9 +250,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
         static_cast<double>(model.num_parameters()) / 1e6, B,
         k > 1 ? fmt::format(" x {} micro-batches", k) : std::string(), cfg.steps,
-        cfg.precision == "fp32" ? std::string("fp32")
-                                : cfg.precision + " autocast" +
-                                      (scaler.enabled() ? " + loss scaling" : ""),
+        cfg.precision == "fp32"
+            ? std::string("fp32")
+            : cfg.precision + " autocast" + (scaler.enabled() ? " + loss scaling" : ""),
         omp_get_max_threads(), cfg.data_source == "file" ? cfg.data_path : "synthetic",
         cfg.workers);
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
