@@ -13,9 +13,10 @@
 #include <memory>
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
 #include <unordered_map>
 
-#include "kuai/backend/cpu/onednn_cache.h"
+#include "kuai/backend/cpu/onednn_matmul.h"
 
 namespace kuai::cpu {
 namespace {
@@ -76,91 +77,17 @@ GemmBackend resolve_backend(bool trans_a, bool trans_b, int64_t M, int64_t N, in
   return measured_backend(trans_a, trans_b, M, N, K, batched);
 }
 
-// Everything a oneDNN matmul primitive is specialised on. alpha becomes an output scale and beta a
-// sum post-op, both fixed at creation; `threads` is the team size the primitive partitions its
-// work for (1 inside an OpenMP parallel region, where oneDNN runs sequentially).
-struct MatmulKey {
-  int64_t m, n, k, lda, ldb, ldc;
-  bool trans_a, trans_b;
-  float alpha, beta;
-  int threads;
-  bool bias = false;  // a (1, N) bias added in the epilogue
-  bool operator==(const MatmulKey&) const = default;
-};
-
-struct MatmulKeyHash {
-  size_t operator()(const MatmulKey& key) const {
-    size_t h = 0;
-    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
-      mix(std::hash<int64_t>{}(v));
-    }
-    mix(std::hash<float>{}(key.alpha));
-    mix(std::hash<float>{}(key.beta));
-    mix(static_cast<size_t>(key.threads) << 3 | size_t{key.bias} << 2 | size_t{key.trans_a} << 1 |
-        size_t{key.trans_b});
-    return h;
-  }
-};
-
-struct CachedMatmul {
-  dnnl::matmul primitive;
-  dnnl::memory::desc a_md, b_md, c_md, bias_md;
-};
-
-std::shared_ptr<const CachedMatmul> create_matmul(const MatmulKey& key) {
-  using dims = dnnl::memory::dims;
-  const auto f32 = dnnl::memory::data_type::f32;
-  // Logical op(A) is (M,K): row-major strides {lda,1}, or {1,lda} when A is stored (K,M).
-  dnnl::memory::desc a_md(dims{key.m, key.k}, f32,
-                          key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
-  dnnl::memory::desc b_md(dims{key.k, key.n}, f32,
-                          key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
-  dnnl::memory::desc c_md(dims{key.m, key.n}, f32, dims{key.ldc, 1});
-  dnnl::primitive_attr attr;
-  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-  if (key.beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(key.beta);
-    attr.set_post_ops(ops);
-  }
-  // oneDNN sizes its work split by omp_get_max_threads() of the creating thread.
-  const int saved_threads = omp_get_max_threads();
-  if (key.threads != saved_threads) omp_set_num_threads(key.threads);
-  const dnnl::memory::desc bias_md(dims{1, key.n}, f32, dims{key.n, 1});
-  dnnl::matmul::primitive_desc pd(key.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
-                                           : dnnl::matmul::desc(a_md, b_md, c_md),
-                                  attr, onednn_engine());
-  auto made =
-      std::make_shared<CachedMatmul>(CachedMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md});
-  if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
-  return made;
+// The fp32 oneDNN primitive for this product (oneDNN implements every fp32 matmul).
+const OneDnnMatmul& fp32_matmul(OneDnnMatmulKey key, std::shared_ptr<const OneDnnMatmul>& hold) {
+  hold = cached_onednn_matmul(key);
+  if (!hold) throw std::runtime_error("oneDNN: no fp32 matmul implementation");
+  return *hold;
 }
 
-std::shared_ptr<const CachedMatmul> cached_matmul(const MatmulKey& key) {
-  static OneDnnCache<MatmulKey, CachedMatmul, MatmulKeyHash> cache;
-  return cache.get(key, create_matmul);
-}
-
-void run_onednn(const CachedMatmul& mm, const float* A, const float* B, float* C,
-                const float* bias = nullptr) {
-  const dnnl::engine& engine = onednn_engine();
-  thread_local dnnl::stream stream(engine);
-  dnnl::memory a(mm.a_md, engine, const_cast<float*>(A));
-  dnnl::memory b(mm.b_md, engine, const_cast<float*>(B));
-  dnnl::memory c(mm.c_md, engine, C);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
-  if (bias != nullptr)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, engine, const_cast<float*>(bias)));
-  mm.primitive.execute(stream, args);
-  stream.wait();
-}
-
-MatmulKey matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     int64_t lda, int64_t ldb, float beta, int64_t ldc) {
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  return MatmulKey{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, threads};
+OneDnnMatmulKey matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                           int64_t lda, int64_t ldb, float beta, int64_t ldc) {
+  return onednn_matmul_key(trans_a, trans_b, M, N, K, alpha, DType::kF32, lda, DType::kF32, ldb,
+                           beta, DType::kF32, ldc);
 }
 
 void run_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -204,8 +131,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-  auto mm = cached_matmul(matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc));
-  run_onednn(*mm, A, B, C);
+  std::shared_ptr<const OneDnnMatmul> hold;
+  run_onednn_matmul(
+      fp32_matmul(matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc), hold), A, B,
+      C);
 }
 
 void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
@@ -214,9 +143,10 @@ void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
   const bool onednn =
       K > 0 && resolve_backend(trans_a, trans_b, M, N, K, false) == GemmBackend::kOneDNN;
   if (onednn) {
-    MatmulKey key = matmul_key(trans_a, trans_b, M, N, K, 1.0f, lda, ldb, 0.0f, ldc);
+    OneDnnMatmulKey key = matmul_key(trans_a, trans_b, M, N, K, 1.0f, lda, ldb, 0.0f, ldc);
     key.bias = true;
-    run_onednn(*cached_matmul(key), A, B, C, bias);
+    std::shared_ptr<const OneDnnMatmul> hold;
+    run_onednn_matmul(fp32_matmul(key, hold), A, B, C, bias);
     return;
   }
 #pragma omp parallel for schedule(static) if (M * N > (1 << 16))
@@ -242,9 +172,11 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   // Resolve the backend and the single-threaded primitive once, outside the parallel region.
   const bool degenerate = K <= 0 || alpha == 0.0f;
   const GemmBackend backend = resolve_backend(trans_a, trans_b, M, N, K, true);
-  std::shared_ptr<const CachedMatmul> mm;
+  std::shared_ptr<const OneDnnMatmul> mm;
   if (!degenerate && backend == GemmBackend::kOneDNN) {
-    mm = cached_matmul(MatmulKey{M, N, K, lda, ldb, ldc, trans_a, trans_b, alpha, beta, 1});
+    OneDnnMatmulKey key = matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc);
+    key.threads = 1;  // one product per thread
+    fp32_matmul(key, mm);
   }
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < batch; ++i) {
@@ -252,7 +184,7 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     if (degenerate) {
       handle_degenerate(M, N, K, alpha, beta, c, ldc);
     } else if (mm) {
-      run_onednn(*mm, A + a_off[i], B + b_off[i], c);
+      run_onednn_matmul(*mm, A + a_off[i], B + b_off[i], c);
     } else {
       run_openblas(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta, c,
                    ldc);

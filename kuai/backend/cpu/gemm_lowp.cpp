@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/onednn_cache.h"
+#include "kuai/backend/cpu/onednn_matmul.h"
 #include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
@@ -221,102 +221,6 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 // ---- kOneDNN ----
 
-dnnl::memory::data_type dnnl_type(DType t) {
-  switch (t) {
-    case DType::kBF16:
-      return dnnl::memory::data_type::bf16;
-    case DType::kF16:
-      return dnnl::memory::data_type::f16;
-    default:
-      return dnnl::memory::data_type::f32;
-  }
-}
-
-// Everything a low-precision oneDNN matmul primitive is specialised on (gemm.cpp's MatmulKey plus
-// the three data types). alpha is an output scale and beta a sum post-op, fixed at creation.
-struct LowpKey {
-  int64_t m, n, k, lda, ldb, ldc;
-  bool trans_a, trans_b;
-  DType a_type, b_type, c_type;
-  float alpha, beta;
-  int threads;
-  bool operator==(const LowpKey&) const = default;
-};
-
-struct LowpKeyHash {
-  size_t operator()(const LowpKey& key) const {
-    size_t h = 0;
-    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
-    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
-      mix(std::hash<int64_t>{}(v));
-    }
-    mix(std::hash<float>{}(key.alpha));
-    mix(std::hash<float>{}(key.beta));
-    mix(static_cast<size_t>(key.threads) << 8 | static_cast<size_t>(key.a_type) << 6 |
-        static_cast<size_t>(key.b_type) << 4 | static_cast<size_t>(key.c_type) << 2 |
-        size_t{key.trans_a} << 1 | size_t{key.trans_b});
-    return h;
-  }
-};
-
-struct LowpMatmul {
-  dnnl::matmul primitive;
-  dnnl::memory::desc a_md, b_md, c_md;
-  std::string impl;
-};
-
-// A key oneDNN has no implementation for is cached as nullptr (see onednn_cache.h).
-std::shared_ptr<const LowpMatmul> create_lowp_matmul(const LowpKey& key) {
-  using dims = dnnl::memory::dims;
-  dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a_type),
-                          key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
-  dnnl::memory::desc b_md(dims{key.k, key.n}, dnnl_type(key.b_type),
-                          key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
-  dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c_type), dims{key.ldc, 1});
-  dnnl::primitive_attr attr;
-  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
-  if (key.beta != 0.0f) {
-    dnnl::post_ops ops;
-    ops.append_sum(key.beta);
-    attr.set_post_ops(ops);
-  }
-  const int saved_threads = omp_get_max_threads();
-  if (key.threads != saved_threads) omp_set_num_threads(key.threads);
-  std::shared_ptr<const LowpMatmul> made;
-  try {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, onednn_engine());
-    made = std::make_shared<LowpMatmul>(
-        LowpMatmul{dnnl::matmul(pd), a_md, b_md, c_md, pd.impl_info_str()});
-  } catch (const dnnl::error&) {
-    made = nullptr;  // unimplemented combination (e.g. mixed bf16 x f16)
-  }
-  if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
-  return made;
-}
-
-std::shared_ptr<const LowpMatmul> cached_lowp_matmul(const LowpKey& key) {
-  static OneDnnCache<LowpKey, LowpMatmul, LowpKeyHash> cache;
-  return cache.get(key, create_lowp_matmul);
-}
-
-LowpKey lowp_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                 DType a_dtype, int64_t lda, DType b_dtype, int64_t ldb, float beta, DType c_dtype,
-                 int64_t ldc) {
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  return LowpKey{M,       N,       K,       lda,     ldb,   ldc,  trans_a,
-                 trans_b, a_dtype, b_dtype, c_dtype, alpha, beta, threads};
-}
-
-void run_onednn(const LowpMatmul& mm, const void* A, const void* B, void* C) {
-  const dnnl::engine& engine = onednn_engine();
-  thread_local dnnl::stream stream(engine);
-  dnnl::memory a(mm.a_md, engine, const_cast<void*>(A));
-  dnnl::memory b(mm.b_md, engine, const_cast<void*>(B));
-  dnnl::memory c(mm.c_md, engine, C);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
-  stream.wait();
-}
-
 // ---- automatic choice ----
 
 // kAuto: oneDNN's bf16 matmul can only beat widening to fp32 where the CPU multiplies bf16
@@ -386,10 +290,10 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
   const bool all_f32 = a_dtype == DType::kF32 && b_dtype == DType::kF32 && c_dtype == DType::kF32;
   // Degenerate products (no multiply) and pure fp32 ones need no oneDNN low-precision primitive.
   if (path == LowpGemmPath::kOneDNN && K > 0 && alpha != 0.0f && !all_f32) {
-    auto mm = cached_lowp_matmul(
-        lowp_key(trans_a, trans_b, M, N, K, alpha, a_dtype, lda, b_dtype, ldb, beta, c_dtype, ldc));
+    auto mm = cached_onednn_matmul(onednn_matmul_key(trans_a, trans_b, M, N, K, alpha, a_dtype, lda,
+                                                     b_dtype, ldb, beta, c_dtype, ldc));
     if (mm) {
-      run_onednn(*mm, A, B, C);
+      run_onednn_matmul(*mm, A, B, C);
       return;
     }
   }
@@ -425,8 +329,8 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                              DType a_dtype, int64_t lda, DType b_dtype, int64_t ldb, DType c_dtype,
                              int64_t ldc) {
-  auto mm = cached_lowp_matmul(
-      lowp_key(trans_a, trans_b, M, N, K, 1.0f, a_dtype, lda, b_dtype, ldb, 0.0f, c_dtype, ldc));
+  auto mm = cached_onednn_matmul(onednn_matmul_key(trans_a, trans_b, M, N, K, 1.0f, a_dtype, lda,
+                                                   b_dtype, ldb, 0.0f, c_dtype, ldc));
   return mm ? mm->impl : std::string();
 }
 

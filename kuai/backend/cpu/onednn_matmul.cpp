@@ -1,0 +1,104 @@
+// oneDNN matmul primitives, cached per key (see onednn_matmul.h).
+#include "kuai/backend/cpu/onednn_matmul.h"
+
+#include <omp.h>
+
+#include <functional>
+#include <unordered_map>
+
+#include "kuai/backend/cpu/onednn_cache.h"
+
+namespace kuai::cpu {
+namespace {
+
+struct KeyHash {
+  size_t operator()(const OneDnnMatmulKey& key) const {
+    size_t h = 0;
+    auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2); };
+    for (int64_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) {
+      mix(std::hash<int64_t>{}(v));
+    }
+    mix(std::hash<float>{}(key.alpha));
+    mix(std::hash<float>{}(key.beta));
+    mix(static_cast<size_t>(key.threads) << 9 | static_cast<size_t>(key.a_type) << 7 |
+        static_cast<size_t>(key.b_type) << 5 | static_cast<size_t>(key.c_type) << 3 |
+        size_t{key.bias} << 2 | size_t{key.trans_a} << 1 | size_t{key.trans_b});
+    return h;
+  }
+};
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  switch (t) {
+    case DType::kBF16:
+      return dnnl::memory::data_type::bf16;
+    case DType::kF16:
+      return dnnl::memory::data_type::f16;
+    default:
+      return dnnl::memory::data_type::f32;
+  }
+}
+
+std::shared_ptr<const OneDnnMatmul> create(const OneDnnMatmulKey& key) {
+  using dims = dnnl::memory::dims;
+  // Logical op(A) is (M,K): row-major strides {lda,1}, or {1,lda} when A is stored (K,M).
+  dnnl::memory::desc a_md(dims{key.m, key.k}, dnnl_type(key.a_type),
+                          key.trans_a ? dims{1, key.lda} : dims{key.lda, 1});
+  dnnl::memory::desc b_md(dims{key.k, key.n}, dnnl_type(key.b_type),
+                          key.trans_b ? dims{1, key.ldb} : dims{key.ldb, 1});
+  dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c_type), dims{key.ldc, 1});
+  const dnnl::memory::desc bias_md(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1});
+  dnnl::primitive_attr attr;
+  if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
+  if (key.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(key.beta);
+    attr.set_post_ops(ops);
+  }
+  // oneDNN sizes its work split by omp_get_max_threads() of the creating thread.
+  const int saved_threads = omp_get_max_threads();
+  if (key.threads != saved_threads) omp_set_num_threads(key.threads);
+  std::shared_ptr<const OneDnnMatmul> made;
+  try {
+    dnnl::matmul::primitive_desc pd(key.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
+                                             : dnnl::matmul::desc(a_md, b_md, c_md),
+                                    attr, onednn_engine());
+    made = std::make_shared<OneDnnMatmul>(
+        OneDnnMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md, pd.impl_info_str()});
+  } catch (const dnnl::error&) {
+    made = nullptr;  // no implementation for this combination
+  }
+  if (key.threads != saved_threads) omp_set_num_threads(saved_threads);
+  return made;
+}
+
+}  // namespace
+
+OneDnnMatmulKey onednn_matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
+                                  float alpha, DType a_type, int64_t lda, DType b_type, int64_t ldb,
+                                  float beta, DType c_type, int64_t ldc) {
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  return OneDnnMatmulKey{M,       N,      K,      lda,    ldb,   ldc,  trans_a,
+                         trans_b, a_type, b_type, c_type, alpha, beta, threads};
+}
+
+std::shared_ptr<const OneDnnMatmul> cached_onednn_matmul(const OneDnnMatmulKey& key) {
+  static OneDnnCache<OneDnnMatmulKey, OneDnnMatmul, KeyHash> cache;
+  return cache.get(key, create);
+}
+
+void run_onednn_matmul(const OneDnnMatmul& mm, const void* A, const void* B, void* C,
+                       const float* bias) {
+  const dnnl::engine& engine = onednn_engine();
+  thread_local dnnl::stream stream(engine);
+  dnnl::memory a(mm.a_md, engine, const_cast<void*>(A));
+  dnnl::memory b(mm.b_md, engine, const_cast<void*>(B));
+  dnnl::memory c(mm.c_md, engine, C);
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
+  if (bias != nullptr)
+    args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, engine, const_cast<float*>(bias)));
+  mm.primitive.execute(stream, args);
+  stream.wait();
+}
+
+}  // namespace kuai::cpu
