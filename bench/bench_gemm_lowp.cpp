@@ -41,10 +41,13 @@ std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   return out;
 }
 
-enum class Variant { kFp32, kConvert, kOneDNN };
+enum class Variant { kFp32, kConvert, kOneDNN, kPacked };
 
 const char* variant_name(Variant v) {
-  return v == Variant::kFp32 ? "fp32_gemm" : v == Variant::kConvert ? "convert_fp32" : "onednn";
+  return v == Variant::kFp32      ? "fp32_gemm"
+         : v == Variant::kConvert ? "convert_fp32"
+         : v == Variant::kPacked  ? "packed"
+                                  : "onednn";
 }
 
 // C(M,N) = op(A)(M,K) @ op(B)(K,N), A stored (M,K) or (K,M) when trans_a, B stored (K,N) or
@@ -71,8 +74,9 @@ void bench_lowp(benchmark::State& state, Variant variant, bool trans_a, bool tra
     y16.resize(static_cast<size_t>(M * N));
   }
   void* out = c_type == DType::kF32 ? static_cast<void*>(y.data()) : y16.data();
-  kuai::cpu::set_lowp_gemm_path(variant == Variant::kOneDNN ? LowpGemmPath::kOneDNN
-                                                            : LowpGemmPath::kConvertFp32);
+  kuai::cpu::set_lowp_gemm_path(variant == Variant::kOneDNN   ? LowpGemmPath::kOneDNN
+                                : variant == Variant::kPacked ? LowpGemmPath::kPacked
+                                                              : LowpGemmPath::kConvertFp32);
   if (variant == Variant::kOneDNN) {
     // Without a oneDNN primitive gemm_lowp would silently widen; report that instead of timing it.
     const std::string impl = kuai::cpu::lowp_onednn_impl(trans_a, trans_b, M, N, K, DType::kBF16,
@@ -133,6 +137,10 @@ const Product kProducts[] = {
     {"gpt2/proj", 1024, 768, 768, false, true},
     {"gpt2/fc", 1024, 3072, 768, false, true},
     {"gpt2/fc_proj", 1024, 768, 3072, false, true},
+    {"tiny/fc_dX", 4096, 256, 1024, false, false},  // dX = dY W
+    {"tiny/fc_dW", 1024, 256, 4096, true, false},   // dW = dY^T X
+    {"gpt2/fc_dX", 1024, 768, 3072, false, false},
+    {"gpt2/fc_dW", 3072, 768, 1024, true, false},
     {"gpt2/lm_head", 1024, 50257, 768, false, true},      // logits = x Wte^T
     {"gpt2/lm_head_dX", 1024, 768, 50257, false, false},  // dX = dlogits Wte
     {"gpt2/lm_head_dW", 50257, 768, 1024, true, false},   // dWte = dlogits^T x
@@ -140,7 +148,7 @@ const Product kProducts[] = {
 
 const bool kRegistered = [] {
   for (const Product& p : kProducts) {
-    for (Variant v : {Variant::kFp32, Variant::kConvert, Variant::kOneDNN}) {
+    for (Variant v : {Variant::kFp32, Variant::kConvert, Variant::kPacked, Variant::kOneDNN}) {
       for (DType c_type : {DType::kF32, DType::kBF16}) {
         if (v == Variant::kFp32 && c_type != DType::kF32) continue;
         const std::string name = std::string("BM_GemmLowp/") + p.name + "/" + variant_name(v) +

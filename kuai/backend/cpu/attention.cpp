@@ -1,44 +1,74 @@
 // Naive attention per head with causal block skipping (see attention.h). Every product goes
-// through cpu::gemm, called from inside the caller's parallel loop over heads, where it runs on
-// one thread.
+// through cpu::gemm (fp32 operands) or gemm_lowp (bf16/f16 operands), called from inside the
+// caller's parallel loop over heads, where it runs on one thread.
 #include "kuai/backend/cpu/attention.h"
 
 #include <algorithm>
 #include <cstring>
 
 #include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm_lowp.h"
 #include "kuai/backend/cpu/kernels.h"
 
 namespace kuai::cpu {
+namespace {
 
-void attention_head_forward(const HeadView& h, float* p, float* y, int64_t ldy, int64_t T,
+// Row r, column c of a row-major matrix of dtype t with row stride ld.
+const void* at(const void* base, DType t, int64_t ld, int64_t r, int64_t c = 0) {
+  return static_cast<const char*>(base) + (r * ld + c) * dtype_size(t);
+}
+void* at(void* base, DType t, int64_t ld, int64_t r, int64_t c = 0) {
+  return static_cast<char*>(base) + (r * ld + c) * dtype_size(t);
+}
+
+// C = alpha op(A) op(B), beta 0: the fp32 gemm when all three are fp32, else gemm_lowp.
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+             DType at_, int64_t lda, const void* B, DType bt, int64_t ldb, void* C, DType ct,
+             int64_t ldc) {
+  if (at_ == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) {
+    gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B),
+         ldb, 0.0f, static_cast<float*>(C), ldc);
+  } else {
+    gemm_lowp(ta, tb, M, N, K, alpha, A, at_, lda, B, bt, ldb, 0.0f, C, ct, ldc);
+  }
+}
+
+constexpr DType kF32 = DType::kF32;
+
+}  // namespace
+
+void attention_head_forward(const TypedHeadView& h, float* p, void* y, int64_t ldy, int64_t T,
                             int64_t d, float scale, bool causal, float* s) {
   const int64_t B = kAttentionBlock;
+  const DType t = h.t;
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;  // keys this query block can see
     // s[r0:r0+rn, 0:cols] = scale * q_blk k[0:cols]^T   (rn, cols)
-    gemm(false, true, rn, cols, d, scale, h.q + r0 * h.ldq, h.ldq, h.k, h.ldk, 0.0f, s + r0 * T, T);
+    product(false, true, rn, cols, d, scale, at(h.q, t, h.ldq, r0), t, h.ldq, h.k, t, h.ldk,
+            s + r0 * T, kF32, T);
   }
   softmax_forward(s, p, T, T, 1.0f, causal);  // reads only the unmasked entries; zeros the rest
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;
     // y_blk = p[r0:r0+rn, 0:cols] v[0:cols]   (rn, d)
-    gemm(false, false, rn, d, cols, 1.0f, p + r0 * T, T, h.v, h.ldv, 0.0f, y + r0 * ldy, ldy);
+    product(false, false, rn, d, cols, 1.0f, p + r0 * T, kF32, T, h.v, t, h.ldv, at(y, t, ldy, r0),
+            t, ldy);
   }
 }
 
-void attention_head_backward(const HeadView& h, const float* p, const float* dy, int64_t lddy,
-                             float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
-                             int64_t lddv, int64_t T, int64_t d, float scale, bool causal,
-                             float* dp) {
+void attention_head_backward(const TypedHeadView& h, const float* p, const void* dy, int64_t lddy,
+                             void* dq, int64_t lddq, void* dk, int64_t lddk, void* dv, int64_t lddv,
+                             int64_t T, int64_t d, float scale, bool causal, float* dp) {
   const int64_t B = kAttentionBlock;
+  const DType t = h.t;
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;
     // dp_blk = dy_blk v[0:cols]^T   (rn, cols); the masked rest of the rows is zero
-    gemm(false, true, rn, cols, d, 1.0f, dy + r0 * lddy, lddy, h.v, h.ldv, 0.0f, dp + r0 * T, T);
+    product(false, true, rn, cols, d, 1.0f, at(dy, t, lddy, r0), t, lddy, h.v, t, h.ldv,
+            dp + r0 * T, kF32, T);
     for (int64_t r = r0; r < r0 + rn && cols < T; ++r)
       std::memset(dp + r * T + cols, 0, static_cast<size_t>(T - cols) * sizeof(float));
   }
@@ -48,19 +78,34 @@ void attention_head_backward(const HeadView& h, const float* p, const float* dy,
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;
     // dq_blk = ds[r0:r0+rn, 0:cols] k[0:cols]   (rn, d)
-    gemm(false, false, rn, d, cols, 1.0f, dp + r0 * T, T, h.k, h.ldk, 0.0f, dq + r0 * lddq, lddq);
+    product(false, false, rn, d, cols, 1.0f, dp + r0 * T, kF32, T, h.k, t, h.ldk,
+            at(dq, t, lddq, r0), t, lddq);
   }
   for (int64_t c0 = 0; c0 < T; c0 += B) {
     const int64_t cn = std::min(B, T - c0);
     const int64_t first = causal ? c0 : 0;  // queries that see this key block
     const int64_t rows = T - first;
     // dk_blk = ds[first:T, c0:c0+cn]^T q[first:T]   (cn, d)
-    gemm(true, false, cn, d, rows, 1.0f, dp + first * T + c0, T, h.q + first * h.ldq, h.ldq, 0.0f,
-         dk + c0 * lddk, lddk);
+    product(true, false, cn, d, rows, 1.0f, dp + first * T + c0, kF32, T, at(h.q, t, h.ldq, first),
+            t, h.ldq, at(dk, t, lddk, c0), t, lddk);
     // dv_blk = p[first:T, c0:c0+cn]^T dy[first:T]   (cn, d)
-    gemm(true, false, cn, d, rows, 1.0f, p + first * T + c0, T, dy + first * lddy, lddy, 0.0f,
-         dv + c0 * lddv, lddv);
+    product(true, false, cn, d, rows, 1.0f, p + first * T + c0, kF32, T, at(dy, t, lddy, first), t,
+            lddy, at(dv, t, lddv, c0), t, lddv);
   }
+}
+
+void attention_head_forward(const HeadView& h, float* p, float* y, int64_t ldy, int64_t T,
+                            int64_t d, float scale, bool causal, float* s) {
+  attention_head_forward(TypedHeadView{h.q, h.k, h.v, h.ldq, h.ldk, h.ldv, kF32}, p, y, ldy, T, d,
+                         scale, causal, s);
+}
+
+void attention_head_backward(const HeadView& h, const float* p, const float* dy, int64_t lddy,
+                             float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
+                             int64_t lddv, int64_t T, int64_t d, float scale, bool causal,
+                             float* dp) {
+  attention_head_backward(TypedHeadView{h.q, h.k, h.v, h.ldq, h.ldk, h.ldv, kF32}, p, dy, lddy, dq,
+                          lddq, dk, lddk, dv, lddv, T, d, scale, causal, dp);
 }
 
 }  // namespace kuai::cpu

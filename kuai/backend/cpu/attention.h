@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "kuai/core/dtype.h"
+
 namespace kuai::cpu {
 
 inline constexpr int64_t kAttentionBlock = 64;  // query/key block of the causal skipping
@@ -27,5 +29,24 @@ void attention_head_backward(const HeadView& h, const float* p, const float* dy,
                              float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
                              int64_t lddv, int64_t T, int64_t d, float scale, bool causal,
                              float* dp);
+
+// The same on operands stored as f32, bf16 or f16: q, k, v and dy are read, and y, dq, dk, dv
+// written, in dtype `t` (rounded once from the fp32 result); p and the scratch are fp32. The
+// products go through gemm_lowp, which on CPUs without bf16 units widens the operands while it
+// packs them (gemm_packed.h), so no widened copy of a head is made.
+struct TypedHeadView {
+  const void* q;  // (T, d), row stride ldq, dtype t
+  const void* k;
+  const void* v;
+  int64_t ldq, ldk, ldv;
+  DType t;
+};
+
+void attention_head_forward(const TypedHeadView& h, float* p, void* y, int64_t ldy, int64_t T,
+                            int64_t d, float scale, bool causal, float* s);
+
+void attention_head_backward(const TypedHeadView& h, const float* p, const void* dy, int64_t lddy,
+                             void* dq, int64_t lddq, void* dk, int64_t lddk, void* dv, int64_t lddv,
+                             int64_t T, int64_t d, float scale, bool causal, float* dp);
 
 }  // namespace kuai::cpu

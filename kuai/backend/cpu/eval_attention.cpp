@@ -29,42 +29,15 @@ std::vector<float>& scratch(int64_t n) {
 }
 
 // ---- bf16 / f16 operands ----
-// Each head is widened into per-thread fp32 buffers, computed by the fp32 head kernels and
-// rounded once into the outputs: the probabilities are stored (and saved for backward) in the
-// low dtype, and nothing of size (B, H, T, T) is ever held in fp32.
+// Each head runs on its typed operands (attention.h's TypedHeadView): the products read the
+// bf16/f16 q, k, v and dy where they lie and write y, dq, dk, dv rounded once. The probabilities
+// are computed in a per-thread fp32 buffer and stored (and saved for backward) in the low dtype,
+// so nothing of size (B, H, T, T) is ever held in fp32.
 
-struct LowpScratch {
-  std::vector<float> q, k, v, p, y, s;
-};
-LowpScratch& lowp_scratch() {
-  thread_local LowpScratch s;
-  return s;
-}
-
-// Rows [0, T) of a (T, d) matrix with row stride ld, of dtype t, into dense fp32 dst. bf16 rows
-// convert inline (a shift; one call per row would cost as much as the row); f16 rows through
-// convert_serial (its F16C path is chosen at run time; this file is built for the baseline ISA).
-void widen_rows(const void* src, DType t, int64_t ld, float* dst, int64_t T, int64_t d) {
-  if (t == DType::kBF16) {
-    const uint16_t* s = static_cast<const uint16_t*>(src);
-    for (int64_t r = 0; r < T; ++r)
-      for (int64_t j = 0; j < d; ++j) dst[r * d + j] = bf16_to_float(s[r * ld + j]);
-    return;
-  }
-  const int64_t es = dtype_size(t);
-  for (int64_t r = 0; r < T; ++r)
-    convert_serial(static_cast<const char*>(src) + r * ld * es, t, dst + r * d, DType::kF32, d);
-}
-void narrow_rows(const float* src, void* dst, DType t, int64_t ld, int64_t T, int64_t d) {
-  if (t == DType::kBF16) {
-    uint16_t* o = static_cast<uint16_t*>(dst);
-    for (int64_t r = 0; r < T; ++r)
-      for (int64_t j = 0; j < d; ++j) o[r * ld + j] = float_to_bf16(src[r * d + j]);
-    return;
-  }
-  const int64_t es = dtype_size(t);
-  for (int64_t r = 0; r < T; ++r)
-    convert_serial(src + r * d, DType::kF32, static_cast<char*>(dst) + r * ld * es, t, d);
+std::vector<float>& probabilities(int64_t n) {  // a second per-thread T x T buffer
+  thread_local std::vector<float> buf;
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  return buf;
 }
 
 const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
@@ -72,16 +45,10 @@ const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
          (b * t.strides()[0] + h * t.strides()[1]) * dtype_size(t.dtype());
 }
 
-// Widens head (b, h) of q, k, v into s.q, s.k, s.v (dense (T, d)).
-cpu::HeadView widen_head(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b, int64_t h,
-                         LowpScratch& s) {
-  const int64_t T = q.shape()[2], d = q.shape()[3];
-  for (auto* buf : {&s.q, &s.k, &s.v})
-    if (static_cast<int64_t>(buf->size()) < T * d) buf->resize(T * d);
-  widen_rows(head_ptr(q, b, h), q.dtype(), q.strides()[2], s.q.data(), T, d);
-  widen_rows(head_ptr(k, b, h), k.dtype(), k.strides()[2], s.k.data(), T, d);
-  widen_rows(head_ptr(v, b, h), v.dtype(), v.strides()[2], s.v.data(), T, d);
-  return {s.q.data(), s.k.data(), s.v.data(), d, d, d};
+cpu::TypedHeadView typed_head(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b,
+                              int64_t h) {
+  return {head_ptr(q, b, h), head_ptr(k, b, h), head_ptr(v, b, h), q.strides()[2],
+          k.strides()[2],    v.strides()[2],    q.dtype()};
 }
 
 void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale, bool causal) {
@@ -95,14 +62,10 @@ void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
-    LowpScratch& s = lowp_scratch();
-    const cpu::HeadView hv = widen_head(q, k, v, b, h, s);
-    if (static_cast<int64_t>(s.p.size()) < T * T) s.p.resize(T * T);
-    if (static_cast<int64_t>(s.y.size()) < T * d) s.y.resize(T * d);
-    cpu::attention_head_forward(hv, s.p.data(), s.y.data(), d, T, d, scale, causal,
-                                scratch(T * T).data());
-    convert_serial(s.p.data(), DType::kF32, p + bh * T * T * es, t, T * T);
-    narrow_rows(s.y.data(), y + (b * T * H + h) * d * es, t, H * d, T, d);
+    float* p32 = probabilities(T * T).data();
+    cpu::attention_head_forward(typed_head(q, k, v, b, h), p32, y + (b * T * H + h) * d * es, H * d,
+                                T, d, scale, causal, scratch(T * T).data());
+    convert_serial(p32, DType::kF32, p + bh * T * T * es, t, T * T);
   }
 }
 
@@ -118,25 +81,16 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
-    LowpScratch& s = lowp_scratch();
-    const cpu::HeadView hv = widen_head(q, k, v, b, h, s);
-    if (static_cast<int64_t>(s.p.size()) < T * T) s.p.resize(T * T);
-    if (static_cast<int64_t>(s.y.size()) < 4 * T * d) s.y.resize(4 * T * d);
-    float* dy32 = s.y.data();  // then dq, dk, dv, each dense (T, d)
-    float* dq = dy32 + T * d;
-    float* dk = dq + T * d;
-    float* dv = dk + T * d;
-    convert_serial(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, s.p.data(),
-                   DType::kF32, T * T);
-    widen_rows(
-        static_cast<const char*>(dy.raw_data()) + (b * dy.strides()[0] + h * dy.strides()[2]) * es,
-        t, dy.strides()[1], dy32, T, d);
-    cpu::attention_head_backward(hv, s.p.data(), dy32, d, dq, d, dk, d, dv, d, T, d, scale, causal,
-                                 scratch(T * T).data());
+    float* p32 = probabilities(T * T).data();
+    convert_serial(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, p32, DType::kF32,
+                   T * T);
+    const char* dyh =
+        static_cast<const char*>(dy.raw_data()) + (b * dy.strides()[0] + h * dy.strides()[2]) * es;
     const int64_t o = (b * T * 3 * H + h) * d;  // head h of batch b in (B, T, 3, H, d)
-    narrow_rows(dq, dqkv + o * es, t, 3 * H * d, T, d);
-    narrow_rows(dk, dqkv + (o + H * d) * es, t, 3 * H * d, T, d);
-    narrow_rows(dv, dqkv + (o + 2 * H * d) * es, t, 3 * H * d, T, d);
+    cpu::attention_head_backward(typed_head(q, k, v, b, h), p32, dyh, dy.strides()[1],
+                                 dqkv + o * es, 3 * H * d, dqkv + (o + H * d) * es, 3 * H * d,
+                                 dqkv + (o + 2 * H * d) * es, 3 * H * d, T, d, scale, causal,
+                                 scratch(T * T).data());
   }
 }
 

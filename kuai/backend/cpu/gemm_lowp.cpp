@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm_packed.h"
 #include "kuai/backend/cpu/onednn_matmul.h"
 #include "kuai/core/allocator.h"
 
@@ -223,33 +224,50 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 // ---- automatic choice ----
 
-// kAuto: oneDNN's bf16 matmul can only beat widening to fp32 where the CPU multiplies bf16
+// kAuto: oneDNN's bf16 matmul can only beat fp32 arithmetic where the CPU multiplies bf16
 // natively (AVX512-BF16 dot products, AMX tiles), running a JIT bf16 kernel at up to 2x (AVX512
 // BF16) or far more (AMX) the fp32 rate while reading half the bytes; there kAuto uses it. Below
 // avx512_core oneDNN 2.6 has no bf16 or f16 matmul at all (primitive creation fails, even the
-// reference one), so every AVX2-only machine widens. Measured on the 2-core AVX2 EPYC
-// (OMP_NUM_THREADS=2, bench/bench_gemm_lowp.cpp, best GFLOP/s of 6 repetitions on a shared
-// machine, bf16 operands; linear layers y = x W^T, and GPT-2's lm_head; "MiB" is the blocked
-// widening path's scratch with bf16 out, as the allocator counts it):
-//   shape (M,N,K)               fp32 gemm   widen, f32 out   widen, bf16 out   MiB   oneDNN bf16
-//   tiny qkv  4096,768,256 NT       173          171              165          16.8  unimplemented
-//   tiny proj 4096,256,256 NT       172          160              162           8.2  unimplemented
-//   tiny fc   4096,1024,256 NT      175          173              164          21.0  unimplemented
-//   tiny fc_p 4096,256,1024 NT      149          140              142          21.0  unimplemented
-//   gpt2 qkv  1024,2304,768 NT      170          164              161          18.8  unimplemented
-//   gpt2 proj 1024,768,768 NT       172          169              169           8.2  unimplemented
-//   gpt2 fc   1024,3072,768 NT      166          168              166          24.0  unimplemented
-//   gpt2 fc_p 1024,768,3072 NT      164          160              164          24.0  unimplemented
-//   lm_head   1024,50257,768 NT     167          167              167          29.5  unimplemented
-//   lm_head dX 1024,768,50257 NN    168          163              163          29.5  unimplemented
-//   lm_head dW 50257,768,1024 TN    162          162              161          29.5  unimplemented
-// Widening costs ~0.15 ns per element (kuai::convert, bandwidth bound), a few percent of these
-// products. The whole-operand widening this path replaced ran at the same rates (within the
-// noise) but kept up to 347 MiB of thread-local scratch per lm_head product outside the
-// allocator's counters.
+// reference one). There kAuto takes the packed GEMM (gemm_packed.h: widened while packed, C
+// rounded in registers) where the CPU has AVX2, FMA and F16C, else the widening path. Measured on
+// the 2-core AVX2 EPYC (OMP_NUM_THREADS=2, bench/bench_gemm_lowp.cpp, best GFLOP/s, bf16
+// operands, one run on a shared machine whose repeats differ by 5%; oneDNN bf16: unimplemented):
+//   product (M,N,K)                 fp32 gemm   widen f32/bf16 out   packed f32/bf16 out
+//   tiny qkv      4096,768,256 NT      169          167 / 156            166 / 162
+//   tiny proj     4096,256,256 NT      157          159 / 158            162 / 163
+//   tiny fc       4096,1024,256 NT     173          170 / 163            166 / 165
+//   tiny fc_proj  4096,256,1024 NT     149          143 / 142            165 / 161
+//   tiny fc dX    4096,256,1024 NN     164          138 / 148            165 / 159
+//   tiny fc dW    1024,256,4096 TN     121          117 / 153            153 / 153
+//   gpt2 qkv      1024,2304,768 NT     172          168 / 167            162 / 158
+//   gpt2 proj     1024,768,768 NT      170          168 / 168            164 / 158
+//   gpt2 fc       1024,3072,768 NT     170          165 / 165            162 / 157
+//   gpt2 fc_proj  1024,768,3072 NT     169          164 / 164            164 / 162
+//   gpt2 fc dX    1024,768,3072 NN     169          164 / 166            164 / 163
+//   gpt2 fc dW    3072,768,1024 TN     159          155 / 155            160 / 156
+//   lm_head       1024,50257,768 NT    168          169 / 153            135 / 128
+//   lm_head dX    1024,768,50257 NN    157          143 / 147            150 / 144
+//   lm_head dW    50257,768,1024 TN    159          160 / 145            168 / 164
+// The packed path wins the backward products (no widened copy of the long dY) and loses the
+// lm_head logits, whose C (1024 x 50257) it accumulates over two K slices; resolved_path sends
+// such wide products to the widening path. Widening costs ~0.15 ns per element (bandwidth bound).
 // The ISA is what oneDNN itself dispatches on.
 LowpGemmPath measured_auto_path() {
-  return cpu_has_native_bf16() ? LowpGemmPath::kOneDNN : LowpGemmPath::kConvertFp32;
+  if (cpu_has_native_bf16()) return LowpGemmPath::kOneDNN;
+  return packed_gemm_available() ? LowpGemmPath::kPacked : LowpGemmPath::kConvertFp32;
+}
+
+// kAuto for one product: the CPU's path, except that products with a very wide C (GPT-2's
+// lm_head logits, N = 50257: 115-150 GFLOP/s packed against 153-169 widened, the table above)
+// go to the widening path. A function of N only, so a product always takes the same path.
+constexpr int64_t kPackedMaxAutoN = 16384;
+
+LowpGemmPath resolved_path(int64_t N) {
+  LowpGemmPath path = lowp_gemm_path();
+  if (path != LowpGemmPath::kAuto) return path;
+  path = lowp_gemm_auto_path();
+  if (path == LowpGemmPath::kPacked && N > kPackedMaxAutoN) path = LowpGemmPath::kConvertFp32;
+  return path;
 }
 
 bool valid_operand(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
@@ -285,10 +303,14 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                float beta, void* C, DType c_dtype, int64_t ldc) {
   if (!valid_operand(a_dtype) || !valid_operand(b_dtype) || !valid_operand(c_dtype)) return;
   if (M <= 0 || N <= 0) return;
-  LowpGemmPath path = lowp_gemm_path();
-  if (path == LowpGemmPath::kAuto) path = lowp_gemm_auto_path();
+  const LowpGemmPath path = resolved_path(N);
   const bool all_f32 = a_dtype == DType::kF32 && b_dtype == DType::kF32 && c_dtype == DType::kF32;
   // Degenerate products (no multiply) and pure fp32 ones need no oneDNN low-precision primitive.
+  if (path == LowpGemmPath::kPacked && packed_gemm_available()) {
+    gemm_packed(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, B, b_dtype, ldb, beta, C,
+                c_dtype, ldc);
+    return;
+  }
   if (path == LowpGemmPath::kOneDNN && K > 0 && alpha != 0.0f && !all_f32) {
     auto mm = cached_onednn_matmul(onednn_matmul_key(trans_a, trans_b, M, N, K, alpha, a_dtype, lda,
                                                      b_dtype, ldb, beta, c_dtype, ldc));
@@ -308,8 +330,7 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
       !valid_operand(bias_dtype))
     return;
   if (M <= 0 || N <= 0) return;
-  LowpGemmPath path = lowp_gemm_path();
-  if (path == LowpGemmPath::kAuto) path = lowp_gemm_auto_path();
+  const LowpGemmPath path = resolved_path(N);
   if (path == LowpGemmPath::kOneDNN) {
     // C pre-filled with the bias rows, then C += A B: oneDNN reads C once and rounds once.
     const int64_t es = dtype_size(c_dtype);
@@ -322,6 +343,11 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   }
   ScratchFloats bias32(N);
   convert_serial(bias, bias_dtype, bias32.data(), DType::kF32, N);
+  if (path == LowpGemmPath::kPacked && packed_gemm_available()) {
+    gemm_packed(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 0.0f, C, c_dtype,
+                ldc, bias32.data());
+    return;
+  }
   gemm_convert_fp32(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 0.0f, C,
                     c_dtype, ldc, bias32.data());
 }

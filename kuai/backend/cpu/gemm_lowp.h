@@ -20,6 +20,8 @@ enum class LowpGemmPath {
                  // cpu::gemm per block, round C back once if low precision
   kOneDNN,       // oneDNN matmul on the low-precision operands (falls back to kConvertFp32 for
                  // dtype combinations oneDNN cannot build a primitive for, e.g. bf16 x f16)
+  kPacked,       // gemm_packed.h: widen while packing, fp32 micro-kernel, C rounded in registers
+                 // (falls back to kConvertFp32 on CPUs without AVX2, FMA and F16C)
 };
 
 // Force a path (tests, benchmarks); kAuto restores the automatic choice.

@@ -5,6 +5,7 @@
 // small panel budget) and its scratch, bounded and accounted by the tracking allocator.
 #include <fmt/core.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm_packed.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
 
@@ -54,7 +56,10 @@ std::string dtype_label(DType t) {
 }
 
 std::string path_label(LowpGemmPath p) {
-  return p == LowpGemmPath::kAuto ? "auto" : p == LowpGemmPath::kOneDNN ? "onednn" : "convert";
+  return p == LowpGemmPath::kAuto     ? "auto"
+         : p == LowpGemmPath::kOneDNN ? "onednn"
+         : p == LowpGemmPath::kPacked ? "packed"
+                                      : "convert";
 }
 
 // `size` values uniform in [-1, 1), rounded to `t` and stored as `t`. `widened` receives the
@@ -89,13 +94,14 @@ const Types kOperandTypes[] = {{DType::kBF16, DType::kBF16},
                                {DType::kF16, DType::kBF16}};
 const DType kOutputTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 const LowpGemmPath kPaths[] = {LowpGemmPath::kConvertFp32, LowpGemmPath::kOneDNN,
-                               LowpGemmPath::kAuto};
+                               LowpGemmPath::kPacked, LowpGemmPath::kAuto};
 
 class GemmLowpTest : public ::testing::Test {
  protected:
   void TearDown() override {
     set_lowp_gemm_path(LowpGemmPath::kAuto);
     set_lowp_gemm_panel_budget(0);
+    set_packed_gemm_blocking({});
   }
 };
 
@@ -199,12 +205,16 @@ TEST_F(GemmLowpTest, LowPrecisionOutputIsRoundedFp32Result) {
 TEST_F(GemmLowpTest, BiasIsAddedBeforeTheOneRounding) {
   // gemm_lowp_bias = op(A) op(B) + bias rounded once: within the bound of `check` against the
   // double-accumulated product plus the bias, on both paths, unblocked and blocked in K.
-  for (LowpGemmPath path : {LowpGemmPath::kConvertFp32, LowpGemmPath::kOneDNN})
+  for (LowpGemmPath path :
+       {LowpGemmPath::kConvertFp32, LowpGemmPath::kOneDNN, LowpGemmPath::kPacked})
     for (int64_t budget : {int64_t{0}, int64_t{600}})
       for (DType t : {DType::kBF16, DType::kF16})
         for (const Shape& s : {Shape{33, 100, 7, 0}, Shape{70, 90, 130, 2}}) {
           set_lowp_gemm_path(path);
           set_lowp_gemm_panel_budget(budget);
+          // The packed path's budget-600 run: K slices of 50 through a 600-float accumulator.
+          set_packed_gemm_blocking(budget > 0 ? PackedGemmBlocking{12, 50, 32, 600}
+                                              : PackedGemmBlocking{});
           const int64_t lda = s.k + s.pad, ldb = s.k + s.pad, ldc = s.n + s.pad;
           std::vector<float> a32, b32, bias32, c32;
           const auto a = random_matrix(s.m * lda, t, 31, &a32);
@@ -308,6 +318,98 @@ TEST_F(GemmLowpTest, WideningScratchIsBoundedAndAccounted) {
   EXPECT_EQ(after.current, before.current) << "scratch left allocated";
 }
 
+// The packed path with tiny blocks (MC 12 = two A slivers, KC 7, NC 32 = two B slivers, an
+// accumulator of 500 floats): every product runs over several K slices, row blocks and column
+// panels, with partial slivers at every edge (70 = 11 x 6 + 4 rows, 90 = 5 x 16 + 10 columns),
+// a low-precision C goes through the bounded fp32 accumulator in row blocks (M >= N) or column
+// blocks (M < N), and both orientations of both operands are packed from padded storage.
+TEST_F(GemmLowpTest, PackedBlockingInAllDimensions) {
+  if (!packed_gemm_available()) GTEST_SKIP() << "no AVX2/FMA/F16C";
+  const Types types[] = {{DType::kBF16, DType::kBF16},
+                         {DType::kF16, DType::kF16},
+                         {DType::kBF16, DType::kF32},
+                         {DType::kF32, DType::kF16},
+                         {DType::kF32, DType::kF32}};
+  const float scalars[][2] = {{1.0f, 0.0f}, {-0.75f, 1.0f}, {0.5f, -2.0f}};
+  set_packed_gemm_blocking({12, 7, 32, 500});
+  const PackedGemmBlocking in_force = packed_gemm_blocking();
+  EXPECT_EQ(in_force.mc, 12);
+  EXPECT_EQ(in_force.nc, 32);
+  for (int t = 0; t < 4; ++t) {
+    const int64_t pad = (t == 1 || t == 2) ? 5 : 0;
+    for (Types ty : types) {
+      for (DType c_type : kOutputTypes) {
+        for (const auto& sc : scalars) {
+          check(LowpGemmPath::kPacked, t & 1, t & 2, Shape{70, 90, 130, pad}, ty, c_type, sc[0],
+                sc[1]);
+          check(LowpGemmPath::kPacked, t & 1, t & 2, Shape{90, 37, 61, pad}, ty, c_type, sc[0],
+                sc[1]);
+        }
+      }
+    }
+  }
+  set_packed_gemm_blocking({});
+  EXPECT_EQ(packed_gemm_blocking().mc % 6, 0);
+}
+
+// The packed path rounds C in registers: every fp32 value it stores as bf16 or f16 must be what
+// the scalar conversions of dtype.h give, NaNs (quieted), infinities, overflow, subnormals and
+// ties included. C = A (M, 1) times a row of ones, so each element of C is one element of A.
+TEST_F(GemmLowpTest, PackedStoreRoundsLikeTheScalarConversions) {
+  if (!packed_gemm_available()) GTEST_SKIP() << "no AVX2/FMA/F16C";
+  const int64_t M = 4096, N = 16;
+  std::mt19937 rng(7);
+  std::vector<float> a(M);
+  for (int64_t i = 0; i < M; ++i) {
+    uint32_t bits = rng();
+    if (i % 4 == 1) bits = (bits & 0x8000ffffu) | 0x3f800000u | ((i & 1) << 16);  // ties near 1
+    if (i % 8 == 3) bits = (bits & 0x807fffffu) | 0x7f800000u;                    // inf / NaN
+    if (i % 8 == 5) bits &= 0x807fffffu;                                          // subnormal
+    if (i % 16 == 7) bits = (bits & 0x8000ffffu) | 0x477f0000u;  // near the f16 maximum
+    a[i] = bits_float(bits);
+  }
+  const std::vector<float> ones(N, 1.0f);
+  set_lowp_gemm_path(LowpGemmPath::kPacked);
+  for (DType c_type : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> c(M * N);
+    gemm_lowp(false, false, M, N, 1, 1.0f, a.data(), DType::kF32, 1, ones.data(), DType::kF32, N,
+              0.0f, c.data(), c_type, N);
+    for (int64_t i = 0; i < M; ++i) {
+      const float v = 0.0f + a[i] * 1.0f;  // what the fp32 accumulator holds
+      const uint16_t want = c_type == DType::kBF16 ? float_to_bf16(v) : float_to_f16(v);
+      for (int64_t j = 0; j < N; ++j) {
+        ASSERT_EQ(c[i * N + j], want)
+            << dtype_label(c_type) << " row " << i << " bits 0x" << std::hex << float_bits(a[i]);
+      }
+    }
+  }
+}
+
+// The packed path's sums are ordered by K and the slice depth only: one thread and two give the
+// same bits, and its scratch comes from the tracking allocator and is all returned.
+TEST_F(GemmLowpTest, PackedIsThreadCountIndependentAndAccounted) {
+  if (!packed_gemm_available()) GTEST_SKIP() << "no AVX2/FMA/F16C";
+  const int64_t M = 300, N = 200, K = 1100;  // three K slices at the default depth
+  std::vector<float> a32, b32, c32;
+  const auto a = random_matrix(M * K, DType::kBF16, 41, &a32);
+  const auto b = random_matrix(N * K, DType::kBF16, 42, &b32);  // (N, K): the NT of linear
+  set_lowp_gemm_path(LowpGemmPath::kPacked);
+  const int threads = omp_get_max_threads();
+  Allocator& alloc = Allocator::get();
+  std::vector<std::vector<uint16_t>> results;
+  for (int nt : {1, 2}) {
+    omp_set_num_threads(nt);
+    std::vector<uint16_t> c(M * N);
+    const int64_t before = alloc.stats().current;
+    gemm_lowp(false, true, M, N, K, 1.0f, a.data(), DType::kBF16, K, b.data(), DType::kBF16, K,
+              0.0f, c.data(), DType::kBF16, N);
+    EXPECT_EQ(alloc.stats().current, before) << "scratch left allocated";
+    results.push_back(c);
+  }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(results[0], results[1]);
+}
+
 // Reports (not asserts) which oneDNN implementation the low-precision path gets on this CPU.
 TEST_F(GemmLowpTest, ReportsOneDnnImplementation) {
   const std::string bf16 = lowp_onednn_impl(false, true, 64, 64, 64, DType::kBF16, 64, DType::kBF16,
@@ -318,8 +420,9 @@ TEST_F(GemmLowpTest, ReportsOneDnnImplementation) {
   RecordProperty("onednn_f16_impl", f16);
   fmt::print("native bf16: {}; auto path: {}; oneDNN bf16 impl: '{}'; f16 impl: '{}'\n",
              cpu_has_native_bf16(), path_label(lowp_gemm_auto_path()), bf16, f16);
-  EXPECT_EQ(lowp_gemm_auto_path(),
-            cpu_has_native_bf16() ? LowpGemmPath::kOneDNN : LowpGemmPath::kConvertFp32);
+  EXPECT_EQ(lowp_gemm_auto_path(), cpu_has_native_bf16()     ? LowpGemmPath::kOneDNN
+                                   : packed_gemm_available() ? LowpGemmPath::kPacked
+                                                             : LowpGemmPath::kConvertFp32);
 }
 
 }  // namespace
