@@ -233,25 +233,25 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 // the 2-core AVX2 EPYC (OMP_NUM_THREADS=2, bench/bench_gemm_lowp.cpp, best GFLOP/s, bf16
 // operands, one run on a shared machine whose repeats differ by 5%; oneDNN bf16: unimplemented):
 //   product (M,N,K)                 fp32 gemm   widen f32/bf16 out   packed f32/bf16 out
-//   tiny qkv      4096,768,256 NT      169          167 / 156            166 / 162
-//   tiny proj     4096,256,256 NT      157          159 / 158            162 / 163
-//   tiny fc       4096,1024,256 NT     173          170 / 163            166 / 165
-//   tiny fc_proj  4096,256,1024 NT     149          143 / 142            165 / 161
-//   tiny fc dX    4096,256,1024 NN     164          138 / 148            165 / 159
-//   tiny fc dW    1024,256,4096 TN     121          117 / 153            153 / 153
-//   gpt2 qkv      1024,2304,768 NT     172          168 / 167            162 / 158
-//   gpt2 proj     1024,768,768 NT      170          168 / 168            164 / 158
-//   gpt2 fc       1024,3072,768 NT     170          165 / 165            162 / 157
-//   gpt2 fc_proj  1024,768,3072 NT     169          164 / 164            164 / 162
-//   gpt2 fc dX    1024,768,3072 NN     169          164 / 166            164 / 163
-//   gpt2 fc dW    3072,768,1024 TN     159          155 / 155            160 / 156
-//   lm_head       1024,50257,768 NT    168          169 / 153            135 / 128
-//   lm_head dX    1024,768,50257 NN    157          143 / 147            150 / 144
-//   lm_head dW    50257,768,1024 TN    159          160 / 145            168 / 164
-// The packed path wins the backward products (no widened copy of the long dY) and loses the
-// lm_head logits, whose C (1024 x 50257) it accumulates over two K slices; resolved_path sends
-// such wide products to the widening path. Widening costs ~0.15 ns per element (bandwidth bound).
-// The ISA is what oneDNN itself dispatches on.
+//   tiny qkv      4096,768,256 NT      168          166 / 160            167 / 164
+//   tiny proj     4096,256,256 NT      171          161 / 162            166 / 163
+//   tiny fc       4096,1024,256 NT     172          171 / 161            167 / 164
+//   tiny fc_proj  4096,256,1024 NT     145          139 / 139            163 / 158
+//   tiny fc dX    4096,256,1024 NN     146          117 / 124            160 / 155
+//   tiny fc dW    1024,256,4096 TN     124          106 / 108            145 / 144
+//   gpt2 qkv      1024,2304,768 NT     166          163 / 159            144 / 160
+//   gpt2 proj     1024,768,768 NT      169          149 / 162            161 / 161
+//   gpt2 fc       1024,3072,768 NT     168          160 / 161            159 / 156
+//   gpt2 fc_proj  1024,768,3072 NT     156          149 / 151            156 / 155
+//   gpt2 fc dX    1024,768,3072 NN     168          162 / 150            154 / 153
+//   gpt2 fc dW    3072,768,1024 TN     155          144 / 153            163 / 154
+//   lm_head       1024,50257,768 NT    144          165 / 164            161 / 142
+//   lm_head dX    1024,768,50257 NN    164          160 / 160            164 / 160
+//   lm_head dW    50257,768,1024 TN    161          160 / 159            169 / 160
+// The packed path wins the backward products of tiny (no widened copy of the long dY), is within
+// the noise elsewhere, and loses the lm_head logits with a bf16 C (1024 x 50257); resolved_path
+// sends such wide products to the widening path. Widening costs ~0.15 ns per element (bandwidth
+// bound). The ISA is what oneDNN itself dispatches on.
 LowpGemmPath measured_auto_path() {
   if (cpu_has_native_bf16()) return LowpGemmPath::kOneDNN;
   return packed_gemm_available() ? LowpGemmPath::kPacked : LowpGemmPath::kConvertFp32;

@@ -31,13 +31,16 @@ namespace {
 constexpr int kMR = 6;   // rows of the micro-tile (A sliver height)
 constexpr int kNR = 16;  // columns of the micro-tile (B sliver width): two ymm registers
 // Defaults for 32 KiB L1d, 512 KiB-1 MiB L2 per core, a shared L3 of several MiB: the A block
-// (MC x KC fp32, 288 KiB) stays in L2 while a B sliver (KC x 16, 32 KiB) streams through L1; the
-// packed B panel (KC x NC, 6 MiB) is shared from L3. Tuned on the 2-core AVX2 EPYC with
-// bench/bench_gemm_lowp.cpp: KC 256 (BLIS's choice for Zen) stored and reloaded C once more per
-// 256 of K and measured 5-10% below KC 512 and 768; KC 1024 and MC 72, 96, 192, 240 were no
-// better. Even-sized row blocks (a multiple of the thread count) and prefetching the C tile while
-// the micro-kernel runs took the first version from 130 to 155-165 GFLOP/s on gpt2's qkv.
-constexpr int64_t kDefaultMC = 144, kDefaultKC = 512, kDefaultNC = 3072;
+// (MC x KC fp32, 432 KiB) stays in L2 while a B sliver (KC x 16, 48 KiB) streams through L1; the
+// packed B panel (KC x NC, 9 MiB) is shared from L3. Tuned on the 2-core AVX2 EPYC with
+// bench/bench_gemm_lowp.cpp and whole GPT-2-shape steps: KC 256 (BLIS's choice for Zen) stores
+// and reloads C once more per 256 of K and measured 5-10% below KC 512 and 768; KC 768 keeps
+// GPT-2's K = 768 products in one slice (a bf16 C then needs no fp32 accumulator) and took the
+// bf16 step's linear layers from 6.50 to 6.29 s per 4 steps against 512; KC 1024 and MC 72, 96,
+// 192, 240 were no better. Even-sized row blocks (a multiple of the thread count) and prefetching
+// the C tile while the micro-kernel runs took the first version from 130 to 155-165 GFLOP/s on
+// gpt2's qkv.
+constexpr int64_t kDefaultMC = 144, kDefaultKC = 768, kDefaultNC = 3072;
 constexpr int64_t kDefaultCBudget = int64_t{1} << 22;  // 16 MiB of fp32 accumulators
 
 std::atomic<int64_t> g_mc{0}, g_kc{0}, g_nc{0}, g_c_budget{0};

@@ -389,7 +389,7 @@ TEST_F(GemmLowpTest, PackedStoreRoundsLikeTheScalarConversions) {
 // same bits, and its scratch comes from the tracking allocator and is all returned.
 TEST_F(GemmLowpTest, PackedIsThreadCountIndependentAndAccounted) {
   if (!packed_gemm_available()) GTEST_SKIP() << "no AVX2/FMA/F16C";
-  const int64_t M = 300, N = 200, K = 1100;  // three K slices at the default depth
+  const int64_t M = 300, N = 200, K = 1100;  // two K slices at the default depth
   std::vector<float> a32, b32, c32;
   const auto a = random_matrix(M * K, DType::kBF16, 41, &a32);
   const auto b = random_matrix(N * K, DType::kBF16, 42, &b32);  // (N, K): the NT of linear
