@@ -35,4 +35,23 @@ class Allocator {
   static size_t round_size(size_t nbytes);
 };
 
+// `count` floats of CPU scratch from the tracking allocator (so the memory counters see it),
+// returned when the object goes out of scope. For kernels' temporary buffers.
+class ScratchFloats {
+ public:
+  explicit ScratchFloats(int64_t count)
+      : bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(float) : 0),
+        data_(bytes_ > 0 ? static_cast<float*>(Allocator::get().allocate(bytes_)) : nullptr) {}
+  ~ScratchFloats() {
+    if (data_ != nullptr) Allocator::get().deallocate(data_, bytes_);
+  }
+  ScratchFloats(const ScratchFloats&) = delete;
+  ScratchFloats& operator=(const ScratchFloats&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  float* data_;
+};
+
 }  // namespace kuai

@@ -86,7 +86,9 @@ void expect_resume_is_bit_exact(const std::string& precision) {
   // fp16 keeps its loss scale in the checkpoint; fp32 and bf16 have none.
   const Checkpoint saved = read_checkpoint((cut_dir / "ckpt-6").string());
   EXPECT_EQ(saved.state.loss_scale.has_value(), precision == "fp16");
-  if (saved.state.loss_scale) EXPECT_GT(saved.state.loss_scale->scale, 0.0f);
+  if (saved.state.loss_scale) {
+    EXPECT_GT(saved.state.loss_scale->scale, 0.0f);
+  }
 
   TrainOptions r;
   r.resume = cut_dir.string();

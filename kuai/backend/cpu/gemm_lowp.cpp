@@ -46,24 +46,6 @@ int64_t panel_budget() {
   return b > 0 ? b : kDefaultPanelFloats;
 }
 
-// fp32 scratch from the tracking allocator, so the memory counters see it; freed on scope exit.
-class ScratchFloats {
- public:
-  explicit ScratchFloats(int64_t count)
-      : bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(float) : 0),
-        data_(bytes_ > 0 ? static_cast<float*>(Allocator::get().allocate(bytes_)) : nullptr) {}
-  ~ScratchFloats() {
-    if (data_ != nullptr) Allocator::get().deallocate(data_, bytes_);
-  }
-  ScratchFloats(const ScratchFloats&) = delete;
-  ScratchFloats& operator=(const ScratchFloats&) = delete;
-  float* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  float* data_;
-};
-
 // Element `i` of a row-major (rows, cols) matrix with leading dimension `ld`, in bytes.
 const void* element(const void* base, DType t, int64_t i) {
   return static_cast<const char*>(base) + i * dtype_size(t);

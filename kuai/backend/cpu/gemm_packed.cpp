@@ -60,24 +60,6 @@ PackedGemmBlocking blocks_in_force() {
   return b;
 }
 
-// fp32 scratch from the tracking allocator, so the memory counters see it; freed on scope exit.
-class Scratch {
- public:
-  explicit Scratch(int64_t count)
-      : bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(float) : 0),
-        data_(bytes_ > 0 ? static_cast<float*>(Allocator::get().allocate(bytes_)) : nullptr) {}
-  ~Scratch() {
-    if (data_ != nullptr) Allocator::get().deallocate(data_, bytes_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  float* data() const { return data_; }
-
- private:
-  size_t bytes_;
-  float* data_;
-};
-
 // The packing buffers of a product small enough to run on one thread (the per-head products of
 // attention, called from inside a parallel loop) come from two per-thread buffers kept between
 // calls (at most 2 x 1 MiB per thread, like attention's own per-thread scratch); a call costs
@@ -100,7 +82,7 @@ class PackBuffer {
   float* data() const { return data_; }
 
  private:
-  std::optional<Scratch> scratch_;
+  std::optional<ScratchFloats> scratch_;
   float* data_ = nullptr;
 };
 
@@ -536,7 +518,7 @@ void gemm_packed(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, fl
   int64_t step = std::max<int64_t>(1, blk.c_budget / other);
   if (step >= unit) step = step / unit * unit;
   step = std::min(step, length);
-  Scratch acc(step * other);
+  ScratchFloats acc(step * other);
   Epilogue into_acc;
   into_acc.alpha = alpha;
   Epilogue finish;
