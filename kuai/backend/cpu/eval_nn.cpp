@@ -1,11 +1,13 @@
 // CPU evaluation of the normalisation, softmax, embedding and loss primitives: thin adapters
 // from tensors to the raw kernels, plus the checks the kernels leave to their callers.
 #include <fmt/format.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
@@ -67,16 +69,38 @@ void EmbeddingBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
 
 namespace {
 
-// Low-precision logits are widened a block of rows at a time (at most kWidenBlock elements), so
-// cross-entropy under autocast never holds an fp32 copy of the whole (N, V) logits.
-constexpr int64_t kWidenBlock = int64_t{1} << 22;
+// Low-precision logits are processed in chunks of rows of about kChunkElements, each widened
+// into its thread's fp32 buffer (cache-resident), computed in fp32 and, for the gradient, rounded
+// straight back: one read of the bf16 logits and one write of the bf16 gradient go through
+// memory, and no fp32 copy of the (N, V) logits exists. The buffers (threads x chunk) are one
+// tensor, so the allocator counts them.
+constexpr int64_t kChunkElements = int64_t{1} << 16;
 
-int64_t widen_rows(int64_t V) {
-  return std::max<int64_t>(1, kWidenBlock / std::max<int64_t>(1, V));
+// Rows per chunk of an (N, V) matrix (N > 0).
+int64_t chunk_rows(int64_t N, int64_t V) {
+  return std::min(N, std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, V)));
 }
 
 const char* row_ptr(const Tensor& t, int64_t row) {
   return static_cast<const char*>(t.raw_data()) + row * t.shape()[1] * dtype_size(t.dtype());
+}
+
+// Calls fn(c, r0, n, buf) for every chunk c of rows [r0, r0 + n), in parallel, with buf the
+// calling thread's fp32 buffer holding the widened logits of the chunk.
+template <class Fn>
+void for_widened_chunks(const Tensor& logits, Fn&& fn) {
+  const int64_t N = logits.shape()[0], V = logits.shape()[1];
+  if (N <= 0) return;
+  const int64_t rows = chunk_rows(N, V), chunks = (N + rows - 1) / rows;
+  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(chunks)));
+  Tensor buffers = Tensor::empty({threads, rows * V}, DType::kF32, logits.device());
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = c * rows, n = std::min(rows, N - r0);
+    float* buf = buffers.data<float>() + omp_get_thread_num() * rows * V;
+    convert_serial(row_ptr(logits, r0), logits.dtype(), buf, DType::kF32, n * V);
+    fn(c, r0, n, buf);
+  }
 }
 
 }  // namespace
@@ -90,15 +114,17 @@ void CrossEntropy::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) c
     total = cpu::cross_entropy_forward(in[0].data<float>(), in[1].data<int32_t>(),
                                        out[1].data<float>(), N, V, ignore_, &count);
   } else {
-    const int64_t rows = std::min(N, widen_rows(V));
-    Tensor block = Tensor::empty({rows, V}, DType::kF32, in[0].device());
-    for (int64_t r0 = 0; r0 < N; r0 += rows) {
-      const int64_t n = std::min(rows, N - r0);
-      convert(row_ptr(in[0], r0), in[0].dtype(), block.raw_data(), DType::kF32, n * V);
-      int64_t c = 0;
-      total += cpu::cross_entropy_forward(block.data<float>(), in[1].data<int32_t>() + r0,
-                                          out[1].data<float>() + r0, n, V, ignore_, &c);
-      count += c;
+    // Per-chunk sums, added in chunk order: the loss does not depend on the thread count.
+    const int64_t chunks = N > 0 ? (N + chunk_rows(N, V) - 1) / chunk_rows(N, V) : 0;
+    std::vector<double> totals(static_cast<size_t>(chunks));
+    std::vector<int64_t> counts(static_cast<size_t>(chunks));
+    for_widened_chunks(in[0], [&](int64_t c, int64_t r0, int64_t n, float* buf) {
+      totals[c] = cpu::cross_entropy_forward(buf, in[1].data<int32_t>() + r0,
+                                             out[1].data<float>() + r0, n, V, ignore_, &counts[c]);
+    });
+    for (int64_t c = 0; c < chunks; ++c) {
+      total += totals[c];
+      count += counts[c];
     }
   }
   out[0].data<float>()[0] = count > 0 ? static_cast<float>(total / static_cast<double>(count))
@@ -115,18 +141,13 @@ void CrossEntropyBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor
                                 out[0].data<float>(), N, V, ignore_, grad_scale);
     return;
   }
-  // Low precision: fp32 softmax and gradient per block of rows, rounded once into dlogits.
+  // Low precision: fp32 softmax and gradient per chunk of rows, rounded once into dlogits.
   const DType t = in[0].dtype();
-  const int64_t rows = std::min(N, widen_rows(V));
-  Tensor block = Tensor::empty({rows, V}, DType::kF32, in[0].device());
-  for (int64_t r0 = 0; r0 < N; r0 += rows) {
-    const int64_t n = std::min(rows, N - r0);
-    convert(row_ptr(in[0], r0), t, block.raw_data(), DType::kF32, n * V);
-    cpu::cross_entropy_backward(block.data<float>(), in[1].data<int32_t>() + r0,
-                                in[2].data<float>() + r0, block.data<float>(), n, V, ignore_,
-                                grad_scale);
-    convert(block.raw_data(), DType::kF32, const_cast<char*>(row_ptr(out[0], r0)), t, n * V);
-  }
+  for_widened_chunks(in[0], [&](int64_t, int64_t r0, int64_t n, float* buf) {
+    cpu::cross_entropy_backward(buf, in[1].data<int32_t>() + r0, in[2].data<float>() + r0, buf, n,
+                                V, ignore_, grad_scale);
+    convert_serial(buf, DType::kF32, const_cast<char*>(row_ptr(out[0], r0)), t, n * V);
+  });
 }
 
 }  // namespace kuai
