@@ -40,4 +40,27 @@ void flash_attention_forward_rows(const FlashHead& h, int64_t r0, int64_t rn, in
 void flash_attention_forward(std::span<const FlashHead> heads, int64_t T, int64_t d, float scale,
                              bool causal);
 
+// Backward of one head: from q, k, v, the forward's o and lse, and the output gradient dout,
+// dq, dk, dv (T, d) with their own row strides. Scores and probabilities are recomputed a block
+// at a time from lse; D = rowsum(dout * o) stands in for rowsum(dP * P).
+struct FlashHeadGrad {
+  const float* q;
+  const float* k;
+  const float* v;
+  const float* o;
+  const float* dout;
+  const float* lse;
+  float* dq;
+  float* dk;
+  float* dv;
+  int64_t ldq, ldk, ldv, ldo, lddout, lddq, lddk, lddv;
+};
+
+// All heads. Two passes, both race-free and independent of the thread count: dk and dv by key
+// block (each key block meets every query block that sees it), then dq by query block (each
+// query block meets every key block it sees); the scores are recomputed in both. Work space:
+// per thread two (64, 64) tiles, and D, O(T) per head, all from the tracking allocator.
+void flash_attention_backward(std::span<const FlashHeadGrad> heads, int64_t T, int64_t d,
+                              float scale, bool causal);
+
 }  // namespace kuai::cpu

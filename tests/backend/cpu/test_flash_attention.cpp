@@ -107,6 +107,101 @@ TEST(FlashAttention, ForwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
   }
 }
 
+// float64 gradients of one head for the output gradient g (T, d): dq, dk, dv (T, d) each.
+void reference_backward(const Problem& p, int64_t h, const std::vector<float>& g, float scale,
+                        bool causal, std::vector<double>* dq, std::vector<double>* dk,
+                        std::vector<double>* dv) {
+  const int64_t T = p.T, d = p.d;
+  for (auto* x : {dq, dk, dv}) x->assign(static_cast<size_t>(T * d), 0.0);
+  std::vector<double> P(static_cast<size_t>(T * T), 0.0), dP(static_cast<size_t>(T * T), 0.0);
+  for (int64_t i = 0; i < T; ++i) {
+    const int64_t n = causal ? i + 1 : T;
+    double mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) {
+      double dot = 0.0;
+      for (int64_t c = 0; c < d; ++c)
+        dot += static_cast<double>(p.q(h)[i * p.ld + c]) * p.k(h)[j * p.ld + c];
+      P[i * T + j] = static_cast<double>(scale) * dot;
+      mx = std::max(mx, P[i * T + j]);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < n; ++j) sum += (P[i * T + j] = std::exp(P[i * T + j] - mx));
+    double rowdot = 0.0;
+    for (int64_t j = 0; j < n; ++j) {
+      P[i * T + j] /= sum;
+      double dot = 0.0;
+      for (int64_t c = 0; c < d; ++c)
+        dot += static_cast<double>(g[i * d + c]) * p.v(h)[j * p.ld + c];
+      dP[i * T + j] = dot;
+      rowdot += dot * P[i * T + j];
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const double ds = P[i * T + j] * (dP[i * T + j] - rowdot) * scale;
+      for (int64_t c = 0; c < d; ++c) {
+        (*dv)[j * d + c] += P[i * T + j] * g[i * d + c];
+        (*dq)[i * d + c] += ds * p.k(h)[j * p.ld + c];
+        (*dk)[j * d + c] += ds * p.q(h)[i * p.ld + c];
+      }
+    }
+  }
+}
+
+double max_error(const float* got, int64_t ld, const std::vector<double>& want, int64_t T,
+                 int64_t d) {
+  double e = 0.0;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t c = 0; c < d; ++c) e = std::max(e, std::abs(got[i * ld + c] - want[i * d + c]));
+  return e;
+}
+
+TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
+  const Shape shapes[] = {{1, 1, 16}, {2, 7, 33}, {2, 65, 64}, {1, 130, 16}, {2, 200, 33}};
+  for (const Shape& sh : shapes) {
+    for (bool causal : {true, false}) {
+      const Problem p = make(sh, static_cast<uint32_t>(sh.T * 11 + sh.d));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.d));
+      const int64_t T = sh.T, d = sh.d, H = sh.heads;
+      const std::vector<float> g = kuai::test::uniform(H * T * d, -1.0f, 1.0f, 99);
+      std::vector<float> o(static_cast<size_t>(H * T * d)), lse(static_cast<size_t>(H * T));
+      std::vector<float> dqkv(static_cast<size_t>(H * T * 3 * d), NAN);  // (H, T, 3, d)
+      std::vector<FlashHead> fwd;
+      std::vector<FlashHeadGrad> bwd;
+      for (int64_t h = 0; h < H; ++h) {
+        fwd.push_back({p.q(h), p.k(h), p.v(h), o.data() + h * T * d, lse.data() + h * T, p.ld, p.ld,
+                       p.ld, d});
+        float* dq = dqkv.data() + h * T * 3 * d;
+        bwd.push_back({p.q(h), p.k(h), p.v(h), o.data() + h * T * d, g.data() + h * T * d,
+                       lse.data() + h * T, dq, dq + d, dq + 2 * d, p.ld, p.ld, p.ld, d, d, 3 * d,
+                       3 * d, 3 * d});
+      }
+      flash_attention_forward(fwd, T, d, scale, causal);
+      flash_attention_backward(bwd, T, d, scale, causal);
+      for (int64_t h = 0; h < H; ++h) {
+        const std::vector<float> gh(g.begin() + h * T * d, g.begin() + (h + 1) * T * d);
+        std::vector<double> dq_ref, dk_ref, dv_ref;
+        reference_backward(p, h, gh, scale, causal, &dq_ref, &dk_ref, &dv_ref);
+        // kuai's fp32 naive kernels on the same head.
+        std::vector<float> pr(static_cast<size_t>(T * T)), y(static_cast<size_t>(T * d)),
+            s(static_cast<size_t>(T * T)), naive(static_cast<size_t>(3 * T * d));
+        const HeadView hv{p.q(h), p.k(h), p.v(h), p.ld, p.ld, p.ld};
+        attention_head_forward(hv, pr.data(), y.data(), d, T, d, scale, causal, s.data());
+        attention_head_backward(hv, pr.data(), gh.data(), d, naive.data(), d, naive.data() + T * d,
+                                d, naive.data() + 2 * T * d, d, T, d, scale, causal, s.data());
+        const float* flash = dqkv.data() + h * T * 3 * d;
+        const std::vector<double>* refs[] = {&dq_ref, &dk_ref, &dv_ref};
+        const char* names[] = {"dq", "dk", "dv"};
+        for (int x = 0; x < 3; ++x) {
+          const double e_flash = max_error(flash + x * d, 3 * d, *refs[x], T, d);
+          const double e_naive = max_error(naive.data() + x * T * d, d, *refs[x], T, d);
+          EXPECT_LE(e_flash, 2.0 * e_naive + 1e-6)
+              << names[x] << " heads " << H << " T " << T << " d " << d << " causal " << causal
+              << " head " << h << ": naive error " << e_naive;
+        }
+      }
+    }
+  }
+}
+
 // The forward's only scratch is the per-thread work space: at T = 1024 one T x T fp32 matrix is
 // 4 MiB, the allocator's peak rises by well under a tenth of that.
 TEST(FlashAttention, WorkSpaceIsIndependentOfT) {
