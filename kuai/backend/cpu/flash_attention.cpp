@@ -1,7 +1,9 @@
-// The CPU flash-attention forward (see flash_attention.h): per query block, the scores of each
-// key block come from one small GEMM, the online-softmax update rescales the running sums and
-// the accumulator, and the block's probabilities are multiplied into the accumulator by a second
-// GEMM. The row loops are KUAI_CLONES functions, so exp and max vectorise.
+// The CPU flash-attention kernels (see flash_attention.h). Forward: per query block, the scores
+// of each key block come from one small GEMM, the online-softmax update rescales the running sums
+// and the accumulator, and the block's probabilities are multiplied into the accumulator by a
+// second GEMM. Backward: the probabilities of a block pair are recomputed from lse, in one pass
+// over key blocks (dk, dv) and one over query blocks (dq). The row loops are KUAI_CLONES
+// functions, so exp, max and the dot products vectorise.
 #include "kuai/backend/cpu/flash_attention.h"
 
 #include <omp.h>

@@ -1,9 +1,10 @@
-// FlashAttention (Dao et al., 2022) for the CPU, forward: exact attention computed one block of
-// queries against one block of keys at a time with an online softmax (a running row maximum and
-// row sum), so the T x T score matrix is never materialised. Each thread holds one (64, 64) score
-// tile and a (64, d) fp32 accumulator; the forward writes the output and every row's
-// log-sum-exp, from which a backward recomputes the probabilities. With a causal mask the key
-// blocks above the diagonal are skipped. fp32 operands; rows may have any stride.
+// FlashAttention (Dao et al., 2022; the backward as in FlashAttention-2) for the CPU: exact
+// attention computed one block of queries against one block of keys at a time with an online
+// softmax (a running row maximum and row sum), so the T x T score matrix is never materialised.
+// Each thread holds (64, 64) tiles and a (64, d) fp32 accumulator; the forward writes the output
+// and every row's log-sum-exp, from which the backward recomputes the probabilities. With a
+// causal mask the key blocks above the diagonal are skipped. fp32 operands; rows may have any
+// stride.
 #pragma once
 
 #include <cstdint>
