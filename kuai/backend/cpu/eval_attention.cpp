@@ -22,10 +22,11 @@ cpu::HeadView head_view(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return {at(q), at(k), at(v), q.strides()[2], k.strides()[2], v.strides()[2]};
 }
 
-std::vector<float>& scratch(int64_t n) {
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  return buf;
+// Per-thread T x T buffers: slot 0 the scores, slot 1 (low precision) the fp32 probabilities.
+std::vector<float>& scratch(int64_t n, int slot = 0) {
+  thread_local std::vector<float> buf[2];
+  if (static_cast<int64_t>(buf[slot].size()) < n) buf[slot].resize(n);
+  return buf[slot];
 }
 
 // ---- bf16 / f16 operands ----
@@ -33,12 +34,6 @@ std::vector<float>& scratch(int64_t n) {
 // bf16/f16 q, k, v and dy where they lie and write y, dq, dk, dv rounded once. The probabilities
 // are computed in a per-thread fp32 buffer and stored (and saved for backward) in the low dtype,
 // so nothing of size (B, H, T, T) is ever held in fp32.
-
-std::vector<float>& probabilities(int64_t n) {  // a second per-thread T x T buffer
-  thread_local std::vector<float> buf;
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  return buf;
-}
 
 const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
   return static_cast<const char*>(t.raw_data()) +
@@ -62,7 +57,7 @@ void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
-    float* p32 = probabilities(T * T).data();
+    float* p32 = scratch(T * T, 1).data();
     cpu::attention_head_forward(typed_head(q, k, v, b, h), p32, y + (b * T * H + h) * d * es, H * d,
                                 T, d, scale, causal, scratch(T * T).data());
     convert_serial(p32, DType::kF32, p + bh * T * T * es, t, T * T);
@@ -81,7 +76,7 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
-    float* p32 = probabilities(T * T).data();
+    float* p32 = scratch(T * T, 1).data();
     convert_serial(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, p32, DType::kF32,
                    T * T);
     const char* dyh =

@@ -39,30 +39,35 @@ Problem make(const Shape& s, uint32_t seed) {
   return p;
 }
 
+// Row i of one head's attention probabilities in float64: row[0, n) for the n keys it sees;
+// returns the row's log-sum-exp of the scaled scores.
+double reference_row(const Problem& p, int64_t h, int64_t i, float scale, int64_t n, double* row) {
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    double dot = 0.0;
+    for (int64_t c = 0; c < p.d; ++c)
+      dot += static_cast<double>(p.q(h)[i * p.ld + c]) * p.k(h)[j * p.ld + c];
+    row[j] = static_cast<double>(scale) * dot;
+    mx = std::max(mx, row[j]);
+  }
+  double sum = 0.0;
+  for (int64_t j = 0; j < n; ++j) sum += (row[j] = std::exp(row[j] - mx));
+  for (int64_t j = 0; j < n; ++j) row[j] /= sum;
+  return mx + std::log(sum);
+}
+
 // Reference for one head in float64: y (T, d) and lse (T).
 void reference(const Problem& p, int64_t h, float scale, bool causal, std::vector<double>* y,
                std::vector<double>* lse) {
   const int64_t T = p.T, d = p.d;
   y->assign(static_cast<size_t>(T * d), 0.0);
   lse->assign(static_cast<size_t>(T), 0.0);
-  std::vector<double> s(static_cast<size_t>(T));
+  std::vector<double> w(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) {
     const int64_t n = causal ? i + 1 : T;
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      double dot = 0.0;
-      for (int64_t c = 0; c < d; ++c)
-        dot += static_cast<double>(p.q(h)[i * p.ld + c]) * p.k(h)[j * p.ld + c];
-      s[j] = static_cast<double>(scale) * dot;
-      mx = std::max(mx, s[j]);
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) sum += std::exp(s[j] - mx);
-    (*lse)[i] = mx + std::log(sum);
-    for (int64_t j = 0; j < n; ++j) {
-      const double w = std::exp(s[j] - mx) / sum;
-      for (int64_t c = 0; c < d; ++c) (*y)[i * d + c] += w * p.v(h)[j * p.ld + c];
-    }
+    (*lse)[i] = reference_row(p, h, i, scale, n, w.data());
+    for (int64_t j = 0; j < n; ++j)
+      for (int64_t c = 0; c < d; ++c) (*y)[i * d + c] += w[j] * p.v(h)[j * p.ld + c];
   }
 }
 
@@ -116,19 +121,9 @@ void reference_backward(const Problem& p, int64_t h, const std::vector<float>& g
   std::vector<double> P(static_cast<size_t>(T * T), 0.0), dP(static_cast<size_t>(T * T), 0.0);
   for (int64_t i = 0; i < T; ++i) {
     const int64_t n = causal ? i + 1 : T;
-    double mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) {
-      double dot = 0.0;
-      for (int64_t c = 0; c < d; ++c)
-        dot += static_cast<double>(p.q(h)[i * p.ld + c]) * p.k(h)[j * p.ld + c];
-      P[i * T + j] = static_cast<double>(scale) * dot;
-      mx = std::max(mx, P[i * T + j]);
-    }
-    double sum = 0.0;
-    for (int64_t j = 0; j < n; ++j) sum += (P[i * T + j] = std::exp(P[i * T + j] - mx));
+    reference_row(p, h, i, scale, n, P.data() + i * T);
     double rowdot = 0.0;
     for (int64_t j = 0; j < n; ++j) {
-      P[i * T + j] /= sum;
       double dot = 0.0;
       for (int64_t c = 0; c < d; ++c)
         dot += static_cast<double>(g[i * d + c]) * p.v(h)[j * p.ld + c];
