@@ -6,13 +6,18 @@
 // functions, so exp, max and the dot products vectorise.
 #include "kuai/backend/cpu/flash_attention.h"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm_packed.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/vec_math.h"
 #include "kuai/core/allocator.h"
@@ -22,25 +27,92 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+constexpr int kLanes = 16;  // independent accumulators: the row sums vectorise, in a fixed order
+
+// Sum of the lanes in a fixed pairwise order.
+[[gnu::always_inline]] inline float combine_lanes(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) acc[k] += acc[k + w];
+  return acc[0];
+}
+
 KUAI_CLONES float row_max(const float* s, int64_t n) {
-  float m = kNegInf;
-  for (int64_t j = 0; j < n; ++j) m = vm::select(s[j] > m, s[j], m);
+  float m = kNegInf;  // a NaN score is skipped here but propagates through exp and the sum
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
   return m;
 }
 
 // p[j] = exp(s[j] - m) in place; returns their sum.
 KUAI_CLONES float exp_shifted(float* s, int64_t n, float m) {
-  float sum = 0.0f;
-  for (int64_t j = 0; j < n; ++j) {
-    const float p = vm::exp(s[j] - m);
-    s[j] = p;
-    sum += p;
+  float lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes) {
+    for (int k = 0; k < kLanes; ++k) {
+      const float p = vm::exp(s[j + k] - m);
+      s[j + k] = p;
+      lane[k] += p;
+    }
   }
-  return sum;
+  for (int k = 0; j + k < n; ++k) {
+    const float p = vm::exp(s[j + k] - m);
+    s[j + k] = p;
+    lane[k] += p;
+  }
+  return combine_lanes(lane);
 }
 
 KUAI_CLONES void scale_row(float* x, int64_t n, float a) {
   for (int64_t j = 0; j < n; ++j) x[j] *= a;
+}
+
+KUAI_CLONES void ds_from(const float* p, const float* dp, float D, float* ds, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] - D);
+}
+
+KUAI_CLONES float dot(const float* a, const float* b, int64_t n) {
+  float lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane[k] += a[j + k] * b[j + k];
+  for (int k = 0; j + k < n; ++k) lane[k] += a[j + k] * b[j + k];
+  return combine_lanes(lane);
+}
+
+// Row r of a row-major matrix of dtype t with row stride ld.
+const void* row(const void* base, DType t, int64_t ld, int64_t r) {
+  return static_cast<const char*>(base) + r * ld * dtype_size(t);
+}
+void* row(void* base, DType t, int64_t ld, int64_t r) {
+  return static_cast<char*>(base) + r * ld * dtype_size(t);
+}
+
+// C (fp32, M x N) = alpha op(A) op(B) + beta C on the calling thread. The packed GEMM where the
+// CPU runs it (it reads f32, bf16 and f16 alike and has no call overhead worth the name), else
+// cpu::gemm for fp32 operands and gemm_lowp for the others.
+void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
+             DType at, int64_t lda, const void* B, DType bt, int64_t ldb, float beta, float* C,
+             int64_t ldc) {
+  static const bool packed = packed_gemm_available();
+  if (packed)
+    gemm_packed(ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, DType::kF32, ldc);
+  else if (at == DType::kF32 && bt == DType::kF32)
+    gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B),
+         ldb, beta, C, ldc);
+  else
+    gemm_lowp(ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, DType::kF32, ldc);
+}
+
+// dst rows (dtype t, row stride ldd) = src (rows, cols) fp32 with row stride lds, rounded once.
+void store_rows(const float* src, int64_t lds, void* dst, DType t, int64_t ldd, int64_t rows,
+                int64_t cols) {
+  for (int64_t i = 0; i < rows; ++i)
+    convert_serial(src + i * lds, DType::kF32, row(dst, t, ldd, i), t, cols);
+}
+
+// Keys [0, n) that query row i (of tq) sees: all, or up to its position tk - tq + i.
+int64_t keys_seen(const FlashParams& p, int64_t i) {
+  return p.causal ? std::min(p.tk, p.tk - p.tq + i + 1) : p.tk;
 }
 
 }  // namespace
@@ -49,8 +121,10 @@ int64_t flash_forward_work_floats(int64_t d) {
   return kFlashBlockQ * kFlashBlockK + kFlashBlockQ * d + 2 * kFlashBlockQ;
 }
 
-void flash_attention_forward_rows(const FlashHead& h, int64_t r0, int64_t rn, int64_t T, int64_t d,
-                                  float scale, bool causal, float* work) {
+void flash_attention_forward_rows(const FlashHead& h, int64_t r0, int64_t rn, const FlashParams& p,
+                                  float* work) {
+  const int64_t d = p.d;
+  const DType t = p.dtype;
   float* s = work;                               // (rn, cn) scores, then probabilities
   float* acc = s + kFlashBlockQ * kFlashBlockK;  // (rn, d) unnormalised output
   float* m = acc + kFlashBlockQ * d;             // running row maximum of the scaled scores
@@ -58,16 +132,16 @@ void flash_attention_forward_rows(const FlashHead& h, int64_t r0, int64_t rn, in
   std::fill(acc, acc + rn * d, 0.0f);
   std::fill(m, m + rn, kNegInf);
   std::fill(l, l + rn, 0.0f);
-  const int64_t kend = causal ? r0 + rn : T;  // keys any row of the block can see
+  const int64_t kend = keys_seen(p, r0 + rn - 1);  // keys any row of the block sees
+  const void* q = row(h.q, t, h.ldq, r0);
   for (int64_t c0 = 0; c0 < kend; c0 += kFlashBlockK) {
     const int64_t cn = std::min(kFlashBlockK, kend - c0);
     // s = scale q_blk k_blk^T   (rn, cn)
-    gemm(false, true, rn, cn, d, scale, h.q + r0 * h.ldq, h.ldq, h.k + c0 * h.ldk, h.ldk, 0.0f, s,
-         cn);
+    product(false, true, rn, cn, d, p.scale, q, t, h.ldq, row(h.k, t, h.ldk, c0), t, h.ldk, 0.0f, s,
+            cn);
     for (int64_t i = 0; i < rn; ++i) {
       float* si = s + i * cn;
-      // Keys this row sees in the block: all, or up to the diagonal.
-      const int64_t visible = causal ? std::clamp<int64_t>(r0 + i - c0 + 1, 0, cn) : cn;
+      const int64_t visible = std::clamp<int64_t>(keys_seen(p, r0 + i) - c0, 0, cn);
       std::fill(si + visible, si + cn, 0.0f);  // masked: probability 0
       if (visible == 0) continue;
       const float m_new = std::max(m[i], row_max(si, visible));
@@ -77,128 +151,197 @@ void flash_attention_forward_rows(const FlashHead& h, int64_t r0, int64_t rn, in
       m[i] = m_new;
     }
     // acc += p v_blk   (rn, d)
-    gemm(false, false, rn, d, cn, 1.0f, s, cn, h.v + c0 * h.ldv, h.ldv, 1.0f, acc, d);
+    product(false, false, rn, d, cn, 1.0f, s, DType::kF32, cn, row(h.v, t, h.ldv, c0), t, h.ldv,
+            1.0f, acc, d);
   }
   for (int64_t i = 0; i < rn; ++i) {
-    const float inv = 1.0f / l[i];
-    float* oi = h.o + (r0 + i) * h.ldo;
-    for (int64_t j = 0; j < d; ++j) oi[j] = acc[i * d + j] * inv;
+    scale_row(acc + i * d, d, 1.0f / l[i]);
     h.lse[r0 + i] = m[i] + std::log(l[i]);
   }
+  store_rows(acc, d, row(h.o, t, h.ldo, r0), t, h.ldo, rn, d);
 }
 
-void flash_attention_forward(std::span<const FlashHead> heads, int64_t T, int64_t d, float scale,
-                             bool causal) {
-  if (heads.empty() || T <= 0) return;
-  const int64_t blocks = (T + kFlashBlockQ - 1) / kFlashBlockQ;
-  const int64_t items = static_cast<int64_t>(heads.size()) * blocks;
-  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(items)));
-  const int64_t per_thread = flash_forward_work_floats(d);
+namespace {
+
+void check(const FlashParams& p, const char* what) {
+  if (p.tq < 0 || p.tk < 0 || p.d <= 0 || (p.causal && p.tk < p.tq))
+    throw std::invalid_argument(
+        fmt::format("{}: needs tq, tk >= 0, d > 0 and (causal) tk >= tq; got tq {}, tk {}, d {}",
+                    what, p.tq, p.tk, p.d));
+}
+
+int threads_for(int64_t items) {
+  return std::max(1, static_cast<int>(std::min<int64_t>(omp_get_max_threads(), items)));
+}
+
+}  // namespace
+
+void flash_attention_forward(std::span<const FlashHead> heads, const FlashParams& p) {
+  check(p, "flash_attention_forward");
+  if (heads.empty() || p.tq == 0) return;
+  const int64_t blocks = (p.tq + kFlashBlockQ - 1) / kFlashBlockQ;
+  const int64_t nh = static_cast<int64_t>(heads.size());
+  const int64_t items = nh * blocks;
+  const int threads = threads_for(items);
+  const int64_t per_thread = flash_forward_work_floats(p.d);
   ScratchFloats work(per_thread * threads);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (threads > 1)
   for (int64_t it = 0; it < items; ++it) {
     // Last query blocks first: with a causal mask they cost the most.
     const int64_t item = items - 1 - it;
-    const int64_t nh = static_cast<int64_t>(heads.size());
-    const int64_t head = item % nh, blk = item / nh;
-    const int64_t r0 = blk * kFlashBlockQ;
-    flash_attention_forward_rows(heads[head], r0, std::min(kFlashBlockQ, T - r0), T, d, scale,
-                                 causal, work.data() + omp_get_thread_num() * per_thread);
+    const int64_t head = item % nh, r0 = item / nh * kFlashBlockQ;
+    flash_attention_forward_rows(heads[head], r0, std::min(kFlashBlockQ, p.tq - r0), p,
+                                 work.data() + omp_get_thread_num() * per_thread);
   }
 }
 
 namespace {
 
-// For query rows [r0, r0 + rn) and keys [c0, c0 + cn) of one head: p = the probabilities
-// recomputed from lse (0 where masked) and dp = dout v^T, both (rn, cn) with row stride cn.
-void block_ds(const FlashHeadGrad& h, int64_t r0, int64_t rn, int64_t c0, int64_t cn, int64_t d,
-              float scale, bool causal, float* p, float* dp) {
-  gemm(false, true, rn, cn, d, scale, h.q + r0 * h.ldq, h.ldq, h.k + c0 * h.ldk, h.ldk, 0.0f, p,
-       cn);
-  gemm(false, true, rn, cn, d, 1.0f, h.dout + r0 * h.lddout, h.lddout, h.v + c0 * h.ldv, h.ldv,
-       0.0f, dp, cn);
+constexpr int64_t kBK = kFlashBlockKBackward;
+constexpr int64_t kTile = kFlashBlockQ * kBK;
+
+// For query rows [r0, r0 + rn) and keys [c0, c0 + cn) of one head: pr = the probabilities
+// recomputed from lse (0 where masked), then ds = pr * (dp - D) with dp = dout v^T; pr and dp
+// (rn, cn) with row stride cn. The dv product needs pr before it becomes ds, so it runs here.
+void block_grads(const FlashHeadGrad& h, const FlashParams& p, const float* D, int64_t r0,
+                 int64_t rn, int64_t c0, int64_t cn, float* pr, float* dp, float* dv_acc) {
+  const DType t = p.dtype;
+  const void* q = row(h.q, t, h.ldq, r0);
+  const void* dout = row(h.dout, t, h.lddout, r0);
+  product(false, true, rn, cn, p.d, p.scale, q, t, h.ldq, row(h.k, t, h.ldk, c0), t, h.ldk, 0.0f,
+          pr, cn);
+  product(false, true, rn, cn, p.d, 1.0f, dout, t, h.lddout, row(h.v, t, h.ldv, c0), t, h.ldv, 0.0f,
+          dp, cn);
   for (int64_t i = 0; i < rn; ++i) {
-    float* pi = p + i * cn;
-    const int64_t visible = causal ? std::clamp<int64_t>(r0 + i - c0 + 1, 0, cn) : cn;
+    float* pi = pr + i * cn;
+    const int64_t visible = std::clamp<int64_t>(keys_seen(p, r0 + i) - c0, 0, cn);
     exp_shifted(pi, visible, h.lse[r0 + i]);
     std::fill(pi + visible, pi + cn, 0.0f);
   }
+  // dv_blk += p^T dout_blk   (cn, d)
+  if (dv_acc != nullptr)
+    product(true, false, cn, p.d, rn, 1.0f, pr, DType::kF32, cn, dout, t, h.lddout, 1.0f, dv_acc,
+            p.d);
+  for (int64_t i = 0; i < rn; ++i) ds_from(pr + i * cn, dp + i * cn, D[r0 + i], pr + i * cn, cn);
 }
 
-KUAI_CLONES void ds_from(const float* p, const float* dp, float D, float* ds, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] - D);
+// The first query block that sees key c0.
+int64_t first_query_block(const FlashParams& p, int64_t c0) {
+  if (!p.causal) return 0;
+  return std::max<int64_t>(0, c0 - (p.tk - p.tq)) / kFlashBlockQ * kFlashBlockQ;
 }
 
-KUAI_CLONES float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-  for (int64_t j = 0; j < n; ++j) s += a[j] * b[j];
-  return s;
+// dk, dv of key block [c0, c0 + cn) of one head; with dq_acc (tq, d) fp32, also accumulates the
+// block's part of dq there. Work: two tiles, then (cn, d) accumulators for dk and dv.
+void key_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, int64_t c0, int64_t cn,
+               float* work, float* dq_acc) {
+  const int64_t d = p.d;
+  const DType t = p.dtype;
+  float* pr = work;
+  float* dp = pr + kTile;
+  float* dk_acc = dp + kTile;
+  float* dv_acc = dk_acc + kBK * d;
+  std::fill(dk_acc, dk_acc + 2 * kBK * d, 0.0f);
+  for (int64_t r0 = first_query_block(p, c0); r0 < p.tq; r0 += kFlashBlockQ) {
+    const int64_t rn = std::min(kFlashBlockQ, p.tq - r0);
+    block_grads(h, p, D, r0, rn, c0, cn, pr, dp, dv_acc);
+    // dk_blk += scale ds^T q_blk   (cn, d)
+    product(true, false, cn, d, rn, p.scale, pr, DType::kF32, cn, row(h.q, t, h.ldq, r0), t, h.ldq,
+            1.0f, dk_acc, d);
+    // dq_blk += scale ds k_blk   (rn, d)
+    if (dq_acc != nullptr)
+      product(false, false, rn, d, cn, p.scale, pr, DType::kF32, cn, row(h.k, t, h.ldk, c0), t,
+              h.ldk, 1.0f, dq_acc + r0 * d, d);
+  }
+  store_rows(dk_acc, d, row(h.dk, t, h.lddk, c0), t, h.lddk, cn, d);
+  store_rows(dv_acc, d, row(h.dv, t, h.lddv, c0), t, h.lddv, cn, d);
+}
+
+// dq of query block [r0, r0 + rn) of one head, into dq_acc (rn, d): the same products, in the
+// same order, as key_block's dq part, so both paths agree bit for bit.
+void query_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, int64_t r0,
+                 int64_t rn, float* work, float* dq_acc) {
+  float* pr = work;
+  float* dp = pr + kTile;
+  std::fill(dq_acc, dq_acc + rn * p.d, 0.0f);
+  const int64_t kend = keys_seen(p, r0 + rn - 1);
+  for (int64_t c0 = 0; c0 < kend; c0 += kBK) {
+    const int64_t cn = std::min(kBK, p.tk - c0);  // whole blocks, as key_block multiplies them
+    block_grads(h, p, D, r0, rn, c0, cn, pr, dp, nullptr);
+    product(false, false, rn, p.d, cn, p.scale, pr, DType::kF32, cn, row(h.k, p.dtype, h.ldk, c0),
+            p.dtype, h.ldk, 1.0f, dq_acc, p.d);
+  }
+  store_rows(dq_acc, p.d, row(h.dq, p.dtype, h.lddq, r0), p.dtype, h.lddq, rn, p.d);
 }
 
 }  // namespace
 
-void flash_attention_backward(std::span<const FlashHeadGrad> heads, int64_t T, int64_t d,
-                              float scale, bool causal) {
-  if (heads.empty() || T <= 0) return;
+void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p) {
+  check(p, "flash_attention_backward");
+  if (heads.empty() || p.tk == 0) return;
   const int64_t nh = static_cast<int64_t>(heads.size());
-  const int64_t blocks = (T + kFlashBlockQ - 1) / kFlashBlockQ;
-  static_assert(kFlashBlockQ == kFlashBlockK, "query and key blocks share one index");
-  const int64_t items = nh * blocks;
-  const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(items)));
-  const int64_t tile = kFlashBlockQ * kFlashBlockK;
-  ScratchFloats work(2 * tile * threads);
-  ScratchFloats Ds(nh * T);  // D = rowsum(dout * o) per head
+  const int64_t d = p.d, tq = p.tq, tk = p.tk;
+  const DType t = p.dtype;
+  const int64_t q_blocks = (tq + kFlashBlockQ - 1) / kFlashBlockQ;
+  const int64_t k_blocks = (tk + kBK - 1) / kBK;
+  const int threads_max = std::max(1, omp_get_max_threads());
+  // One head per thread when the heads divide evenly or are many; else split heads by blocks.
+  const bool per_head = nh % threads_max == 0 || nh >= 4 * threads_max;
+  const int threads = threads_for(per_head ? nh : nh * std::max(q_blocks, k_blocks));
+  const int64_t per_thread =
+      2 * kTile + 2 * kBK * d + (per_head ? tq * d : kFlashBlockQ * d) + 2 * d;
+  ScratchFloats work(per_thread * threads);
+  ScratchFloats Ds(nh * tq);  // D = rowsum(dout * o) per head
+  if (tq == 0) {              // no queries: no gradient reaches the keys
+    for (const FlashHeadGrad& h : heads)
+      for (int64_t r = 0; r < tk; ++r) {
+        std::memset(row(h.dk, t, h.lddk, r), 0, d * dtype_size(t));
+        std::memset(row(h.dv, t, h.lddv, r), 0, d * dtype_size(t));
+      }
+    return;
+  }
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    float* p = work.data() + omp_get_thread_num() * 2 * tile;
-    float* dp = p + tile;
+    float* w = work.data() + omp_get_thread_num() * per_thread;
+    float* rows2 = w + per_thread - 2 * d;  // two widened rows for D
 #pragma omp for schedule(static)
-    for (int64_t r = 0; r < nh * T; ++r) {
-      const FlashHeadGrad& h = heads[r / T];
-      const int64_t i = r % T;
-      Ds.data()[r] = dot(h.dout + i * h.lddout, h.o + i * h.ldo, d);
-    }
-    // dk, dv by key block: the query blocks that see key block j are j.. (causal) or all.
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t item = 0; item < items; ++item) {
-      const int64_t head = item % nh, jb = item / nh;
-      const FlashHeadGrad& h = heads[head];
-      const float* D = Ds.data() + head * T;
-      const int64_t c0 = jb * kFlashBlockK, cn = std::min(kFlashBlockK, T - c0);
-      for (int64_t r = c0; r < c0 + cn; ++r) {
-        std::fill(h.dk + r * h.lddk, h.dk + r * h.lddk + d, 0.0f);
-        std::fill(h.dv + r * h.lddv, h.dv + r * h.lddv + d, 0.0f);
-      }
-      for (int64_t r0 = causal ? c0 : 0; r0 < T; r0 += kFlashBlockQ) {
-        const int64_t rn = std::min(kFlashBlockQ, T - r0);
-        block_ds(h, r0, rn, c0, cn, d, scale, causal, p, dp);
-        // dv_blk += p^T dout_blk   (cn, d)
-        gemm(true, false, cn, d, rn, 1.0f, p, cn, h.dout + r0 * h.lddout, h.lddout, 1.0f,
-             h.dv + c0 * h.lddv, h.lddv);
-        for (int64_t i = 0; i < rn; ++i)
-          ds_from(p + i * cn, dp + i * cn, D[r0 + i], p + i * cn, cn);
-        // dk_blk += scale ds^T q_blk   (cn, d)
-        gemm(true, false, cn, d, rn, scale, p, cn, h.q + r0 * h.ldq, h.ldq, 1.0f,
-             h.dk + c0 * h.lddk, h.lddk);
+    for (int64_t r = 0; r < nh * tq; ++r) {
+      const FlashHeadGrad& h = heads[r / tq];
+      const int64_t i = r % tq;
+      const void* dout = row(h.dout, t, h.lddout, i);
+      const void* o = row(h.o, t, h.ldo, i);
+      if (t == DType::kF32) {
+        Ds.data()[r] = dot(static_cast<const float*>(dout), static_cast<const float*>(o), d);
+      } else {
+        convert_serial(dout, t, rows2, DType::kF32, d);
+        convert_serial(o, t, rows2 + d, DType::kF32, d);
+        Ds.data()[r] = dot(rows2, rows2 + d, d);
       }
     }
-    // dq by query block: the key blocks it sees are 0..i (causal) or all.
+    float* acc = w + 2 * kTile + 2 * kBK * d;  // dq accumulator
+    if (per_head) {
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t it = 0; it < items; ++it) {
-      const int64_t item = items - 1 - it;  // costly causal blocks first
-      const int64_t head = item % nh, ib = item / nh;
-      const FlashHeadGrad& h = heads[head];
-      const float* D = Ds.data() + head * T;
-      const int64_t r0 = ib * kFlashBlockQ, rn = std::min(kFlashBlockQ, T - r0);
-      const int64_t kend = causal ? r0 + rn : T;
-      for (int64_t c0 = 0; c0 < kend; c0 += kFlashBlockK) {
-        const int64_t cn = std::min(kFlashBlockK, kend - c0);
-        block_ds(h, r0, rn, c0, cn, d, scale, causal, p, dp);
-        for (int64_t i = 0; i < rn; ++i)
-          ds_from(p + i * cn, dp + i * cn, D[r0 + i], p + i * cn, cn);
-        // dq_blk (+)= scale ds k_blk   (rn, d)
-        gemm(false, false, rn, d, cn, scale, p, cn, h.k + c0 * h.ldk, h.ldk, c0 == 0 ? 0.0f : 1.0f,
-             h.dq + r0 * h.lddq, h.lddq);
+      for (int64_t head = 0; head < nh; ++head) {
+        const FlashHeadGrad& h = heads[head];
+        std::fill(acc, acc + tq * d, 0.0f);
+        for (int64_t c0 = 0; c0 < tk; c0 += kBK)
+          key_block(h, p, Ds.data() + head * tq, c0, std::min(kBK, tk - c0), w, acc);
+        store_rows(acc, d, h.dq, t, h.lddq, tq, d);
+      }
+    } else {
+      // dk, dv by key block: the query blocks that see key block j.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t item = 0; item < nh * k_blocks; ++item) {
+        const int64_t head = item % nh, c0 = item / nh * kBK;
+        key_block(heads[head], p, Ds.data() + head * tq, c0, std::min(kBK, tk - c0), w, nullptr);
+      }
+      // dq by query block: the key blocks it sees; the costly causal blocks first.
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t it = 0; it < nh * q_blocks; ++it) {
+        const int64_t item = nh * q_blocks - 1 - it;
+        const int64_t head = item % nh, r0 = item / nh * kFlashBlockQ;
+        query_block(heads[head], p, Ds.data() + head * tq, r0, std::min(kFlashBlockQ, tq - r0), w,
+                    acc);
       }
     }
   }

@@ -86,7 +86,7 @@ TEST(FlashAttention, ForwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
         heads.push_back({p.q(h), p.k(h), p.v(h), o.data() + h * T * d, lse.data() + h * T, p.ld,
                          p.ld, p.ld, d});
       }
-      flash_attention_forward(heads, T, d, scale, causal);
+      flash_attention_forward(heads, FlashParams{T, T, d, scale, causal});
       for (int64_t h = 0; h < sh.heads; ++h) {
         std::vector<double> y_ref, lse_ref;
         reference(p, h, scale, causal, &y_ref, &lse_ref);
@@ -169,8 +169,8 @@ TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
                        lse.data() + h * T, dq, dq + d, dq + 2 * d, p.ld, p.ld, p.ld, d, d, 3 * d,
                        3 * d, 3 * d});
       }
-      flash_attention_forward(fwd, T, d, scale, causal);
-      flash_attention_backward(bwd, T, d, scale, causal);
+      flash_attention_forward(fwd, FlashParams{T, T, d, scale, causal});
+      flash_attention_backward(bwd, FlashParams{T, T, d, scale, causal});
       for (int64_t h = 0; h < H; ++h) {
         const std::vector<float> gh(g.begin() + h * T * d, g.begin() + (h + 1) * T * d);
         std::vector<double> dq_ref, dk_ref, dv_ref;
@@ -211,7 +211,7 @@ TEST(FlashAttention, WorkSpaceIsIndependentOfT) {
   Allocator& alloc = Allocator::get();
   const int64_t before = alloc.stats().current;
   alloc.reset_peak();
-  flash_attention_forward(heads, sh.T, sh.d, 0.125f, true);
+  flash_attention_forward(heads, FlashParams{sh.T, sh.T, sh.d, 0.125f, true});
   const int64_t extra = alloc.stats().peak - before;
   EXPECT_GT(extra, 0) << "work space not taken from the allocator";
   EXPECT_LT(extra, sh.T * sh.T * static_cast<int64_t>(sizeof(float)) / 10);
