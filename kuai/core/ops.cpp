@@ -274,6 +274,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return transpose(y, 1, 2);                                                  // (B, H, T, d)
 }
 
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const float s = 1.0f / std::sqrt(static_cast<float>(q.shape().back()));
+  Tensor y = dispatch(std::make_shared<FlashAttention>(s, causal), {q, k, v})[0];  // (B, T, H, d)
+  return transpose(y, 1, 2);                                                       // (B, H, T, d)
+}
+
 Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
   const float s = 1.0f / std::sqrt(static_cast<float>(q.shape().back()));
   Tensor scores = matmul(q, transpose(k, -2, -1));  // (B, H, T, T)

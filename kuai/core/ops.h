@@ -77,6 +77,10 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore
 // (B, H, T, d) view of a (B, T, H, d) buffer, so merging the heads back is free.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true);
+// The same, exact, by FlashAttention's tiles: O(T) memory (the output and one fp32 log-sum-exp per
+// row are all it keeps for the backward). q may have fewer rows than k and v (B, H, tk, d): the
+// new queries of a KV cache, query i at position tk - tq + i.
+Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true);
 // The same from matmul, softmax and matmul primitives (a cross-check in the tests).
 Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true);
 

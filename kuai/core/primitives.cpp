@@ -465,6 +465,21 @@ std::vector<Tensor> CrossEntropyBackward::vjp(std::span<const Tensor>, std::span
 // ---------------------------------------------------------------------------------------------
 // Attention
 
+namespace {
+
+// The (B, H, T, d) views of dq, dk, dv in an attention backward's (B, T, 3, H, d) output.
+std::vector<Tensor> qkv_grad_views(const Tensor& g3) {
+  const Shape& s = g3.shape();
+  const Shape strides{g3.strides()[0], g3.strides()[3], g3.strides()[1], g3.strides()[4]};
+  std::vector<Tensor> grads;
+  for (int64_t c = 0; c < 3; ++c)  // slot c
+    grads.push_back(
+        Tensor::view_of(g3, {s[0], s[3], s[1], s[4]}, strides, g3.offset() + c * g3.strides()[2]));
+  return grads;
+}
+
+}  // namespace
+
 std::vector<TensorSpec> Attention::infer(std::span<const Tensor> in) const {
   check_same_floating(name(), in);
   const Tensor& q = in[0];
@@ -481,14 +496,7 @@ std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const T
   if (!g[0].defined()) return std::vector<Tensor>(3);
   std::vector<Tensor> d = dispatch(std::make_shared<AttentionBackward>(scale_, causal_),
                                    {in[0], in[1], in[2], out[1], g[0]});
-  const Tensor& g3 = d[0];  // (B, T, 3, H, d)
-  const Shape& s = g3.shape();
-  const Shape strides{g3.strides()[0], g3.strides()[3], g3.strides()[1], g3.strides()[4]};
-  std::vector<Tensor> grads;
-  for (int64_t c = 0; c < 3; ++c)  // (B, H, T, d) view of slot c
-    grads.push_back(
-        Tensor::view_of(g3, {s[0], s[3], s[1], s[4]}, strides, g3.offset() + c * g3.strides()[2]));
-  return grads;
+  return qkv_grad_views(d[0]);
 }
 
 std::vector<TensorSpec> AttentionBackward::infer(std::span<const Tensor> in) const {
@@ -499,6 +507,47 @@ std::vector<TensorSpec> AttentionBackward::infer(std::span<const Tensor> in) con
 std::vector<Tensor> AttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
                                            std::span<const Tensor>,
                                            const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+// ---------------------------------------------------------------------------------------------
+// FlashAttention
+
+std::vector<TensorSpec> FlashAttention::infer(std::span<const Tensor> in) const {
+  check_same_floating(name(), in);
+  const Tensor &q = in[0], &k = in[1], &v = in[2];
+  const bool ok = q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() &&
+                  q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
+                  q.size(3) > 0 && (!causal_ || q.size(2) <= k.size(2));
+  if (!ok)
+    throw std::invalid_argument(fmt::format(
+        "flash_attention: q must be (B, H, tq, d) and k, v (B, H, tk, d) with tq <= tk when "
+        "causal, got {}, {}, {}",
+        shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape())));
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
+  return {{{B, T, H, d}, q.dtype()}, {{B, H, T}, DType::kF32}};
+}
+
+std::vector<Tensor> FlashAttention::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                                        std::span<const Tensor> g, const std::vector<bool>&) const {
+  if (!g[0].defined()) return std::vector<Tensor>(3);
+  if (in[0].size(2) != in[1].size(2))
+    throw std::invalid_argument(
+        fmt::format("flash_attention: gradients need as many queries as keys, got tq {} and tk {}",
+                    in[0].size(2), in[1].size(2)));
+  std::vector<Tensor> d = dispatch(std::make_shared<FlashAttentionBackward>(scale_, causal_),
+                                   {in[0], in[1], in[2], out[0], out[1], g[0]});
+  return qkv_grad_views(d[0]);
+}
+
+std::vector<TensorSpec> FlashAttentionBackward::infer(std::span<const Tensor> in) const {
+  const Shape& s = in[5].shape();  // (B, T, H, d)
+  return {{{s[0], s[1], 3, s[2], s[3]}, in[0].dtype()}};
+}
+
+std::vector<Tensor> FlashAttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                                std::span<const Tensor>,
+                                                const std::vector<bool>&) const {
   not_twice(name());
 }
 

@@ -307,6 +307,36 @@ class AttentionBackward final : public Primitive {
   bool causal_;
 };
 
+// FlashAttention (backend/cpu/flash_attention.h): (q (B, H, tq, d), k, v (B, H, tk, d)), any
+// strides with a unit last one -> (y laid out (B, tq, H, d) in q's dtype, lse (B, H, tq) fp32).
+// Nothing of size T x T exists at any time; the backward recomputes the probabilities from lse.
+// With fewer queries than keys (a KV cache) query i sits at position tk - tq + i.
+class FlashAttention final : public Primitive {
+ public:
+  FlashAttention(float scale, bool causal) : scale_(scale), causal_(causal) {}
+  KUAI_PRIMITIVE_COMMON("flash_attention", OpClass::kAttention)
+  bool accepts_strided(size_t) const override { return true; }
+  bool saves_output(size_t) const override { return true; }  // y and lse
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+// (q, k, v, y, lse, dy laid out (B, T, H, d)) -> (B, T, 3, H, d) holding dq, dk, dv side by side,
+// as AttentionBackward (tq == tk).
+class FlashAttentionBackward final : public Primitive {
+ public:
+  FlashAttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
+  KUAI_PRIMITIVE_COMMON("flash_attention_backward", OpClass::kAttention)
+  bool accepts_strided(size_t) const override { return true; }
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
 #undef KUAI_PRIMITIVE_COMMON
 
 }  // namespace kuai

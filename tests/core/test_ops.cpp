@@ -432,41 +432,48 @@ TEST(Ops, ViewsAndCopies) {
 
 TEST(Ops, Attention) {
   // T = 1, T below, at and across the 64-row block (partial last block), odd head sizes; q/k/v
-  // as column slices of one fused buffer like the model passes them; causal and not.
-  for (auto [B, H, T, d] : std::vector<std::array<int64_t, 4>>{
-           {1, 1, 1, 3}, {2, 2, 5, 3}, {1, 1, 64, 4}, {1, 1, 70, 3}, {1, 1, 131, 1}}) {
-    for (bool causal : {true, false}) {
-      Tensor qkv = rand_tensor({B, T, 3 * H * d}, 80 + T, 1.5f);
-      auto heads = [&](const Tensor& t, int i) {
-        return transpose(reshape(chunk(t, 3, -1)[i], {B, T, H, d}), 1, 2);
-      };
-      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-      check_op({"attention",
-                {qkv},
-                [&](auto& in) {
-                  return scaled_dot_product_attention(heads(in[0], 0), heads(in[0], 1),
-                                                      heads(in[0], 2), causal);
-                },
-                [&](const std::vector<DT>& in) {
-                  // Split the fused (B, T, 3*H*d) reference into heads (B*H, T, d) each.
-                  DT q{{B * H, T, d}, {}}, k = q, v = q;
-                  for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
-                  for (int64_t b = 0; b < B; ++b)
-                    for (int64_t t = 0; t < T; ++t)
-                      for (int64_t h = 0; h < H; ++h)
-                        for (int64_t j = 0; j < d; ++j) {
-                          const int64_t src = (b * T + t) * 3 * H * d + h * d + j;
-                          const int64_t dst = ((b * H + h) * T + t) * d + j;
-                          q.v[dst] = in[0].v[src];
-                          k.v[dst] = in[0].v[src + H * d];
-                          v.v[dst] = in[0].v[src + 2 * H * d];
-                        }
-                  DT y =
-                      matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal), v);
-                  y.shape = {B, H, T, d};
-                  return y;
-                },
-                2e-5});
+  // as column slices of one fused buffer like the model passes them; causal and not. The naive
+  // and the flash primitive against the same reference; for flash, T = 135 also crosses its
+  // 128-key backward blocks (its 256-key forward blocks are crossed in test_flash_attention).
+  using Op = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, bool);
+  for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
+                          std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
+    auto shapes = std::vector<std::array<int64_t, 4>>{
+        {1, 1, 1, 3}, {2, 2, 5, 3}, {1, 1, 64, 4}, {1, 1, 70, 3}, {1, 1, 131, 1}};
+    if (std::string(name) == "flash_attention") shapes.push_back({1, 1, 135, 2});
+    for (auto [B, H, T, d] : shapes) {
+      for (bool causal : {true, false}) {
+        Tensor qkv = rand_tensor({B, T, 3 * H * d}, 80 + T, 1.5f);
+        auto heads = [&](const Tensor& t, int i) {
+          return transpose(reshape(chunk(t, 3, -1)[i], {B, T, H, d}), 1, 2);
+        };
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+        check_op({name,
+                  {qkv},
+                  [&](auto& in) {
+                    return op(heads(in[0], 0), heads(in[0], 1), heads(in[0], 2), causal);
+                  },
+                  [&](const std::vector<DT>& in) {
+                    // Split the fused (B, T, 3*H*d) reference into heads (B*H, T, d) each.
+                    DT q{{B * H, T, d}, {}}, k = q, v = q;
+                    for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
+                    for (int64_t b = 0; b < B; ++b)
+                      for (int64_t t = 0; t < T; ++t)
+                        for (int64_t h = 0; h < H; ++h)
+                          for (int64_t j = 0; j < d; ++j) {
+                            const int64_t src = (b * T + t) * 3 * H * d + h * d + j;
+                            const int64_t dst = ((b * H + h) * T + t) * d + j;
+                            q.v[dst] = in[0].v[src];
+                            k.v[dst] = in[0].v[src + H * d];
+                            v.v[dst] = in[0].v[src + 2 * H * d];
+                          }
+                    DT y = matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal),
+                                      v);
+                    y.shape = {B, H, T, d};
+                    return y;
+                  },
+                  2e-5});
+      }
     }
   }
   // The fused primitive and the matmul/softmax/matmul composition agree.

@@ -1,8 +1,10 @@
-// CPU evaluation of the naive attention primitives: heads in parallel, each head's products on
-// one thread (see backend/cpu/attention.h).
+// CPU evaluation of the attention primitives. Naive: heads in parallel, each head's products on
+// one thread (see backend/cpu/attention.h). Flash: the (batch, head) views handed to the tiled
+// kernels of backend/cpu/flash_attention.h, which parallelise over heads and blocks themselves.
 #include <vector>
 
 #include "kuai/backend/cpu/attention.h"
+#include "kuai/backend/cpu/flash_attention.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
 
@@ -128,6 +130,58 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
                                  dq + o, 3 * H * d, dk + o, 3 * H * d, dv + o, 3 * H * d, T, d,
                                  scale_, causal_, scratch(T * T).data());
   }
+}
+
+namespace {
+
+// Element (b, h) of a 4-D tensor whose dims 0 and 1 are batch and head, or (with `bthd`) of a
+// (B, T, H, d) tensor, as a byte pointer.
+const char* bh_ptr(const Tensor& t, int64_t b, int64_t h, bool bthd = false) {
+  return static_cast<const char*>(t.raw_data()) +
+         (b * t.strides()[0] + h * t.strides()[bthd ? 2 : 1]) * dtype_size(t.dtype());
+}
+char* bh_ptr(Tensor& t, int64_t b, int64_t h, bool bthd = false) {
+  return const_cast<char*>(bh_ptr(static_cast<const Tensor&>(t), b, h, bthd));
+}
+
+}  // namespace
+
+void FlashAttention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
+               v = unit_last_stride(in[2]);
+  const int64_t B = q.size(0), H = q.size(1);
+  Tensor& y = out[0];                 // (B, tq, H, d)
+  float* lse = out[1].data<float>();  // (B, H, tq)
+  const cpu::FlashParams p{q.size(2), k.size(2), q.size(3), scale_, causal_, q.dtype()};
+  std::vector<cpu::FlashHead> heads;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      heads.push_back({bh_ptr(q, b, h), bh_ptr(k, b, h), bh_ptr(v, b, h), bh_ptr(y, b, h, true),
+                       lse + (b * H + h) * p.tq, q.strides()[2], k.strides()[2], v.strides()[2],
+                       y.strides()[1]});
+  cpu::flash_attention_forward(heads, p);
+}
+
+void FlashAttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
+               v = unit_last_stride(in[2]), y = unit_last_stride(in[3]);
+  const float* lse = in[4].data<float>();     // (B, H, T) contiguous
+  const Tensor dy = unit_last_stride(in[5]);  // (B, T, H, d)
+  const int64_t B = q.size(0), H = q.size(1);
+  const cpu::FlashParams p{q.size(2), k.size(2), q.size(3), scale_, causal_, q.dtype()};
+  Tensor& g = out[0];  // (B, T, 3, H, d): dq, dk, dv side by side
+  const int64_t ld = g.strides()[1], slot = g.strides()[2] * dtype_size(g.dtype());
+  std::vector<cpu::FlashHeadGrad> heads;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      char* dq = static_cast<char*>(g.raw_data()) +
+                 (b * g.strides()[0] + h * g.strides()[3]) * dtype_size(g.dtype());
+      heads.push_back({bh_ptr(q, b, h), bh_ptr(k, b, h), bh_ptr(v, b, h), bh_ptr(y, b, h, true),
+                       bh_ptr(dy, b, h, true), lse + (b * H + h) * p.tq, dq, dq + slot,
+                       dq + 2 * slot, q.strides()[2], k.strides()[2], v.strides()[2],
+                       y.strides()[1], dy.strides()[1], ld, ld, ld});
+    }
+  cpu::flash_attention_backward(heads, p);
 }
 
 }  // namespace kuai

@@ -6,16 +6,19 @@
 // where both are near exact. lse is checked against the reference log-sum-exp. The work space is
 // O(d) per thread: the allocator sees no T x T buffer.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "../../support/random.h"
 #include "kuai/backend/cpu/attention.h"
 #include "kuai/backend/cpu/flash_attention.h"
 #include "kuai/core/allocator.h"
+#include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
 namespace {
@@ -216,6 +219,166 @@ TEST(FlashAttention, WorkSpaceIsIndependentOfT) {
   EXPECT_GT(extra, 0) << "work space not taken from the allocator";
   EXPECT_LT(extra, sh.T * sh.T * static_cast<int64_t>(sizeof(float)) / 10);
   EXPECT_EQ(alloc.stats().current, before);
+}
+
+// Fewer queries than keys (a KV cache): the last tq query rows against all T keys give the last
+// tq rows of the full attention, within the same error bound.
+TEST(FlashAttention, NewQueriesAgainstCachedKeysAreTheLastRowsOfTheFullAttention) {
+  for (const Shape& sh : {Shape{2, 300, 32}, Shape{1, 70, 64}}) {
+    const Problem p = make(sh, static_cast<uint32_t>(sh.T + 3));
+    const int64_t T = sh.T, d = sh.d;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (int64_t tq : {int64_t{1}, int64_t{5}, int64_t{65}}) {
+      for (bool causal : {true, false}) {
+        std::vector<float> o(static_cast<size_t>(sh.heads * tq * d), NAN);
+        std::vector<float> lse(static_cast<size_t>(sh.heads * tq), NAN);
+        std::vector<FlashHead> heads;
+        for (int64_t h = 0; h < sh.heads; ++h)
+          heads.push_back({p.q(h) + (T - tq) * p.ld, p.k(h), p.v(h), o.data() + h * tq * d,
+                           lse.data() + h * tq, p.ld, p.ld, p.ld, d});
+        flash_attention_forward(heads, FlashParams{tq, T, d, scale, causal});
+        for (int64_t h = 0; h < sh.heads; ++h) {
+          std::vector<double> y_ref, lse_ref;
+          reference(p, h, scale, causal, &y_ref, &lse_ref);
+          std::vector<float> pr(static_cast<size_t>(T * T)), y_naive(static_cast<size_t>(T * d)),
+              st(static_cast<size_t>(T * T));
+          attention_head_forward(HeadView{p.q(h), p.k(h), p.v(h), p.ld, p.ld, p.ld}, pr.data(),
+                                 y_naive.data(), d, T, d, scale, causal, st.data());
+          double err_flash = 0.0, err_naive = 0.0;
+          for (int64_t i = 0; i < tq; ++i) {
+            const int64_t r = T - tq + i;
+            for (int64_t c = 0; c < d; ++c) {
+              err_flash = std::max(err_flash, std::abs(o[(h * tq + i) * d + c] - y_ref[r * d + c]));
+              err_naive = std::max(err_naive, std::abs(y_naive[r * d + c] - y_ref[r * d + c]));
+            }
+            EXPECT_NEAR(lse[h * tq + i], lse_ref[r], 1e-5 * (1.0 + std::abs(lse_ref[r])));
+          }
+          EXPECT_LE(err_flash, 2.0 * err_naive + 1e-6)
+              << "T " << T << " tq " << tq << " causal " << causal << " head " << h;
+        }
+      }
+    }
+  }
+  const float x = 0.0f;
+  FlashHead h{&x, &x, &x, nullptr, nullptr, 1, 1, 1, 1};
+  EXPECT_THROW(flash_attention_forward({&h, 1}, FlashParams{3, 2, 1, 1.0f, true}),
+               std::invalid_argument);  // causal needs tq <= tk
+}
+
+// bf16 and f16 operands (rounded once from the same values): forward and the three gradients
+// against the float64 reference on the rounded values, within twice the error of kuai's naive
+// kernels on the same low-precision operands (whose outputs are rounded once too).
+TEST(FlashAttention, LowPrecisionMatchesFloat64WithinTwiceTheNaiveKernelsError) {
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    auto round = [t](float f) { return t == DType::kBF16 ? float_to_bf16(f) : float_to_f16(f); };
+    auto widen = [t](uint16_t b) { return t == DType::kBF16 ? bf16_to_float(b) : f16_to_float(b); };
+    for (const Shape& sh : {Shape{2, 70, 64}, Shape{1, 200, 32}, Shape{1, 1, 16}}) {
+      for (bool causal : {true, false}) {
+        Problem p = make(sh, static_cast<uint32_t>(sh.T * 13 + sh.d));
+        const int64_t T = sh.T, d = sh.d, H = sh.heads;
+        std::vector<uint16_t> qkv16(p.qkv.size());
+        for (size_t i = 0; i < p.qkv.size(); ++i) p.qkv[i] = widen(qkv16[i] = round(p.qkv[i]));
+        std::vector<float> g = kuai::test::uniform(H * T * d, -1.0f, 1.0f, 7);
+        std::vector<uint16_t> g16(g.size());
+        for (size_t i = 0; i < g.size(); ++i) g[i] = widen(g16[i] = round(g[i]));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        const FlashParams fp{T, T, d, scale, causal, t};
+        auto at = [&](int64_t h, int which) { return qkv16.data() + h * 3 * d + which * d; };
+        std::vector<uint16_t> o(H * T * d), dqkv(H * T * 3 * d);
+        std::vector<float> lse(H * T);
+        std::vector<FlashHead> fwd;
+        std::vector<FlashHeadGrad> bwd;
+        for (int64_t h = 0; h < H; ++h) {
+          fwd.push_back({at(h, 0), at(h, 1), at(h, 2), o.data() + h * T * d, lse.data() + h * T,
+                         p.ld, p.ld, p.ld, d});
+          uint16_t* dq = dqkv.data() + h * T * 3 * d;
+          bwd.push_back({at(h, 0), at(h, 1), at(h, 2), o.data() + h * T * d, g16.data() + h * T * d,
+                         lse.data() + h * T, dq, dq + d, dq + 2 * d, p.ld, p.ld, p.ld, d, d, 3 * d,
+                         3 * d, 3 * d});
+        }
+        flash_attention_forward(fwd, fp);
+        flash_attention_backward(bwd, fp);
+        for (int64_t h = 0; h < H; ++h) {
+          const std::vector<float> gh(g.begin() + h * T * d, g.begin() + (h + 1) * T * d);
+          std::vector<double> y_ref, lse_ref, dq_ref, dk_ref, dv_ref;
+          reference(p, h, scale, causal, &y_ref, &lse_ref);
+          reference_backward(p, h, gh, scale, causal, &dq_ref, &dk_ref, &dv_ref);
+          // The naive kernels on the same low-precision operands.
+          const TypedHeadView hv{at(h, 0), at(h, 1), at(h, 2), p.ld, p.ld, p.ld, t};
+          std::vector<float> pr(T * T), st(T * T);
+          std::vector<uint16_t> y_naive(T * d), naive(3 * T * d);
+          attention_head_forward(hv, pr.data(), y_naive.data(), d, T, d, scale, causal, st.data());
+          attention_head_backward(hv, pr.data(), g16.data() + h * T * d, d, naive.data(), d,
+                                  naive.data() + T * d, d, naive.data() + 2 * T * d, d, T, d, scale,
+                                  causal, st.data());
+          auto error = [&](const uint16_t* got, int64_t ld, const std::vector<double>& want) {
+            double e = 0.0;
+            for (int64_t i = 0; i < T; ++i)
+              for (int64_t c = 0; c < d; ++c)
+                e = std::max(e, std::abs(widen(got[i * ld + c]) - want[i * d + c]));
+            return e;
+          };
+          const char* names[] = {"y", "dq", "dk", "dv"};
+          const uint16_t* flash[] = {o.data() + h * T * d, dqkv.data() + h * T * 3 * d,
+                                     dqkv.data() + h * T * 3 * d + d,
+                                     dqkv.data() + h * T * 3 * d + 2 * d};
+          const int64_t flash_ld[] = {d, 3 * d, 3 * d, 3 * d};
+          const uint16_t* nv[] = {y_naive.data(), naive.data(), naive.data() + T * d,
+                                  naive.data() + 2 * T * d};
+          const std::vector<double>* refs[] = {&y_ref, &dq_ref, &dk_ref, &dv_ref};
+          for (int x = 0; x < 4; ++x) {
+            const double e_flash = error(flash[x], flash_ld[x], *refs[x]);
+            const double e_naive = error(nv[x], d, *refs[x]);
+            EXPECT_LE(e_flash, 2.0 * e_naive + 1e-6)
+                << dtype_name(t) << " " << names[x] << " H " << H << " T " << T << " d " << d
+                << " causal " << causal << ": naive error " << e_naive;
+          }
+        }
+      }
+    }
+  }
+}
+
+// The backward's two schedules (one head per thread; heads split by blocks over threads) do the
+// same products in the same order: dq, dk, dv agree bit for bit whatever the thread count.
+TEST(FlashAttention, BackwardIsTheSameBitForBitWhateverTheThreads) {
+  const Shape sh{2, 333, 64};
+  const Problem p = make(sh, 21);
+  const int64_t T = sh.T, d = sh.d, H = sh.heads;
+  const std::vector<float> g = kuai::test::uniform(H * T * d, -1.0f, 1.0f, 8);
+  const FlashParams fp{T, T, d, 0.125f, true};
+  std::vector<float> o(H * T * d), lse(H * T);
+  std::vector<FlashHead> fwd;
+  for (int64_t h = 0; h < H; ++h)
+    fwd.push_back(
+        {p.q(h), p.k(h), p.v(h), o.data() + h * T * d, lse.data() + h * T, p.ld, p.ld, p.ld, d});
+  flash_attention_forward(fwd, fp);
+  auto run = [&](int threads, bool one_head_at_a_time) {
+    std::vector<float> dqkv(H * T * 3 * d, NAN);
+    std::vector<FlashHeadGrad> bwd;
+    for (int64_t h = 0; h < H; ++h) {
+      float* dq = dqkv.data() + h * T * 3 * d;
+      bwd.push_back({p.q(h), p.k(h), p.v(h), o.data() + h * T * d, g.data() + h * T * d,
+                     lse.data() + h * T, dq, dq + d, dq + 2 * d, p.ld, p.ld, p.ld, d, d, 3 * d,
+                     3 * d, 3 * d});
+    }
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    if (one_head_at_a_time) {
+      for (int64_t h = 0; h < H; ++h) flash_attention_backward({&bwd[h], 1}, fp);
+    } else {
+      flash_attention_backward(bwd, fp);
+    }
+    omp_set_num_threads(saved);
+    return dqkv;
+  };
+  const std::vector<float> one_thread = run(1, false);  // one head per thread
+  for (auto [threads, split] :
+       {std::pair{2, true}, std::pair{2, false}, std::pair{3, true}, std::pair{3, false}}) {
+    const std::vector<float> other = run(threads, split);
+    ASSERT_EQ(std::memcmp(one_thread.data(), other.data(), other.size() * sizeof(float)), 0)
+        << threads << " threads, heads " << (split ? "one at a time" : "together");
+  }
 }
 
 }  // namespace
