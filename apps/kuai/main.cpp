@@ -12,6 +12,7 @@
 #include "kuai/data/tokenizer.h"
 #include "kuai/io/export.h"
 #include "kuai/nn/generate.h"
+#include "kuai/nn/optimize.h"
 #include "kuai/train/checkpoint.h"
 #include "kuai/train/config.h"
 #include "kuai/train/trainer.h"
@@ -26,7 +27,7 @@ constexpr const char* kUsage =
     "                                                      continue a run exactly where it "
     "stopped\n"
     "  sample [--run DIR | --weights FILE] [--prompt TEXT] [--tokens N] [--temperature T]\n"
-    "         [--top_k K] [--seed S]\n"
+    "         [--top_k K] [--seed S] [--attention flash|naive]\n"
     "                                                      generate text from a trained run\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
@@ -94,6 +95,7 @@ double parse_number(const std::string& name, const std::string& v) {
 
 int sample_command(const std::vector<std::string>& args) {
   std::string run = "runs/kjv", weights, prompt = "The ", tokenizer_kind, bpe_dir = "data/gpt2";
+  std::string attention = "flash";  // the KV-cache path: new query rows against cached keys
   kuai::nn::SampleOptions so;
   so.max_new_tokens = 300;
   so.temperature = 0.8f;
@@ -118,6 +120,8 @@ int sample_command(const std::vector<std::string>& args) {
       tokenizer_kind = v;
     else if (take_option(args, i, "bpe_dir", v))
       bpe_dir = v;
+    else if (take_option(args, i, "attention", v))
+      attention = v;
     else
       throw std::invalid_argument("unknown option '" + args[i] + "' (see kuai --help)");
   }
@@ -135,6 +139,7 @@ int sample_command(const std::vector<std::string>& args) {
   const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
   kuai::nn::GPT model(info.model, 0);
   kuai::io::load_weights(weights, model);
+  kuai::optimize(model, kuai::nn::parse_attention_impl(attention));
   if (tokenizer_kind.empty()) tokenizer_kind = info.tokenizer;
   const auto tok = kuai::data::make_tokenizer(tokenizer_kind, bpe_dir);
   const std::vector<int32_t> ids = tok->encode(prompt);

@@ -12,6 +12,25 @@
 
 namespace kuai::nn {
 
+const char* attention_impl_name(AttentionImpl impl) {
+  switch (impl) {
+    case AttentionImpl::kNaive:
+      return "naive";
+    case AttentionImpl::kFlash:
+      return "flash";
+    case AttentionImpl::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+AttentionImpl parse_attention_impl(const std::string& name) {
+  for (AttentionImpl i : {AttentionImpl::kNaive, AttentionImpl::kFlash, AttentionImpl::kAuto})
+    if (name == attention_impl_name(i)) return i;
+  throw std::invalid_argument("attention: unknown implementation '" + name +
+                              "' (one of \"naive\", \"flash\", \"auto\")");
+}
+
 CausalSelfAttention::CausalSelfAttention(int64_t d_model, int64_t n_head, Generator& gen)
     : n_head_(n_head) {
   if (n_head <= 0 || d_model % n_head != 0)
@@ -25,13 +44,12 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, hd = C / H;
   std::vector<Tensor> qkv = chunk(c_attn_->forward(x), 3, -1);  // 3 x (B, T, C) views
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, hd}), 1, 2); };
-  Tensor y;
-  switch (impl_) {
-    case AttentionImpl::kNaive:  // materialised (B, H, T, T) probabilities
-      y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                       /*causal=*/true);  // (B, H, T, hd)
-      break;
-  }
+  const bool flash =
+      impl_ == AttentionImpl::kFlash || (impl_ == AttentionImpl::kAuto && T >= kFlashAutoMinT);
+  // (B, H, T, hd): flash keeps one fp32 lse per row for the backward, naive the probabilities.
+  Tensor y = flash ? flash_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true)
+                   : scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                                  /*causal=*/true);
   y = reshape(transpose(y, 1, 2), {B, T, C});  // a view: y is (B, T, H, hd)
   return c_proj_->forward(y);
 }
@@ -47,8 +65,12 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, LayerKV& kv) const {
   const Tensor q = heads(qkv[0]), k = contiguous(heads(qkv[1])), v = contiguous(heads(qkv[2]));
   kv.k = prefill ? k : cat({kv.k, k}, 2);  // (B, H, length + t, hd)
   kv.v = prefill ? v : cat({kv.v, v}, 2);
-  Tensor y = prefill ? scaled_dot_product_attention(q, kv.k, kv.v, /*causal=*/true)
-                     : attention_composite(q, kv.k, kv.v, /*causal=*/false);  // (B, H, t, hd)
+  Tensor y;                            // (B, H, t, hd)
+  if (impl_ != AttentionImpl::kNaive)  // query i at position length + i: causal either way
+    y = flash_attention(q, kv.k, kv.v, /*causal=*/true);
+  else
+    y = prefill ? scaled_dot_product_attention(q, kv.k, kv.v, /*causal=*/true)
+                : attention_composite(q, kv.k, kv.v, /*causal=*/false);
   return c_proj_->forward(reshape(transpose(y, 1, 2), {B, t, C}));
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kuai/nn/layers.h"
@@ -19,8 +20,13 @@ struct GPTConfig {
   int64_t seq_len = 256;  // longest sequence (rows of the position embedding)
 };
 
-// How attention is computed. The flash kernel plugs in here.
-enum class AttentionImpl { kNaive };
+// How attention is computed: naive (the (B, H, T, T) probabilities materialised and kept for the
+// backward), flash (tiled, O(T) memory: FlashAttention), or auto (flash from kFlashAutoMinT
+// positions on, where it measured faster; see docs/flash_attention.md).
+enum class AttentionImpl { kNaive, kFlash, kAuto };
+inline constexpr int64_t kFlashAutoMinT = 256;
+const char* attention_impl_name(AttentionImpl impl);          // "naive" | "flash" | "auto"
+AttentionImpl parse_attention_impl(const std::string& name);  // throws naming the choices
 
 // Keys and values of the positions seen so far, per layer, for incremental decoding: each new
 // token attends to the cached keys instead of recomputing the whole prefix, so it costs O(T)
@@ -40,7 +46,9 @@ class CausalSelfAttention : public Module {
   AttentionImpl impl() const { return impl_; }
   void set_impl(AttentionImpl impl) { impl_ = impl; }
   // x (B, t, C) at positions kv.length.. : either a prefill (empty cache, causal over the t
-  // tokens) or one new token (t = 1, attends to every cached position). Appends to kv.
+  // tokens) or one new token (t = 1, attends to every cached position). Appends to kv. Unless
+  // the implementation is naive, both run the flash kernel (the new query rows against the
+  // cached keys).
   Tensor forward_cached(const Tensor& x, LayerKV& kv) const;
 
  private:

@@ -117,6 +117,7 @@ const std::vector<Key>& keys() {
       INT_KEY("model.n_head", model.n_head, 1, 1024),
       INT_KEY("model.d_model", model.d_model, 1, 1 << 16),
       INT_KEY("model.seq_len", model.seq_len, 1, 1 << 20),
+      STRING_KEY("model.attention", attention, {"naive", "flash", "auto"}),
       INT_KEY("train.batch_size", batch_size, 1, 1 << 20),
       INT_KEY("train.steps", steps, 0, kBig),
       FLOAT_KEY("train.lr", lr, 0.0, 10.0),

@@ -22,6 +22,9 @@ struct TrainConfig {
   std::string run_name;  // runs/<name>/; empty: the config file's stem, else "run"
   std::string run_dir = "runs";
   nn::GPTConfig model;
+  // "naive" | "flash" | "auto": how attention runs (technique 6); flash and auto are applied to
+  // the model by kuai::optimize (nn/optimize.h).
+  std::string attention = "auto";
   // [train]
   int64_t batch_size = 16;
   int64_t steps = 600;

@@ -29,6 +29,7 @@
 #include "kuai/io/tensor_io.h"
 #include "kuai/log/metrics.h"
 #include "kuai/log/sinks.h"
+#include "kuai/nn/optimize.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
 #include "kuai/train/checkpoint.h"
@@ -215,6 +216,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const Sources sources = make_sources(cfg);
 
   nn::GPT model(cfg.model, static_cast<uint64_t>(cfg.seed));
+  const nn::AttentionImpl attention = nn::parse_attention_impl(cfg.attention);
+  optimize(model, attention);  // kuai::optimize: the model is built naive
   optim::AdamWOptions aopt;
   aopt.lr = static_cast<float>(cfg.lr);
   aopt.beta1 = static_cast<float>(cfg.beta1);
@@ -246,10 +249,14 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   if (!opts.quiet) {
     out << fmt::format(
         "kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} ({:.2f}M "
-        "parameters); batch {}{}, {} steps, {}, {} threads, data {} ({} loader workers)\n",
+        "parameters), {} attention{}; batch {}{}, {} steps, {}, {} threads, data {} ({} loader "
+        "workers)\n",
         cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
-        static_cast<double>(model.num_parameters()) / 1e6, B,
-        k > 1 ? fmt::format(" x {} micro-batches", k) : std::string(), cfg.steps,
+        static_cast<double>(model.num_parameters()) / 1e6, cfg.attention,
+        attention == nn::AttentionImpl::kAuto
+            ? fmt::format(" ({} at seq_len {})", T >= nn::kFlashAutoMinT ? "flash" : "naive", T)
+            : std::string(),
+        B, k > 1 ? fmt::format(" x {} micro-batches", k) : std::string(), cfg.steps,
         cfg.precision == "fp32"
             ? std::string("fp32")
             : cfg.precision + " autocast" + (scaler.enabled() ? " + loss scaling" : ""),

@@ -1,4 +1,5 @@
-// Sampling with a KV cache: cached logits equal a full forward at every position; the sampler's
+// Sampling with a KV cache: cached logits equal a full forward at every position (naive and flash
+// attention); the sampler's
 // temperature / top-k / greedy rules; generation is reproducible and runs past seq_len.
 #include <gtest/gtest.h>
 
@@ -7,6 +8,7 @@
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
 #include "kuai/nn/generate.h"
+#include "kuai/nn/optimize.h"
 
 namespace kuai::nn {
 namespace {
@@ -22,24 +24,30 @@ GPTConfig tiny() {
 }
 
 TEST(KVCache, CachedLogitsEqualFullForward) {
-  const GPT model(tiny(), 5);
-  Generator g(11, 0);
-  const Tensor idx = g.randint({1, 10}, 0, 50);
-  const auto full_logits = model.forward(idx).to_vector<float>();  // (1, 10, 50)
-  KVCache cache;
-  std::vector<float> cached = model.forward_cached(contiguous(narrow(idx, 1, 0, 4)), cache)
-                                  .to_vector<float>();  // prefill of 4
-  for (int64_t t = 4; t < 10; ++t) {
-    const auto row =
-        model.forward_cached(contiguous(narrow(idx, 1, t, 1)), cache).to_vector<float>();
-    cached.insert(cached.end(), row.begin(), row.end());
+  // Naive (prefill by the naive primitive, then matmul/softmax/matmul per token) and flash (the
+  // flash kernel for both: the new query rows against the cached keys).
+  for (AttentionImpl impl : {AttentionImpl::kNaive, AttentionImpl::kFlash}) {
+    GPT model(tiny(), 5);
+    optimize(model, impl);
+    Generator g(11, 0);
+    const Tensor idx = g.randint({1, 10}, 0, 50);
+    const auto full_logits = model.forward(idx).to_vector<float>();  // (1, 10, 50)
+    KVCache cache;
+    std::vector<float> cached = model.forward_cached(contiguous(narrow(idx, 1, 0, 4)), cache)
+                                    .to_vector<float>();  // prefill of 4
+    for (int64_t t = 4; t < 10; ++t) {
+      const auto row =
+          model.forward_cached(contiguous(narrow(idx, 1, t, 1)), cache).to_vector<float>();
+      cached.insert(cached.end(), row.begin(), row.end());
+    }
+    EXPECT_EQ(cache.length, 10);
+    ASSERT_EQ(cached.size(), full_logits.size());
+    // Two fp32 evaluation orders of the same attention: within 1e-5 absolute (logits are O(1)).
+    for (size_t i = 0; i < cached.size(); ++i)
+      ASSERT_NEAR(cached[i], full_logits[i], 1e-5) << attention_impl_name(impl) << " " << i;
+    EXPECT_THROW(model.forward_cached(contiguous(narrow(idx, 1, 0, 3)), cache),
+                 std::invalid_argument);
   }
-  EXPECT_EQ(cache.length, 10);
-  ASSERT_EQ(cached.size(), full_logits.size());
-  // Two fp32 evaluation orders of the same attention: within 1e-5 absolute (logits are O(1)).
-  for (size_t i = 0; i < cached.size(); ++i) ASSERT_NEAR(cached[i], full_logits[i], 1e-5) << i;
-  EXPECT_THROW(model.forward_cached(contiguous(narrow(idx, 1, 0, 3)), cache),
-               std::invalid_argument);
 }
 
 TEST(Sampler, GreedyTopKAndTemperature) {

@@ -15,6 +15,7 @@
 #include "kuai/core/ops.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/nn/gpt.h"
+#include "kuai/nn/optimize.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
 #include "kuai/train/trainer.h"
@@ -67,10 +68,14 @@ struct Golden {
   }
 };
 
-TEST(GPTGolden, ForwardLogitsLossAndGradientsMatchPyTorch) {
+// Naive and flash attention (kuai::optimize) against the same fixture, the same tolerance.
+class GPTGoldenAttention : public ::testing::TestWithParam<nn::AttentionImpl> {};
+
+TEST_P(GPTGoldenAttention, ForwardLogitsLossAndGradientsMatchPyTorch) {
   Golden g;
   nn::GPT model(g.cfg, 0);
   g.load_into(model);
+  optimize(model, GetParam());
   Tensor idx = g.t("idx"), targets = g.t("targets");
   expect_close(model.forward(idx), g.t("logits"), "logits");
   Tensor loss = model.loss(idx, targets, -1);
@@ -79,6 +84,10 @@ TEST(GPTGolden, ForwardLogitsLossAndGradientsMatchPyTorch) {
   for (auto& [name, p] : model.named_parameters())
     expect_close(p.grad(), g.t("grad." + name), "grad." + name);
 }
+
+INSTANTIATE_TEST_SUITE_P(Impl, GPTGoldenAttention,
+                         ::testing::Values(nn::AttentionImpl::kNaive, nn::AttentionImpl::kFlash),
+                         [](const auto& info) { return nn::attention_impl_name(info.param); });
 
 TEST(GPTGolden, ThreeAdamWStepsWithClippingMatchPyTorch) {
   Golden g;
