@@ -169,8 +169,10 @@ int run_ablation_bench(const std::vector<std::string>& args) {
 int run_bench(const std::vector<std::string>& args) {
   std::string what = "machine";
   for (const std::string& a : args)
+    if (a == "attention") return run_attention_bench(args);
+  for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
-        a == "metrics" || a == "checkpoint")
+        a == "metrics" || a == "checkpoint" || a == "flash")
       return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)
@@ -183,8 +185,8 @@ int run_bench(const std::vector<std::string>& args) {
   if (what != "machine" && what != "gemm" && what != "bandwidth" && what != "adamw")
     throw std::invalid_argument(
         "unknown benchmark '" + what +
-        "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, "
-        "machine, gemm, bandwidth, adamw)");
+        "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, "
+        "attention, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();

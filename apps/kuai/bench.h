@@ -9,4 +9,8 @@ namespace kuai::app {
 
 int run_bench(const std::vector<std::string>& args);
 
+// `kuai bench attention [options]` (bench_attention.cpp): flash vs naive attention over T, with
+// the PyTorch peer in the same run.
+int run_attention_bench(const std::vector<std::string>& args);
+
 }  // namespace kuai::app

@@ -1,9 +1,9 @@
 // kuai::optimize and the flash attention in a model: optimize swaps every naive attention of a
 // GPT and says which; a GPT with flash attention gives the naive GPT's loss and gradients (fp32:
 // within 1e-5 of the loss, gradients within 1e-4 of each tensor's scale: the two attentions sum
-// in different orders); in bf16 autocast flash is at least as close to the fp32 model as naive
-// is (within 2x); the trainer runs the same steps with model.attention = "flash" as with
-// "naive", and names the key when the value is wrong.
+// in different orders); in bf16 autocast flash is as close to the fp32 model as naive is (relative
+// L2 error per gradient within 1.5x); the trainer runs the same steps with model.attention =
+// "flash" as with "naive", and names the key when the value is wrong.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -88,16 +88,29 @@ TEST(Optimize, FlashGPTGivesTheNaiveLossAndGradients) {
   }
 }
 
+// Per tensor, the relative L2 error against the fp32 model (the max over a tensor is not used
+// here: over the 32 elements of a LayerNorm weight it compares two noisy extremes of bf16
+// rounding). Flash's must be within 1.5x of naive's; measured 0.9-1.1x.
+double relative_l2(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t j = 0; j < got.size(); ++j) {
+    const double e = static_cast<double>(got[j]) - want[j];
+    num += e * e;
+    den += static_cast<double>(want[j]) * want[j];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
 TEST(Optimize, FlashInBf16IsAsCloseToFp32AsNaive) {
   const int64_t T = 130;
   const LossAndGrads ref = run(nn::AttentionImpl::kNaive, T, DType::kF32);
   const LossAndGrads naive = run(nn::AttentionImpl::kNaive, T, DType::kBF16);
   const LossAndGrads flash = run(nn::AttentionImpl::kFlash, T, DType::kBF16);
-  EXPECT_LE(std::fabs(flash.loss - ref.loss), 2.0 * std::fabs(naive.loss - ref.loss) + 1e-4);
+  EXPECT_LE(std::fabs(flash.loss - ref.loss), 1.5 * std::fabs(naive.loss - ref.loss) + 1e-4);
   for (size_t i = 0; i < ref.grads.size(); ++i) {
-    const double e_flash = scaled_error(flash.grads[i], ref.grads[i]);
-    const double e_naive = scaled_error(naive.grads[i], ref.grads[i]);
-    EXPECT_LE(e_flash, 2.0 * e_naive + 1e-4) << "param " << i << ": naive " << e_naive;
+    const double e_flash = relative_l2(flash.grads[i], ref.grads[i]);
+    const double e_naive = relative_l2(naive.grads[i], ref.grads[i]);
+    EXPECT_LE(e_flash, 1.5 * e_naive) << "param " << i << ": naive " << e_naive;
   }
 }
 

@@ -1,10 +1,14 @@
 // CPU evaluation of the attention primitives. Naive: heads in parallel, each head's products on
 // one thread (see backend/cpu/attention.h). Flash: the (batch, head) views handed to the tiled
 // kernels of backend/cpu/flash_attention.h, which parallelise over heads and blocks themselves.
+#include <omp.h>
+
+#include <algorithm>
 #include <vector>
 
 #include "kuai/backend/cpu/attention.h"
 #include "kuai/backend/cpu/flash_attention.h"
+#include "kuai/core/allocator.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
 
@@ -24,12 +28,22 @@ cpu::HeadView head_view(const Tensor& q, const Tensor& k, const Tensor& v, int64
   return {at(q), at(k), at(v), q.strides()[2], k.strides()[2], v.strides()[2]};
 }
 
-// Per-thread T x T buffers: slot 0 the scores, slot 1 (low precision) the fp32 probabilities.
-std::vector<float>& scratch(int64_t n, int slot = 0) {
-  thread_local std::vector<float> buf[2];
-  if (static_cast<int64_t>(buf[slot].size()) < n) buf[slot].resize(n);
-  return buf[slot];
-}
+// Per-thread T x T buffers from the tracking allocator (so the naive kernel's scratch shows in the
+// peak it is compared by, and is returned after the op): `slots` of them per thread, thread t's
+// slot i at at(t, i).
+class HeadScratch {
+ public:
+  HeadScratch(int64_t T, int64_t heads, int slots)
+      : n_(T * T),
+        slots_(slots),
+        buf_(n_ * slots * std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), heads))) {}
+  float* at(int slot) const { return buf_.data() + (omp_get_thread_num() * slots_ + slot) * n_; }
+
+ private:
+  int64_t n_;
+  int slots_;
+  ScratchFloats buf_;
+};
 
 // ---- bf16 / f16 operands ----
 // Each head runs on its typed operands (attention.h's TypedHeadView): the products read the
@@ -56,12 +70,13 @@ void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale
   const int64_t es = dtype_size(t);
   char* y = static_cast<char*>(out[0].raw_data());  // (B, T, H, d)
   char* p = static_cast<char*>(out[1].raw_data());  // (B, H, T, T)
+  const HeadScratch scratch(T, B * H, 2);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
-    float* p32 = scratch(T * T, 1).data();
+    float* p32 = scratch.at(1);
     cpu::attention_head_forward(typed_head(q, k, v, b, h), p32, y + (b * T * H + h) * d * es, H * d,
-                                T, d, scale, causal, scratch(T * T).data());
+                                T, d, scale, causal, scratch.at(0));
     convert_serial(p32, DType::kF32, p + bh * T * T * es, t, T * T);
   }
 }
@@ -75,10 +90,11 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
   const DType t = q.dtype();
   const int64_t es = dtype_size(t);
   char* dqkv = static_cast<char*>(out[0].raw_data());  // (B, T, 3, H, d)
+  const HeadScratch scratch(T, B * H, 2);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
-    float* p32 = scratch(T * T, 1).data();
+    float* p32 = scratch.at(1);
     convert_serial(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, p32, DType::kF32,
                    T * T);
     const char* dyh =
@@ -87,7 +103,7 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
     cpu::attention_head_backward(typed_head(q, k, v, b, h), p32, dyh, dy.strides()[1],
                                  dqkv + o * es, 3 * H * d, dqkv + (o + H * d) * es, 3 * H * d,
                                  dqkv + (o + 2 * H * d) * es, 3 * H * d, T, d, scale, causal,
-                                 scratch(T * T).data());
+                                 scratch.at(0));
   }
 }
 
@@ -100,12 +116,13 @@ void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   float* y = out[0].data<float>();  // (B, T, H, d)
   float* p = out[1].data<float>();  // (B, H, T, T)
+  const HeadScratch scratch(T, B * H, 1);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     const cpu::HeadView hv = head_view(q, k, v, b, h);
     cpu::attention_head_forward(hv, p + bh * T * T, y + (b * T * H + h) * d, H * d, T, d, scale_,
-                                causal_, scratch(T * T).data());
+                                causal_, scratch.at(0));
   }
 }
 
@@ -120,6 +137,7 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
   float* dq = out[0].data<float>();  // (B, T, 3, H, d): dq, dk, dv side by side
   float* dk = dq + H * d;
   float* dv = dk + H * d;
+  const HeadScratch scratch(T, B * H, 1);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
@@ -128,7 +146,7 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
     cpu::attention_head_backward(hv, pp + bh * T * T,
                                  pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
                                  dq + o, 3 * H * d, dk + o, 3 * H * d, dv + o, 3 * H * d, T, d,
-                                 scale_, causal_, scratch(T * T).data());
+                                 scale_, causal_, scratch.at(0));
   }
 }
 

@@ -1,9 +1,10 @@
 // FlashAttention (Dao et al., 2022; the backward as in FlashAttention-2) for the CPU: exact
 // attention computed one block of queries against one block of keys at a time with an online
 // softmax (a running row maximum and row sum), so the T x T score matrix is never materialised.
-// Each thread holds a (64, 256) score tile and a (64, d) fp32 accumulator; the forward writes the
-// output and every row's log-sum-exp, from which the backward recomputes the probabilities. With a
-// causal mask the key blocks above the diagonal are skipped.
+// Each thread holds a (128, 256) score tile and a (128, d) fp32 accumulator (L2-sized); the forward
+// writes the output and every row's log-sum-exp, from which the backward recomputes the
+// probabilities. With a causal mask the key blocks above the diagonal are skipped. Block sizes
+// were chosen by bench/bench_attention.cpp (64 to 512 rows and keys tried).
 //
 // Operands are stored as f32, bf16 or f16 (one dtype for all of them) with any row stride; every
 // product reads them where they lie (the packed GEMM widens bf16/f16 while packing, gemm_packed.h)
@@ -20,10 +21,11 @@
 
 namespace kuai::cpu {
 
-inline constexpr int64_t kFlashBlockQ = 64;   // query rows per block
+inline constexpr int64_t kFlashBlockQ = 128;  // query rows per block of the forward
 inline constexpr int64_t kFlashBlockK = 256;  // keys per block of the forward
-// Keys per block of the backward: its five products per block pair are ordered by this block
-// (a smaller one keeps the (64, 64) probability and gradient tiles of a pair in L1).
+// The backward's blocks: its five products per block pair are ordered by them, and its (256, 128)
+// probability and gradient tiles of a pair stay in L2.
+inline constexpr int64_t kFlashBlockQBackward = 128;
 inline constexpr int64_t kFlashBlockKBackward = 128;
 
 struct FlashParams {
