@@ -467,6 +467,11 @@ std::vector<Tensor> CrossEntropyBackward::vjp(std::span<const Tensor>, std::span
 
 namespace {
 
+// The kernels read every operand in q's dtype: an output gradient of another dtype is cast.
+Tensor like(const Tensor& g, const Tensor& q) {
+  return g.dtype() == q.dtype() ? g : cast(g, q.dtype());
+}
+
 // The (B, H, T, d) views of dq, dk, dv in an attention backward's (B, T, 3, H, d) output.
 std::vector<Tensor> qkv_grad_views(const Tensor& g3) {
   const Shape& s = g3.shape();
@@ -495,7 +500,7 @@ std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const T
                                    std::span<const Tensor> g, const std::vector<bool>&) const {
   if (!g[0].defined()) return std::vector<Tensor>(3);
   std::vector<Tensor> d = dispatch(std::make_shared<AttentionBackward>(scale_, causal_),
-                                   {in[0], in[1], in[2], out[1], g[0]});
+                                   {in[0], in[1], in[2], out[1], like(g[0], in[0])});
   return qkv_grad_views(d[0]);
 }
 
@@ -536,7 +541,7 @@ std::vector<Tensor> FlashAttention::vjp(std::span<const Tensor> in, std::span<co
         fmt::format("flash_attention: gradients need as many queries as keys, got tq {} and tk {}",
                     in[0].size(2), in[1].size(2)));
   std::vector<Tensor> d = dispatch(std::make_shared<FlashAttentionBackward>(scale_, causal_),
-                                   {in[0], in[1], in[2], out[0], out[1], g[0]});
+                                   {in[0], in[1], in[2], out[0], out[1], like(g[0], in[0])});
   return qkv_grad_views(d[0]);
 }
 

@@ -88,6 +88,14 @@ TEST(Optimize, FlashGPTGivesTheNaiveLossAndGradients) {
   }
 }
 
+TEST(Optimize, AutoTakesFlashFromTheMeasuredLength) {
+  const int64_t below = 70, from = nn::kFlashAutoMinT;
+  EXPECT_EQ(run(nn::AttentionImpl::kAuto, below, DType::kF32).grads,
+            run(nn::AttentionImpl::kNaive, below, DType::kF32).grads);
+  EXPECT_EQ(run(nn::AttentionImpl::kAuto, from, DType::kF32).grads,
+            run(nn::AttentionImpl::kFlash, from, DType::kF32).grads);
+}
+
 // Per tensor, the relative L2 error against the fp32 model (the max over a tensor is not used
 // here: over the 32 elements of a LayerNorm weight it compares two noisy extremes of bf16
 // rounding). Flash's must be within 1.5x of naive's; measured 0.9-1.1x.

@@ -1,10 +1,12 @@
-// Tests of the CPU flash-attention forward against a float64 naive reference: odd shapes (T = 1,
-// T not a multiple of the 64-row blocks, head_dim 16, 33, 64), causal and not, several heads with
-// strided rows (q, k, v as column slices of one fused buffer, as the model lays them out).
-// Acceptance is FlashAttention's own rule: the error of the output against the float64 reference
-// is at most twice that of kuai's fp32 naive kernel (attention.h) on the same inputs, plus 1e-6
-// where both are near exact. lse is checked against the reference log-sum-exp. The work space is
-// O(d) per thread: the allocator sees no T x T buffer.
+// Tests of the CPU flash-attention kernels against a float64 naive reference: odd shapes (T = 1,
+// T not a multiple of the blocks and across them, head_dim 16, 33, 64, 128), causal and not,
+// several heads with strided rows (q, k, v as column slices of one fused buffer, as the model lays
+// them out), fp32, bf16 and f16, fewer queries than keys (a KV cache). Acceptance is
+// FlashAttention's own rule: the error of the output and of dq, dk, dv against the float64
+// reference is at most twice that of kuai's naive kernels (attention.h) on the same inputs, plus
+// 1e-6 where both are near exact. lse is checked against the reference log-sum-exp. The backward
+// is the same bit for bit whatever the thread count; the work space is O(d) per thread: the
+// allocator sees no T x T buffer.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -75,8 +77,8 @@ void reference(const Problem& p, int64_t h, float scale, bool causal, std::vecto
 }
 
 TEST(FlashAttention, ForwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
-  const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},   {3, 64, 64}, {2, 65, 64},
-                          {1, 130, 16}, {2, 200, 33}, {1, 257, 64}};
+  const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},   {3, 64, 64},  {2, 65, 64},
+                          {1, 130, 16}, {2, 200, 33}, {1, 257, 64}, {1, 150, 128}};
   for (const Shape& sh : shapes) {
     for (bool causal : {true, false}) {
       const Problem p = make(sh, static_cast<uint32_t>(sh.T * 7 + sh.d));
@@ -153,7 +155,8 @@ double max_error(const float* got, int64_t ld, const std::vector<double>& want, 
 }
 
 TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
-  const Shape shapes[] = {{1, 1, 16}, {2, 7, 33}, {2, 65, 64}, {1, 130, 16}, {2, 200, 33}};
+  const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},   {2, 65, 64},
+                          {1, 130, 16}, {2, 200, 33}, {1, 150, 128}};
   for (const Shape& sh : shapes) {
     for (bool causal : {true, false}) {
       const Problem p = make(sh, static_cast<uint32_t>(sh.T * 11 + sh.d));
