@@ -31,10 +31,12 @@ constexpr const char* kUsage =
     "                                                      generate text from a trained run\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
-    "  bench [--all | accumulation | prefetch | metrics] [--config FILE] [--steps N] "
-    "[--rounds R]\n"
-    "        [--json FILE] [--svg FILE] [--section.key=value ...]\n"
+    "  bench [--all | precision | accumulation | prefetch | metrics | flash | checkpoint]\n"
+    "        [--config FILE] [--steps N] [--rounds R] [--json FILE] [--svg FILE]\n"
+    "        [--section.key=value ...]\n"
     "                                                      what each technique buys here\n"
+    "  bench attention [--T=512,1024,...] [--dtypes=fp32,bf16] [--reps=N] [--no-peer] ...\n"
+    "                                                      flash vs naive attention vs PyTorch\n"
     "  bench [machine | gemm | bandwidth | adamw] [--threads=N]\n"
     "                                                      this machine's ceilings\n";
 

@@ -23,8 +23,8 @@ struct GPTConfig {
 // How attention is computed: naive (the (B, H, T, T) probabilities materialised and kept for the
 // backward), flash (tiled, O(T) memory: FlashAttention), or auto: flash from kFlashAutoMinT
 // positions on, where it measured faster on a 2-core AVX2 CPU (docs/flash_attention.md: kuai's
-// naive attention is 5-25% faster below T = 1024, flash 2-6% faster from 2048 on). Flash keeps
-// 5-35x less memory at every T; choose it explicitly when memory is what limits.
+// naive attention is 10-50% faster up to T = 1024, flash 2-7% faster from 2048 on). Flash keeps
+// 3-36x less memory at every T; choose it explicitly when memory is what limits.
 enum class AttentionImpl { kNaive, kFlash, kAuto };
 inline constexpr int64_t kFlashAutoMinT = 2048;
 const char* attention_impl_name(AttentionImpl impl);          // "naive" | "flash" | "auto"
