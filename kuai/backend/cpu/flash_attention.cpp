@@ -1,9 +1,10 @@
 // The CPU flash-attention kernels (see flash_attention.h). Forward: per query block, the scores
 // of each key block come from one small GEMM, the online-softmax update rescales the running sums
 // and the accumulator, and the block's probabilities are multiplied into the accumulator by a
-// second GEMM. Backward: the probabilities of a block pair are recomputed from lse, in one pass
-// over key blocks (dk, dv) and one over query blocks (dq). The row loops are KUAI_CLONES
-// functions, so exp, max and the dot products vectorise.
+// second GEMM. Backward: the probabilities of a block pair are recomputed from lse; key_block()
+// does a key block's dk and dv (and, in the one-head-per-thread schedule, its part of dq),
+// query_block() a query block's dq (the second pass of the split schedule). The row loops are
+// KUAI_CLONES functions, so exp, max and the dot products vectorise, with fixed-lane sums.
 #include "kuai/backend/cpu/flash_attention.h"
 
 #include <fmt/format.h>
