@@ -31,6 +31,7 @@ packages=(
   libdnnl-dev              # oneDNN matmul primitive (the faster GEMM on some shapes)
   libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libxxhash-dev            # xxh3 checksums in checkpoints
+  openmpi-bin libopenmpi-dev   # multi-process training: mpirun and the MPI library (kuai/dist)
   clang-14 libclang-rt-14-dev   # libFuzzer targets (make test runs them briefly)
   libgtest-dev libbenchmark-dev
   bible-kjv                # the default corpus

@@ -1,0 +1,70 @@
+// Distributed data parallel (technique 2), after PyTorch's DDP reducer. Every rank holds the
+// whole model and computes the gradients of its own part of the batch; the gradients are
+// averaged across ranks *while backward still runs*:
+//   - at construction the parameters are broadcast from rank 0, and the parameters are cut into
+//     buckets in reverse registration order (the order backward finishes them): the first bucket
+//     small (first_bucket_mb) so communication starts early, the others bucket_mb;
+//   - each parameter's .grad is a view into its bucket's flat memory, so a full bucket is
+//     all-reduced in place with no packing copy;
+//   - a grad-ready hook on every parameter counts the bucket down; a bucket whose last gradient
+//     is final is handed to the process group's communication thread at once (in bucket order,
+//     so every rank issues the same collectives in the same order), and backward goes on;
+//   - finish_backward() waits for the last bucket.
+// With gradient accumulation only the last micro-batch communicates (prepare_backward(false)
+// before the others: PyTorch's no_sync), so the all-reduce runs once per optimizer step on the
+// summed gradients.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kuai/dist/process_group.h"
+#include "kuai/nn/module.h"
+
+namespace kuai::dist {
+
+struct DDPOptions {
+  double bucket_mb = 25.0;       // capacity of a bucket, MiB of fp32 gradients
+  double first_bucket_mb = 1.0;  // capacity of the first one (the last parameters)
+  bool overlap = true;           // all-reduce a bucket from the hooks; false: all at the end
+  // A parameter that gets no gradient in a synchronising backward is an error naming it; with
+  // find_unused its (zero) gradient is averaged like the others.
+  bool find_unused = false;
+};
+
+class DistributedDataParallel {
+ public:
+  DistributedDataParallel(nn::Module& model, std::shared_ptr<ProcessGroup> group,
+                          const DDPOptions& options = {});
+  ~DistributedDataParallel();
+  DistributedDataParallel(const DistributedDataParallel&) = delete;
+  DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;
+
+  // Before each backward: whether it synchronises (the last micro-batch of a step) or only
+  // accumulates locally (no_sync).
+  void prepare_backward(bool sync);
+  // After the synchronising backward: launches what the hooks have not, waits for every bucket,
+  // and checks that every parameter got a gradient. The gradients are then the average over
+  // ranks.
+  void finish_backward();
+  // Zeroes the bucket memory; the gradients stay views into it (the optimizer's zero_grad would
+  // detach them).
+  void zero_grad();
+
+  struct Bucket {
+    Tensor flat;                     // fp32, the gradients of its parameters back to back
+    std::vector<std::string> names;  // its parameters, in the order they fill it
+  };
+  const std::vector<Bucket>& buckets() const;
+  ProcessGroup& group() const { return *group_; }
+  int64_t bytes_per_sync() const;  // fp32 gradient bytes all-reduced per optimizer step
+
+ private:
+  struct State;
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace kuai::dist

@@ -1,0 +1,320 @@
+// The MPI process group (see process_group.h). One communication thread owns every MPI call after
+// MPI_Init_thread (MPI_THREAD_SERIALIZED is all it needs). For each queued collective it
+//   1. posts an "arrived at collective #seq" message to every other rank (and a receive for
+//      theirs) on a communicator of its own,
+//   2. starts the non-blocking collective on another duplicate of MPI_COMM_WORLD,
+//   3. polls it (MPI_Test, spinning briefly, then yielding, then sleeping 50 us between polls so a
+//      long all-reduce leaves the cores to backward) until it completes or its deadline passes.
+// At the deadline the arrival messages that never came name the ranks that did not reach the
+// collective; the rank prints that and calls MPI_Abort, which ends every rank of the run.
+// Averages are sums divided by the world size afterwards.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "kuai/dist/process_group.h"
+
+#if KUAI_HAVE_MPI
+#include <mpi.h>
+#endif
+
+namespace kuai::dist {
+
+#if KUAI_HAVE_MPI
+
+bool mpi_compiled() { return true; }
+
+namespace {
+
+std::string mpi_error(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, text, &len);
+  return std::string(text, static_cast<size_t>(len));
+}
+
+class MpiProcessGroup final : public ProcessGroup {
+ public:
+  explicit MpiProcessGroup(const ProcessGroupOptions& o) : timeout_s_(o.timeout_s) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+      if (provided < MPI_THREAD_SERIALIZED)
+        throw std::runtime_error("MPI: this MPI library cannot be called from a second thread");
+      owns_mpi_ = true;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &arrive_comm_);
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(arrive_comm_, MPI_ERRORS_RETURN);
+    thread_ = std::thread([this] { loop(); });
+  }
+
+  ~MpiProcessGroup() override { shutdown(); }
+
+  // Stops the thread after the queued collectives and finalises MPI (when this group started it).
+  void shutdown() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+    MPI_Comm_free(&comm_);
+    MPI_Comm_free(&arrive_comm_);
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owns_mpi_ && !finalized) MPI_Finalize();
+    stopped_ = true;
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override {
+    check_float(t, "all_reduce");
+    const int n = count(t.numel(), "all_reduce");
+    float* p = t.data<float>();
+    return enqueue(
+        fmt::format("all_reduce of {} fp32", t.numel()), t.nbytes(),
+        [=, this](MPI_Request* r) {
+          return MPI_Iallreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, comm_, r);
+        },
+        [=, this] {
+          if (op == ReduceOp::kAvg) divide(p, n);
+        });
+  }
+
+  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
+    check_float(in, "reduce_scatter");
+    check_float(out, "reduce_scatter");
+    if (in.numel() != out.numel() * size_)
+      throw std::invalid_argument(
+          fmt::format("reduce_scatter: in holds {} elements, not size() {} x out's {}", in.numel(),
+                      size_, out.numel()));
+    const int n = count(out.numel(), "reduce_scatter");
+    const float* src = in.data<float>();
+    float* dst = out.data<float>();
+    return enqueue(
+        fmt::format("reduce_scatter of {} fp32", in.numel()), in.nbytes(),
+        [=, this](MPI_Request* r) {
+          return MPI_Ireduce_scatter_block(src, dst, n, MPI_FLOAT, MPI_SUM, comm_, r);
+        },
+        [=, this] {
+          if (op == ReduceOp::kAvg) divide(dst, n);
+        });
+  }
+
+  std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override {
+    if (!in.is_contiguous() || !out.is_contiguous() || in.dtype() != out.dtype() ||
+        out.numel() != in.numel() * size_)
+      throw std::invalid_argument(fmt::format(
+          "all_gather: in and out must be contiguous, of one dtype, out holding size() {} x "
+          "in's {} elements (it holds {})",
+          size_, in.numel(), out.numel()));
+    const int bytes = count(in.nbytes(), "all_gather");
+    const void* src = in.raw_data();
+    void* dst = out.raw_data();
+    return enqueue(fmt::format("all_gather of {} {}", in.numel(), dtype_name(in.dtype())),
+                   in.nbytes(), [=, this](MPI_Request* r) {
+                     return MPI_Iallgather(src, bytes, MPI_BYTE, dst, bytes, MPI_BYTE, comm_, r);
+                   });
+  }
+
+  std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {
+    if (!t.is_contiguous()) throw std::invalid_argument("broadcast: the tensor must be contiguous");
+    if (root < 0 || root >= size_)
+      throw std::invalid_argument(fmt::format("broadcast: root {} of {} ranks", root, size_));
+    const int bytes = count(t.nbytes(), "broadcast");
+    void* p = t.raw_data();
+    return enqueue(
+        fmt::format("broadcast of {} {} from rank {}", t.numel(), dtype_name(t.dtype()), root),
+        rank_ == root ? t.nbytes() : 0,
+        [=, this](MPI_Request* r) { return MPI_Ibcast(p, bytes, MPI_BYTE, root, comm_, r); });
+  }
+
+  void barrier() override {
+    enqueue("barrier", 0, [this](MPI_Request* r) { return MPI_Ibarrier(comm_, r); })->wait();
+  }
+
+ private:
+  struct Task {
+    std::shared_ptr<Work> work;
+    std::function<int(MPI_Request*)> start;
+    std::function<void()> after;
+  };
+
+  static void check_float(const Tensor& t, const char* op) {
+    if (!t.is_contiguous())
+      throw std::invalid_argument(std::string(op) + ": the tensor must be contiguous");
+    if (t.dtype() != DType::kF32)
+      throw std::invalid_argument(std::string(op) + ": only fp32 tensors are reduced, got " +
+                                  std::string(dtype_name(t.dtype())));
+  }
+
+  static int count(int64_t n, const char* op) {
+    if (n > INT32_MAX)
+      throw std::invalid_argument(fmt::format("{}: {} elements exceed MPI's int count", op, n));
+    return static_cast<int>(n);
+  }
+
+  void divide(float* p, int n) const {
+    const float inv = 1.0f / static_cast<float>(size_);
+    for (int i = 0; i < n; ++i) p[i] *= inv;
+  }
+
+  std::shared_ptr<Work> enqueue(std::string what, int64_t bytes,
+                                std::function<int(MPI_Request*)> start,
+                                std::function<void()> after = {}) {
+    auto work = std::make_shared<Work>(std::move(what));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) throw std::logic_error("process group: used after shutdown");
+      queue_.push_back({work, std::move(start), std::move(after)});
+      bytes_sent_ += bytes;
+    }
+    cv_.notify_one();
+    return work;
+  }
+
+  void loop() {
+    for (;;) {
+      Task task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop requested and nothing left
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      run(task);
+    }
+  }
+
+  void run(Task& task) {
+    const int64_t seq = ++seq_;
+    // 1. Arrival messages: peer p's k-th message matches our k-th receive from p.
+    std::vector<int64_t> arrived(static_cast<size_t>(size_), -1);
+    std::vector<MPI_Request> notes;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      notes.emplace_back();
+      MPI_Irecv(&arrived[p], 1, MPI_INT64_T, p, 0, arrive_comm_, &notes.back());
+      notes.emplace_back();
+      MPI_Isend(&seq, 1, MPI_INT64_T, p, 0, arrive_comm_, &notes.back());
+    }
+    // 2. The collective.
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = task.start(&req);
+    // 3. Poll it against the deadline.
+    using Clock = std::chrono::steady_clock;
+    const auto t0 = Clock::now();
+    const auto deadline = t0 + std::chrono::duration<double>(timeout_s_);
+    int flag = 0;
+    for (int64_t polls = 0; rc == MPI_SUCCESS && !flag; ++polls) {
+      rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || flag) break;
+      if (polls < 1000) continue;
+      if (Clock::now() > deadline) timed_out(task, seq, notes, arrived);
+      if (Clock::now() - t0 < std::chrono::milliseconds(2))
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    if (rc != MPI_SUCCESS) {
+      task.work->finish(mpi_error(rc));
+      return;
+    }
+    MPI_Waitall(static_cast<int>(notes.size()), notes.data(), MPI_STATUSES_IGNORE);
+    if (task.after) task.after();
+    task.work->finish();
+  }
+
+  [[noreturn]] void timed_out(const Task& task, int64_t seq, std::vector<MPI_Request>& notes,
+                              const std::vector<int64_t>& arrived) {
+    std::string missing;
+    size_t k = 0;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      int got = 0;
+      MPI_Test(&notes[k], &got, MPI_STATUS_IGNORE);  // the receive from p
+      k += 2;
+      if (!got || arrived[p] != seq) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    }
+    std::fprintf(
+        stderr,
+        "kuai: rank %d of %d: collective #%lld (%s) did not complete within %.0f s; "
+        "ranks that never reached it: %s. Aborting the run.\n",
+        rank_, size_, static_cast<long long>(seq), task.work->what().c_str(), timeout_s_,
+        missing.empty() ? "none (they arrived; the transfer itself stalled)" : missing.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    std::abort();  // MPI_Abort does not return
+  }
+
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+  bool owns_mpi_ = false, stopped_ = false;
+  MPI_Comm comm_ = MPI_COMM_NULL, arrive_comm_ = MPI_COMM_NULL;
+  int64_t seq_ = 0;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+};
+
+std::mutex g_mu;
+std::shared_ptr<MpiProcessGroup> g_group;
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> mpi_process_group(const ProcessGroupOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_group) g_group = std::make_shared<MpiProcessGroup>(options);
+  return g_group;
+}
+
+void finalize() {
+  std::shared_ptr<MpiProcessGroup> g;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    g = g_group;
+  }
+  if (g) g->shutdown();
+}
+
+void abort_run(int code) {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+}
+
+#else  // no MPI in this build
+
+bool mpi_compiled() { return false; }
+
+std::shared_ptr<ProcessGroup> mpi_process_group(const ProcessGroupOptions&) {
+  throw std::runtime_error(
+      "this kuai was built without MPI (install libopenmpi-dev: scripts/setup.sh, then rebuild)");
+}
+
+void finalize() {}
+void abort_run(int) {}
+
+#endif
+
+}  // namespace kuai::dist

@@ -1,0 +1,102 @@
+// Work handles, the single-process group and the choice of group (see process_group.h). The MPI
+// group lives in mpi_process_group.cpp.
+#include "kuai/dist/process_group.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+namespace kuai::dist {
+
+void Work::wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  if (!error_.empty()) throw std::runtime_error(what_ + ": " + error_);
+}
+
+bool Work::is_completed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+void Work::finish(std::string error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    error_ = std::move(error);
+  }
+  cv_.notify_all();
+}
+
+namespace {
+
+void check_float(const Tensor& t, const char* op) {
+  if (!t.is_contiguous())
+    throw std::invalid_argument(std::string(op) + ": the tensor must be contiguous");
+  if (t.dtype() != DType::kF32)
+    throw std::invalid_argument(std::string(op) + ": only fp32 tensors are reduced, got " +
+                                std::string(dtype_name(t.dtype())));
+}
+
+std::shared_ptr<Work> done(const char* what) {
+  auto w = std::make_shared<Work>(what);
+  w->finish();
+  return w;
+}
+
+// World size 1: a reduction over one rank is the identity.
+class SingleProcessGroup final : public ProcessGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string backend() const override { return "single"; }
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp) override {
+    check_float(t, "all_reduce");
+    return done("all_reduce");
+  }
+  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {
+    check_float(in, "reduce_scatter");
+    check_float(out, "reduce_scatter");
+    if (in.numel() != out.numel())
+      throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
+    std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));
+    return done("reduce_scatter");
+  }
+  std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override {
+    if (in.numel() != out.numel() || in.dtype() != out.dtype() || !in.is_contiguous() ||
+        !out.is_contiguous())
+      throw std::invalid_argument(
+          "all_gather: in and out must be contiguous, of one dtype, out holding size() * "
+          "in.numel() elements");
+    std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));
+    return done("all_gather");
+  }
+  std::shared_ptr<Work> broadcast(const Tensor&, int root) override {
+    if (root != 0) throw std::invalid_argument("broadcast: root out of range");
+    return done("broadcast");
+  }
+  void barrier() override {}
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> single_process_group() {
+  return std::make_shared<SingleProcessGroup>();
+}
+
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+std::shared_ptr<ProcessGroup> default_process_group(const ProcessGroupOptions& options) {
+  if (launched_by_mpi()) {
+    if (!mpi_compiled())
+      throw std::runtime_error(
+          "launched by mpirun, but this kuai was built without MPI (install libopenmpi-dev: "
+          "scripts/setup.sh, then rebuild)");
+    return mpi_process_group(options);
+  }
+  return single_process_group();
+}
+
+}  // namespace kuai::dist

@@ -1,0 +1,102 @@
+// ProcessGroup: the collectives data-parallel training needs (all_reduce, reduce_scatter,
+// all_gather, broadcast, barrier) across the ranks of a run, in the shape of PyTorch's
+// c10d::ProcessGroup. Two implementations:
+//   - single: world size 1, every collective completes at once (no mpirun needed);
+//   - mpi: MPI_COMM_WORLD of a run launched by `mpirun -np N kuai train ...`.
+//
+// Collectives are asynchronous: each call queues the collective on the group's one communication
+// thread and returns a Work handle at once, so a caller (the DDP reducer) can start an
+// all-reduce while backward still runs. Collectives run in the order they were called, which is
+// what keeps ranks matched: every rank must call the same collectives in the same order.
+//
+// No hang: every collective has a deadline (ProcessGroupOptions::timeout_s). A rank that waits
+// past it prints which collective timed out and which ranks never arrived at it, then aborts the
+// whole run (MPI_Abort): the survivors of a crashed or stuck rank end with a message.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "kuai/core/tensor.h"
+
+namespace kuai::dist {
+
+enum class ReduceOp { kSum, kAvg };
+
+// The handle of one queued collective. wait() blocks until it has completed on this rank, and
+// rethrows the error that ended it.
+class Work {
+ public:
+  explicit Work(std::string what) : what_(std::move(what)) {}
+  void wait();
+  bool is_completed();
+  const std::string& what() const { return what_; }
+  // Called by the group once the collective is over (error empty on success).
+  void finish(std::string error = {});
+
+ private:
+  std::string what_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;
+};
+
+struct ProcessGroupOptions {
+  double timeout_s = 300.0;  // per collective; then the run aborts with a message
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "single" | "mpi"
+
+  // The tensors must be contiguous and stay alive and untouched until the Work completes.
+  // Reductions take fp32 tensors; all_gather and broadcast any dtype.
+  // In place: t = op over ranks of t.
+  virtual std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) = 0;
+  // in holds size() * n elements; out (n) receives this rank's part of the reduction:
+  // elements [rank * n, (rank + 1) * n) of op over ranks of in.
+  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out,
+                                               ReduceOp op) = 0;
+  // in (n) of every rank into out (size() * n), rank r's at [r * n, (r + 1) * n).
+  virtual std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) = 0;
+  // t of rank `root` into t of every rank.
+  virtual std::shared_ptr<Work> broadcast(const Tensor& t, int root) = 0;
+  // Returns when every rank has called it (within the timeout).
+  virtual void barrier() = 0;
+
+  // Bytes this rank has handed to collectives so far (the payload, not the wire protocol's).
+  int64_t bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  int64_t bytes_sent_ = 0;
+};
+
+std::shared_ptr<ProcessGroup> single_process_group();
+
+// Whether this build has MPI, and whether this process was started by mpirun (or another MPI
+// launcher: OMPI_COMM_WORLD_SIZE or PMI_SIZE is set).
+bool mpi_compiled();
+bool launched_by_mpi();
+
+// MPI_COMM_WORLD, MPI initialised on first use (one group per process; later calls return it).
+// Throws when the build has no MPI.
+std::shared_ptr<ProcessGroup> mpi_process_group(const ProcessGroupOptions& options = {});
+
+// What the trainer uses: MPI when launched by mpirun, else the single-process group.
+std::shared_ptr<ProcessGroup> default_process_group(const ProcessGroupOptions& options = {});
+
+// End of a run. finalize(): the queued collectives complete, the communication thread stops and
+// MPI is finalised (a no-op without MPI); call it once every rank is done. abort_run(code): after
+// an error on one rank, ends every rank of the run now (MPI_Abort) instead of leaving the others
+// waiting in a collective; a no-op when MPI is not running.
+void finalize();
+void abort_run(int code);
+
+}  // namespace kuai::dist

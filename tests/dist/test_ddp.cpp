@@ -1,0 +1,137 @@
+// Single-process tests of the process group and the DDP reducer (world size 1; the multi-rank
+// tests are tests/mpi, run under mpirun): the single group's collectives; DDP's buckets (reverse
+// registration order, a small first bucket, gradients as views into bucket memory); training
+// through DDP is bit-identical to plain training; no_sync accumulates; an unused parameter is an
+// error naming it, or is averaged as zero with find_unused.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "kuai/core/ops.h"
+#include "kuai/core/rng.h"
+#include "kuai/dist/ddp.h"
+#include "kuai/dist/process_group.h"
+#include "kuai/nn/gpt.h"
+
+namespace kuai::dist {
+namespace {
+
+nn::GPTConfig small() {
+  nn::GPTConfig c;
+  c.vocab_size = 61;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  return c;
+}
+
+TEST(ProcessGroup, SingleProcessCollectivesAreTheIdentity) {
+  auto pg = single_process_group();
+  EXPECT_EQ(pg->size(), 1);
+  EXPECT_EQ(pg->rank(), 0);
+  Tensor t = from_vector(std::vector<float>{1, 2, 3}, {3});
+  pg->all_reduce(t, ReduceOp::kAvg)->wait();
+  EXPECT_EQ(t.to_vector<float>(), (std::vector<float>{1, 2, 3}));
+  Tensor out = zeros({3});
+  pg->reduce_scatter(t, out, ReduceOp::kSum)->wait();
+  EXPECT_EQ(out.to_vector<float>(), t.to_vector<float>());
+  Tensor g = zeros({3});
+  pg->all_gather(t, g)->wait();
+  EXPECT_EQ(g.to_vector<float>(), t.to_vector<float>());
+  pg->broadcast(t, 0)->wait();
+  pg->barrier();
+  EXPECT_THROW(pg->all_reduce(zeros({2}, DType::kI32), ReduceOp::kSum), std::invalid_argument);
+  EXPECT_FALSE(launched_by_mpi());
+  EXPECT_EQ(default_process_group()->backend(), "single");
+}
+
+TEST(DDP, BucketsRunInReverseOrderWithGradientsAsViewsOfThem) {
+  nn::GPT model(small(), 1);
+  DDPOptions o;
+  o.first_bucket_mb = 0.01;  // ~2.6K floats
+  o.bucket_mb = 0.05;
+  DistributedDataParallel ddp(model, single_process_group(), o);
+  const auto& b = ddp.buckets();
+  ASSERT_GE(b.size(), 3u);
+  const auto named = model.named_parameters();
+  EXPECT_EQ(b[0].names[0], named.back().first);  // the last registered fills the first bucket
+  EXPECT_LE(b[0].flat.nbytes(), static_cast<int64_t>(0.01 * (1 << 20)) + 4 * 32 * 32);
+  int64_t total = 0;
+  for (const auto& bucket : b) total += bucket.flat.numel();
+  EXPECT_EQ(total, model.num_parameters());
+  EXPECT_EQ(ddp.bytes_per_sync(), total * 4);
+  // Every gradient lies inside its bucket's memory.
+  for (const auto& [name, p] : named) {
+    const char* g = static_cast<const char*>(p.grad().raw_data());
+    bool inside = false;
+    for (const auto& bucket : b) {
+      const char* f = static_cast<const char*>(bucket.flat.raw_data());
+      inside |= g >= f && g + p.nbytes() <= f + bucket.flat.nbytes();
+    }
+    EXPECT_TRUE(inside) << name;
+  }
+}
+
+std::vector<std::vector<float>> grads_of(const nn::GPT& model) {
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector<float>());
+  return out;
+}
+
+TEST(DDP, OneRankEqualsPlainTrainingBitForBitAndNoSyncAccumulates) {
+  Generator g(7, 0);
+  const Tensor x1 = g.randint({2, 16}, 0, 61), y1 = g.randint({2, 16}, 0, 61);
+  const Tensor x2 = g.randint({2, 16}, 0, 61), y2 = g.randint({2, 16}, 0, 61);
+  nn::GPT plain(small(), 3), wrapped(small(), 3);
+  plain.loss(x1, y1).backward();
+  plain.loss(x2, y2).backward();  // accumulates
+  DistributedDataParallel ddp(wrapped, single_process_group());
+  ddp.zero_grad();
+  ddp.prepare_backward(false);  // no_sync: local accumulation only
+  wrapped.loss(x1, y1).backward();
+  ddp.prepare_backward(true);
+  wrapped.loss(x2, y2).backward();
+  ddp.finish_backward();
+  EXPECT_EQ(grads_of(wrapped), grads_of(plain));
+  ddp.zero_grad();
+  for (const Tensor& p : wrapped.parameters())
+    for (float v : p.grad().to_vector<float>()) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(DDP, AnUnusedParameterIsNamedOrAveragedAsZero) {
+  nn::GPT model(small(), 4);
+  Tensor extra = zeros({5});
+  extra.requires_grad_();
+  // A module with one parameter the loss never touches.
+  struct WithExtra : nn::Module {
+    WithExtra(nn::GPT& m, Tensor e) : gpt(m) { register_parameter("unused.weight", e); }
+    nn::GPT& gpt;
+  };
+  Generator g(8, 0);
+  const Tensor x = g.randint({2, 16}, 0, 61), y = g.randint({2, 16}, 0, 61);
+  {
+    WithExtra m(model, extra);
+    DistributedDataParallel ddp(m, single_process_group());
+    ddp.prepare_backward(true);
+    model.loss(x, y).backward();
+    try {
+      ddp.finish_backward();
+      FAIL() << "expected an error";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("unused.weight"), std::string::npos) << e.what();
+    }
+  }
+  WithExtra m(model, extra);
+  DDPOptions o;
+  o.find_unused = true;
+  DistributedDataParallel ddp(m, single_process_group(), o);
+  ddp.zero_grad();
+  ddp.prepare_backward(true);
+  model.loss(x, y).backward();
+  ddp.finish_backward();
+  EXPECT_EQ(extra.grad().to_vector<float>(), std::vector<float>(5, 0.0f));
+}
+
+}  // namespace
+}  // namespace kuai::dist

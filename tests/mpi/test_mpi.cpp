@@ -1,0 +1,234 @@
+// Multi-rank tests, run by ctest as `mpirun -np 2 kuai_mpi_tests` (see CMakeLists.txt): every
+// rank runs every test; rank 0 prints the usual report, the others only failures.
+//   - the MPI group's collectives against their definitions;
+//   - DDP on 2 ranks x batch b equals one process with batch 2b: the averaged gradients match
+//     the big batch's within 1e-5 of each tensor's scale (fp32, two summation orders of the same
+//     mean) and the losses of 3 AdamW steps within 1e-5 relative; also with 2 micro-batches
+//     (no_sync on the first); overlap on and off give the same gradients bit for bit;
+//   - an unused parameter is an error on every rank, not a hang.
+// Two more modes are separate ctest cases that must end the run with a message:
+//   --timeout-demo  rank 1 never reaches a collective; rank 0 names it and aborts the run;
+//   --kill-demo     rank 1 is killed (SIGKILL) mid-training; mpirun ends rank 0.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#include "kuai/core/ops.h"
+#include "kuai/core/rng.h"
+#include "kuai/dist/ddp.h"
+#include "kuai/dist/process_group.h"
+#include "kuai/nn/gpt.h"
+#include "kuai/optim/adamw.h"
+#include "kuai/train/trainer.h"
+
+namespace kuai::dist {
+namespace {
+
+std::shared_ptr<ProcessGroup> group() { return mpi_process_group(); }
+
+TEST(MpiGroup, CollectivesMatchTheirDefinitions) {
+  auto pg = group();
+  const int R = pg->size(), r = pg->rank();
+  ASSERT_EQ(R, 2) << "run under mpirun -np 2";
+  // all_reduce: element i of rank r is r * 10 + i.
+  Tensor t = zeros({5});
+  for (int i = 0; i < 5; ++i) t.data<float>()[i] = static_cast<float>(r * 10 + i);
+  Tensor a = t.clone();
+  pg->all_reduce(a, ReduceOp::kSum)->wait();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a.data<float>()[i], 10.0f + 2 * i);
+  a = t.clone();
+  pg->all_reduce(a, ReduceOp::kAvg)->wait();
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(a.data<float>()[i], 5.0f + i);
+  // reduce_scatter: rank r gets elements [3 r, 3 r + 3) of the sum.
+  Tensor in = zeros({6}), out = zeros({3});
+  for (int i = 0; i < 6; ++i) in.data<float>()[i] = static_cast<float>(i * (r + 1));
+  pg->reduce_scatter(in, out, ReduceOp::kSum)->wait();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(out.data<float>()[i], 3.0f * (3 * r + i));
+  // all_gather: rank r's block at [2 r, 2 r + 2).
+  Tensor mine = full({2}, static_cast<float>(r + 1)), all = zeros({4});
+  pg->all_gather(mine, all)->wait();
+  EXPECT_EQ(all.to_vector<float>(), (std::vector<float>{1, 1, 2, 2}));
+  // broadcast from rank 1.
+  Tensor b = full({3}, static_cast<float>(r));
+  pg->broadcast(b, 1)->wait();
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{1, 1, 1}));
+  // Several in flight at once complete in order.
+  std::vector<Tensor> many;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < 8; ++k) {
+    many.push_back(full({1000}, static_cast<float>(k + r)));
+    works.push_back(pg->all_reduce(many.back(), ReduceOp::kSum));
+  }
+  for (int k = 0; k < 8; ++k) {
+    works[k]->wait();
+    EXPECT_EQ(many[k].data<float>()[999], static_cast<float>(2 * k + 1));
+  }
+  pg->barrier();
+  EXPECT_GT(pg->bytes_sent(), 8 * 4000);
+}
+
+nn::GPTConfig small() {
+  nn::GPTConfig c;
+  c.vocab_size = 61;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  return c;
+}
+
+double scaled_error(const std::vector<float>& got, const std::vector<float>& want) {
+  double scale = 0, worst = 0;
+  for (float w : want) scale = std::max(scale, static_cast<double>(std::fabs(w)));
+  for (size_t i = 0; i < got.size(); ++i)
+    worst = std::max(worst, std::fabs(static_cast<double>(got[i]) - want[i]));
+  return worst / (scale > 0 ? scale : 1.0);
+}
+
+// The global batch of step s: (2 b, T) tokens, the same on every rank; rank r's part is rows
+// [r b, (r + 1) b).
+struct Batch {
+  Tensor x, y;
+};
+Batch global_batch(int64_t step, int64_t rows) {
+  Generator g(100 + static_cast<uint64_t>(step), 0);
+  return {g.randint({rows, 16}, 0, 61), g.randint({rows, 16}, 0, 61)};
+}
+Tensor rows_of(const Tensor& t, int64_t begin, int64_t n) {
+  return contiguous(narrow(t, 0, begin, n));
+}
+
+TEST(MpiDDP, TwoRanksOfBatchBEqualOneProcessOfBatch2B) {
+  auto pg = group();
+  const int64_t b = 4;
+  for (int64_t micro : {1, 2}) {  // micro-batches per step (b / micro rows each)
+    nn::GPT big(small(), 5), mine(small(), 5);
+    optim::AdamWOptions ao;
+    ao.lr = 1e-2f;
+    optim::AdamW big_opt(train::param_groups(big, 0.1f), ao);
+    optim::AdamW my_opt(train::param_groups(mine, 0.1f), ao);
+    DistributedDataParallel ddp(mine, pg);
+    for (int64_t step = 0; step < 3; ++step) {
+      const Batch g = global_batch(step, 2 * b);
+      Tensor big_loss = big.loss(g.x, g.y);
+      big_loss.backward();
+      ddp.zero_grad();
+      float my_loss = 0;
+      const int64_t rows = b / micro;
+      for (int64_t m = 0; m < micro; ++m) {
+        ddp.prepare_backward(m + 1 == micro);
+        const int64_t at = pg->rank() * b + m * rows;
+        Tensor l = mine.loss(rows_of(g.x, at, rows), rows_of(g.y, at, rows));
+        scale(l, 1.0f / static_cast<float>(micro)).backward();
+        my_loss += l.item() / static_cast<float>(micro);
+      }
+      ddp.finish_backward();
+      if (step == 0) {
+        const auto bp = big.parameters(), mp = mine.parameters();
+        for (size_t i = 0; i < bp.size(); ++i)
+          EXPECT_LE(scaled_error(mp[i].grad().to_vector<float>(), bp[i].grad().to_vector<float>()),
+                    1e-5)
+              << "micro " << micro << " param " << i;
+      }
+      // The mean of the two ranks' losses is the big batch's loss.
+      Tensor both = full({1}, my_loss);
+      pg->all_reduce(both, ReduceOp::kAvg)->wait();
+      EXPECT_NEAR(both.item(), big_loss.item(), 1e-5 * std::fabs(big_loss.item()))
+          << "micro " << micro << " step " << step;
+      big_opt.step();
+      big_opt.zero_grad();
+      my_opt.step();
+    }
+  }
+}
+
+std::vector<std::vector<float>> ddp_grads(bool overlap) {
+  nn::GPT model(small(), 6);
+  DDPOptions o;
+  o.overlap = overlap;
+  o.first_bucket_mb = 0.005;
+  o.bucket_mb = 0.02;  // several buckets
+  DistributedDataParallel ddp(model, group(), o);
+  const Batch g = global_batch(0, 8);
+  ddp.zero_grad();
+  ddp.prepare_backward(true);
+  model.loss(rows_of(g.x, group()->rank() * 4, 4), rows_of(g.y, group()->rank() * 4, 4)).backward();
+  ddp.finish_backward();
+  std::vector<std::vector<float>> out;
+  for (const Tensor& p : model.parameters()) out.push_back(p.grad().to_vector<float>());
+  return out;
+}
+
+TEST(MpiDDP, OverlapOnAndOffGiveTheSameGradients) { EXPECT_EQ(ddp_grads(true), ddp_grads(false)); }
+
+TEST(MpiDDP, AnUnusedParameterIsAnErrorOnEveryRank) {
+  nn::GPT model(small(), 7);
+  Tensor extra = zeros({3});
+  extra.requires_grad_();
+  struct WithExtra : nn::Module {
+    WithExtra(Tensor e) { register_parameter("unused.weight", e); }
+  };
+  struct Both : nn::Module {
+    Both(nn::GPT& g, Tensor e) {
+      gpt = std::shared_ptr<nn::GPT>(&g, [](nn::GPT*) {});
+      register_module("gpt", gpt);
+      register_module("extra", std::make_shared<WithExtra>(e));
+    }
+    std::shared_ptr<nn::GPT> gpt;
+  } m(model, extra);
+  DistributedDataParallel ddp(m, group());
+  const Batch g = global_batch(1, 8);
+  ddp.zero_grad();
+  ddp.prepare_backward(true);
+  model.loss(rows_of(g.x, 0, 4), rows_of(g.y, 0, 4)).backward();
+  EXPECT_THROW(ddp.finish_backward(), std::runtime_error);
+  group()->barrier();  // both ranks got here: nothing hangs
+}
+
+// --timeout-demo: rank 1 skips the collective; rank 0's 2 s deadline passes.
+int timeout_demo() {
+  auto pg = mpi_process_group({2.0});
+  Tensor t = zeros({4});
+  if (pg->rank() == 0)
+    pg->all_reduce(t, ReduceOp::kSum)->wait();
+  else
+    std::this_thread::sleep_for(std::chrono::seconds(30));
+  finalize();
+  return 0;  // not reached on rank 0
+}
+
+// --kill-demo: DDP training; rank 1 dies at step 3.
+int kill_demo() {
+  auto pg = mpi_process_group({30.0});
+  nn::GPT model(small(), 8);
+  DistributedDataParallel ddp(model, pg);
+  for (int64_t step = 0; step < 1000; ++step) {
+    if (pg->rank() == 1 && step == 3) std::raise(SIGKILL);
+    const Batch g = global_batch(step, 8);
+    ddp.zero_grad();
+    ddp.prepare_backward(true);
+    model.loss(rows_of(g.x, pg->rank() * 4, 4), rows_of(g.y, pg->rank() * 4, 4)).backward();
+    ddp.finish_backward();
+  }
+  finalize();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kuai::dist
+
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--timeout-demo") == 0) return kuai::dist::timeout_demo();
+    if (std::strcmp(argv[i], "--kill-demo") == 0) return kuai::dist::kill_demo();
+  }
+  auto pg = kuai::dist::mpi_process_group({60.0});
+  if (pg->rank() != 0) GTEST_FLAG_SET(brief, true);  // before Init: the printer reads it there
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rc = RUN_ALL_TESTS();
+  kuai::dist::finalize();
+  return rc;
+}
