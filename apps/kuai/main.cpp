@@ -10,6 +10,7 @@
 #include "bench.h"
 #include "kuai/data/prepare.h"
 #include "kuai/data/tokenizer.h"
+#include "kuai/dist/process_group.h"
 #include "kuai/io/export.h"
 #include "kuai/nn/generate.h"
 #include "kuai/nn/optimize.h"
@@ -79,8 +80,11 @@ int train_command(const std::vector<std::string>& args) {
   const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, overrides);
   opts.terminal = isatty(STDOUT_FILENO) == 1;
   opts.stop = kuai::train::install_sigint_stop();
+  // Under mpirun: MPI_COMM_WORLD, rank 0 reports (see TrainOptions::group).
+  opts.group = kuai::dist::default_process_group({cfg.timeout_s});
   const kuai::train::TrainResult r = kuai::train::run_training(cfg, std::cout, opts);
-  std::cout << kuai::train::result_line(r) << std::endl;
+  if (opts.group->rank() == 0) std::cout << kuai::train::result_line(r) << std::endl;
+  kuai::dist::finalize();
   if (r.save_failures > 0 && cfg.on_save_error == "stop") return 1;
   return r.interrupted ? 130 : 0;
 }
@@ -196,6 +200,7 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "kuai " << command << ": " << e.what() << "\n";
+    kuai::dist::abort_run(1);  // under mpirun: end the other ranks too, never leave them waiting
     return 1;
   }
 }

@@ -151,6 +151,11 @@ const std::vector<Key>& keys() {
       BOOL_KEY("checkpoint.async", async_save),
       STRING_KEY("checkpoint.export_dtype", export_dtype, {"f32", "bf16"}),
       STRING_KEY("checkpoint.on_error", on_save_error, {"stop", "continue"}),
+      FLOAT_KEY("dist.bucket_mb", bucket_mb, 0.001, 1e6),
+      FLOAT_KEY("dist.first_bucket_mb", first_bucket_mb, 0.001, 1e6),
+      BOOL_KEY("dist.overlap", overlap),
+      BOOL_KEY("dist.find_unused", find_unused),
+      FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;
 }

@@ -63,6 +63,14 @@ struct TrainConfig {
   bool async_save = true;            // a writer thread writes while training continues
   std::string export_dtype = "f32";  // "f32" | "bf16"
   std::string on_save_error = "stop";  // "stop" | "continue"
+  // [dist] (technique 2; used when launched by mpirun): DDP bucket sizes (MiB of fp32
+  // gradients), overlap of the all-reduce with backward, unused parameters, the per-collective
+  // deadline after which the run aborts with a message.
+  double bucket_mb = 25.0;
+  double first_bucket_mb = 1.0;
+  bool overlap = true;
+  bool find_unused = false;
+  double timeout_s = 300.0;
 };
 
 // Parse `toml_path` (may be empty: defaults only), then apply overrides of the form

@@ -25,6 +25,7 @@
 #include "kuai/data/batch_source.h"
 #include "kuai/data/loader.h"
 #include "kuai/data/token_file.h"
+#include "kuai/dist/ddp.h"
 #include "kuai/io/export.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/log/metrics.h"
@@ -108,13 +109,14 @@ struct Sources {
 
 // Training windows from the head of the token file, held-out windows from its tail
 // (data.val_fraction); synthetic data draws uniform tokens for both.
-Sources make_sources(const TrainConfig& cfg) {
+Sources make_sources(const TrainConfig& cfg, int rank, int world) {
   const int64_t B = cfg.batch_size, T = cfg.model.seq_len, V = cfg.model.vocab_size;
   const auto seed = static_cast<uint64_t>(cfg.seed);
   Sources s;
   if (cfg.data_source == "synthetic") {
-    s.train = std::make_shared<data::SyntheticTokens>(V, B, T, seed);
-    if (cfg.val_fraction > 0) s.val = std::make_shared<data::SyntheticTokens>(V, B, T, seed + 1);
+    s.train = std::make_shared<data::SyntheticTokens>(V, B, T, seed, rank, world);
+    if (cfg.val_fraction > 0)
+      s.val = std::make_shared<data::SyntheticTokens>(V, B, T, seed + 1, rank, world);
     return s;
   }
   auto file = std::make_shared<const data::TokenFile>(data::TokenFile::open(cfg.data_path));
@@ -135,8 +137,9 @@ Sources make_sources(const TrainConfig& cfg) {
         fmt::format("{}: the held-out split (data.val_fraction = {}) has {} tokens, fewer than "
                     "model.seq_len + 2 = {}; raise data.val_fraction or set it to 0",
                     cfg.data_path, cfg.val_fraction, val_tokens, T + 2));
-  s.train = std::make_shared<data::RandomWindows>(file, 0, split, B, T, seed);
-  if (val_tokens > 0) s.val = std::make_shared<data::SequentialWindows>(file, split, n, B, T);
+  s.train = std::make_shared<data::RandomWindows>(file, 0, split, B, T, seed, rank, world);
+  if (val_tokens > 0)
+    s.val = std::make_shared<data::SequentialWindows>(file, split, n, B, T, rank, world);
   return s;
 }
 
@@ -154,6 +157,14 @@ Tensor evaluate(const nn::GPT& model, const data::BatchSource& src, int64_t batc
     total = total.defined() ? add(total, l) : l;
   }
   return scale(total, 1.0f / static_cast<float>(batches)).detach();
+}
+
+// A scalar averaged over the ranks (itself when alone).
+Tensor mean_over_ranks(dist::ProcessGroup& group, const Tensor& x) {
+  if (group.size() == 1) return x;
+  Tensor t = contiguous(reshape(x, {1}));
+  group.all_reduce(t, dist::ReduceOp::kAvg)->wait();
+  return reshape(t, {});
 }
 
 std::vector<std::unique_ptr<log::MetricSink>> make_sinks(const TrainConfig& cfg,
@@ -208,12 +219,21 @@ const std::atomic<bool>* install_sigint_stop() {
   return &g_stop;
 }
 
-TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainOptions& opts) {
+TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainOptions& options) {
   if (cfg.threads > 0) omp_set_num_threads(static_cast<int>(cfg.threads));
+  // Technique 2: the ranks of the run. Ranks other than 0 write nothing and print nothing.
+  const std::shared_ptr<dist::ProcessGroup> group =
+      options.group ? options.group : dist::default_process_group({cfg.timeout_s});
+  const int rank = group->rank(), world = group->size();
+  TrainOptions opts = options;
+  if (rank != 0) {
+    opts.write_run_dir = false;
+    opts.quiet = true;
+  }
   const int64_t B = cfg.batch_size, T = cfg.model.seq_len, V = cfg.model.vocab_size;
   const int64_t k = cfg.accum_steps;
   const DType compute = amp::precision_dtype(cfg.precision);
-  const Sources sources = make_sources(cfg);
+  const Sources sources = make_sources(cfg, rank, world);
 
   nn::GPT model(cfg.model, static_cast<uint64_t>(cfg.seed));
   const nn::AttentionImpl attention = nn::parse_attention_impl(cfg.attention);
@@ -244,6 +264,16 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     loader_start = c.state.loader;
     if (!opts.quiet) out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step);
   }
+  // DDP (technique 2): rank 0's weights everywhere, gradients averaged during backward.
+  std::optional<dist::DistributedDataParallel> ddp;
+  if (world > 1) {
+    dist::DDPOptions dopt;
+    dopt.bucket_mb = cfg.bucket_mb;
+    dopt.first_bucket_mb = cfg.first_bucket_mb;
+    dopt.overlap = cfg.overlap;
+    dopt.find_unused = cfg.find_unused;
+    ddp.emplace(model, group, dopt);
+  }
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;
   if (!opts.quiet) {
@@ -262,6 +292,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
             : cfg.precision + " autocast" + (scaler.enabled() ? " + loss scaling" : ""),
         omp_get_max_threads(), cfg.data_source == "file" ? cfg.data_path : "synthetic",
         cfg.workers);
+    if (ddp)
+      out << fmt::format(
+          "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets ({:.1f} MiB of fp32 "
+          "gradients per step), overlap {}\n",
+          world, group->backend(), B, ddp->buckets().size(),
+          static_cast<double>(ddp->bytes_per_sync()) / (1 << 20), cfg.overlap ? "on" : "off");
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
     out.flush();
   }
@@ -302,10 +338,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   };
 
   Allocator::get().reset_peak();
-  const double tokens_per_step = static_cast<double>(B * T * k);
+  const double tokens_per_step = static_cast<double>(B * T * k * world);  // over all ranks
   using ms = std::chrono::duration<double, std::milli>;
+  bool stop_agreed = false;
   for (int64_t step = result.start_step; step < cfg.steps; ++step) {
-    if (opts.stop && opts.stop->load()) {
+    // With several ranks, the stop request agreed on in the previous step (every rank stops at
+    // the same step); alone, this process's own.
+    if (world > 1 ? stop_agreed : opts.stop && opts.stop->load()) {
       result.interrupted = true;
       if (ckpt && step > result.start_step) save_checkpoint(step);
       break;
@@ -324,15 +363,27 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       data::Batch batch = loader.next();
       wait_ms += loader.last_wait_ms();
       data_ms += ms(std::chrono::steady_clock::now() - td).count();
+      if (ddp) ddp->prepare_backward(micro + 1 == k);  // no_sync until the last micro-batch
       Tensor l = forward_backward(model, batch.x, batch.y, scaler.scale() / static_cast<float>(k));
       autograd::NoGradGuard no_grad;
       loss = loss.defined() ? add(loss, l) : l;  // summed on the device
     }
     amp.reset();
+    if (ddp) ddp->finish_backward();  // the gradients are now the average over ranks
     const auto t_fb = std::chrono::steady_clock::now();
-    if (k > 1) {
+    if (k > 1 || world > 1) {
       autograd::NoGradGuard no_grad;
       loss = scale(loss, 1.0f / static_cast<float>(k));
+    }
+    // The logged loss is the mean over ranks, and every rank learns whether any was asked to
+    // stop: one small all-reduce queued behind the gradient buckets, waited for after the update.
+    Tensor shared;
+    std::shared_ptr<dist::Work> shared_work;
+    if (world > 1) {
+      autograd::NoGradGuard no_grad;
+      const bool stop_here = opts.stop && opts.stop->load();
+      shared = contiguous(cat({reshape(loss, {1}), full({1}, stop_here ? 1.0f : 0.0f)}, 0));
+      shared_work = group->all_reduce(shared, dist::ReduceOp::kSum);
     }
     // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
     // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
@@ -341,7 +392,16 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     const float scale_used = scaler.scale();
     scaler.step(opt, found_inf, optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
     scaler.update(found_inf);
-    opt.zero_grad();
+    if (ddp)
+      ddp->zero_grad();  // the gradients stay views into the buckets
+    else
+      opt.zero_grad();
+    if (shared_work) {
+      shared_work->wait();
+      stop_agreed = shared.data<float>()[1] > 0.0f;
+      loss = scale(narrow(shared, 0, 0, 1), 1.0f / static_cast<float>(world));
+      loss = reshape(loss, {});
+    }
     if (cfg.sync_every_step) (void)loss.item();  // the habit technique 10 removes
     const double step_ms = ms(std::chrono::steady_clock::now() - t0).count();
     if (profiler::enabled()) {
@@ -364,7 +424,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (scaler.enabled()) m.host.emplace_back("loss_scale", scale_used);
     const bool last = step + 1 == cfg.steps;
     if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
-      m.device.emplace_back("val_loss", evaluate(model, *sources.val, cfg.eval_batches, compute));
+      m.device.emplace_back(
+          "val_loss",
+          mean_over_ranks(*group, evaluate(model, *sources.val, cfg.eval_batches, compute)));
     result.steps_done = step + 1;
     if (ckpt && cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) {
       const bool go_on = save_checkpoint(step + 1);

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kuai/dist/process_group.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/optimizer.h"
 #include "kuai/train/config.h"
@@ -49,6 +50,11 @@ struct TrainOptions {
   bool quiet = false;                       // no header/summary lines (benchmarks)
   std::string resume;  // a checkpoint or run directory to continue from (cfg must match it)
   std::function<void(int64_t step)> after_step;  // tests: called after each optimizer step
+  // The ranks of the run; null: MPI_COMM_WORLD when launched by mpirun, else one process. With
+  // more than one rank the model is wrapped in DDP, each rank reads its own shard of every batch
+  // (train.batch_size rows per rank), metrics are averaged over ranks, and only rank 0 writes
+  // the run directory, logs, checkpoints and weights.
+  std::shared_ptr<dist::ProcessGroup> group;
 };
 
 // The usual AdamW grouping: weight decay on matmul weights (2-D ".weight" outside the
