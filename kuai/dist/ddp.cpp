@@ -7,17 +7,65 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kuai/core/dtype.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::dist {
+
+const char* compression_name(Compression c) {
+  switch (c) {
+    case Compression::kNone:
+      return "none";
+    case Compression::kFp16:
+      return "fp16";
+    case Compression::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+Compression parse_compression(const std::string& name) {
+  for (Compression c : {Compression::kNone, Compression::kFp16, Compression::kBf16})
+    if (name == compression_name(c)) return c;
+  throw std::invalid_argument("DDP: unknown compression '" + name +
+                              "' (one of \"none\", \"fp16\", \"bf16\")");
+}
+
+namespace {
+
+// The compression hook of one bucket, run on the communication thread around its all-reduce.
+struct Compressor {
+  float* grad;      // the bucket (fp32)
+  uint16_t* wire;   // its bf16 / f16 copy
+  float* residual;  // error feedback, or null
+  int64_t n;
+  bool bf16;
+  float inv_world;
+
+  uint16_t round(float v) const { return bf16 ? float_to_bf16(v) : float_to_f16(v); }
+  float widen(uint16_t h) const { return bf16 ? bf16_to_float(h) : f16_to_float(h); }
+  void before() const {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = grad[i] * inv_world + (residual != nullptr ? residual[i] : 0.0f);
+      wire[i] = round(v);
+      if (residual != nullptr) residual[i] = v - widen(wire[i]);
+    }
+  }
+  void after() const {
+    for (int64_t i = 0; i < n; ++i) grad[i] = widen(wire[i]);
+  }
+};
+
+}  // namespace
 
 struct DistributedDataParallel::State {
   std::shared_ptr<ProcessGroup> group;
   DDPOptions options;
   std::vector<Bucket> buckets;
-  std::vector<int64_t> bucket_of;    // parameter index -> bucket
-  std::vector<std::string> names;    // parameter index -> name
-  std::vector<int64_t> bucket_size;  // parameters per bucket
+  std::vector<Tensor> wire, residual;  // per bucket, with compression
+  std::vector<int64_t> bucket_of;      // parameter index -> bucket
+  std::vector<std::string> names;      // parameter index -> name
+  std::vector<int64_t> bucket_size;    // parameters per bucket
   // Per synchronising backward:
   bool sync = true;
   std::vector<int64_t> pending;  // parameters of each bucket not yet ready
@@ -34,8 +82,19 @@ struct DistributedDataParallel::State {
 
   void launch_ready() {
     while (next_launch < buckets.size() && pending[next_launch] == 0) {
-      works.push_back(group->all_reduce(buckets[next_launch].flat, ReduceOp::kAvg));
-      ++next_launch;
+      const size_t i = next_launch++;
+      if (options.compression == Compression::kNone) {
+        works.push_back(group->all_reduce(buckets[i].flat, ReduceOp::kAvg));
+        continue;
+      }
+      const Compressor c{buckets[i].flat.data<float>(),
+                         wire[i].data<uint16_t>(),
+                         residual.empty() ? nullptr : residual[i].data<float>(),
+                         buckets[i].flat.numel(),
+                         options.compression == Compression::kBf16,
+                         1.0f / static_cast<float>(group->size())};
+      works.push_back(group->all_reduce(
+          wire[i], ReduceOp::kSum, [c] { c.before(); }, [c] { c.after(); }));
     }
   }
 
@@ -103,6 +162,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       s.names[i] = params[i].first;
     }
     s.bucket_size.push_back(static_cast<int64_t>(m.size()));
+    if (options.compression != Compression::kNone) {
+      s.wire.push_back(
+          zeros({numel}, options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16));
+      if (options.error_feedback) s.residual.push_back(zeros({numel}));
+    }
     s.buckets.push_back(std::move(b));
   }
   s.ready.assign(static_cast<size_t>(n), 0);
@@ -173,7 +237,7 @@ const std::vector<DistributedDataParallel::Bucket>& DistributedDataParallel::buc
 int64_t DistributedDataParallel::bytes_per_sync() const {
   int64_t n = 0;
   for (const Bucket& b : state_->buckets) n += b.flat.nbytes();
-  return n;
+  return state_->options.compression == Compression::kNone ? n : n / 2;
 }
 
 }  // namespace kuai::dist

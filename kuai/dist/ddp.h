@@ -25,6 +25,15 @@
 
 namespace kuai::dist {
 
+// Gradient compression (technique 7): a cast around the all-reduce, not a feature of the
+// collective. Each bucket is pre-divided by the world size (so fp16 sums cannot overflow where the
+// fp32 average would not), rounded to fp16 or bf16, summed in that dtype on the wire (half the
+// bytes), and widened back. With error feedback the rounding error of each element is kept
+// (fp32, per bucket) and added to the next step's gradient before rounding.
+enum class Compression { kNone, kFp16, kBf16 };
+const char* compression_name(Compression c);             // "none" | "fp16" | "bf16"
+Compression parse_compression(const std::string& name);  // throws naming the choices
+
 struct DDPOptions {
   double bucket_mb = 25.0;       // capacity of a bucket, MiB of fp32 gradients
   double first_bucket_mb = 1.0;  // capacity of the first one (the last parameters)
@@ -32,6 +41,8 @@ struct DDPOptions {
   // A parameter that gets no gradient in a synchronising backward is an error naming it; with
   // find_unused its (zero) gradient is averaged like the others.
   bool find_unused = false;
+  Compression compression = Compression::kNone;
+  bool error_feedback = false;  // with compression only
 };
 
 class DistributedDataParallel {
@@ -59,7 +70,7 @@ class DistributedDataParallel {
   };
   const std::vector<Bucket>& buckets() const;
   ProcessGroup& group() const { return *group_; }
-  int64_t bytes_per_sync() const;  // fp32 gradient bytes all-reduced per optimizer step
+  int64_t bytes_per_sync() const;  // bytes all-reduced per optimizer step (halved by compression)
 
  private:
   struct State;

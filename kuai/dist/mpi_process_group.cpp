@@ -7,8 +7,11 @@
 //      long all-reduce leaves the cores to backward) until it completes or its deadline passes.
 // At the deadline the arrival messages that never came name the ranks that did not reach the
 // collective; the rank prints that and calls MPI_Abort, which ends every rank of the run.
-// Averages are sums divided by the world size afterwards.
+// Averages are sums divided by the world size afterwards. bf16 and f16 tensors travel as 2-byte
+// elements with reduction ops of our own (each pairwise sum in fp32, rounded once).
 #include <fmt/format.h>
+
+#include <cstdint>
 
 #include <chrono>
 #include <cstdio>
@@ -18,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "kuai/core/dtype.h"
 #include "kuai/dist/process_group.h"
 
 #if KUAI_HAVE_MPI
@@ -57,6 +61,10 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Comm_dup(MPI_COMM_WORLD, &arrive_comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(arrive_comm_, MPI_ERRORS_RETURN);
+    MPI_Type_contiguous(2, MPI_BYTE, &half_type_);
+    MPI_Type_commit(&half_type_);
+    MPI_Op_create(&MpiProcessGroup::bf16_sum, /*commute=*/1, &bf16_sum_);
+    MPI_Op_create(&MpiProcessGroup::f16_sum, /*commute=*/1, &f16_sum_);
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -71,6 +79,9 @@ class MpiProcessGroup final : public ProcessGroup {
     }
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
+    MPI_Op_free(&bf16_sum_);
+    MPI_Op_free(&f16_sum_);
+    MPI_Type_free(&half_type_);
     MPI_Comm_free(&comm_);
     MPI_Comm_free(&arrive_comm_);
     int finalized = 0;
@@ -83,17 +94,27 @@ class MpiProcessGroup final : public ProcessGroup {
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
 
-  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op) override {
-    check_float(t, "all_reduce");
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op, std::function<void()> before,
+                                   std::function<void()> after) override {
+    if (!t.is_contiguous())
+      throw std::invalid_argument("all_reduce: the tensor must be contiguous");
+    const DType dt = t.dtype();
+    if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
+      throw std::invalid_argument("all_reduce: cannot reduce " + std::string(dtype_name(dt)) +
+                                  " tensors");
     const int n = count(t.numel(), "all_reduce");
-    float* p = t.data<float>();
+    void* p = t.raw_data();
+    const MPI_Datatype type = dt == DType::kF32 ? MPI_FLOAT : half_type_;
+    const MPI_Op mop = dt == DType::kF32 ? MPI_SUM : dt == DType::kBF16 ? bf16_sum_ : f16_sum_;
     return enqueue(
-        fmt::format("all_reduce of {} fp32", t.numel()), t.nbytes(),
+        fmt::format("all_reduce of {} {}", t.numel(), dtype_name(dt)), t.nbytes(),
         [=, this](MPI_Request* r) {
-          return MPI_Iallreduce(MPI_IN_PLACE, p, n, MPI_FLOAT, MPI_SUM, comm_, r);
+          if (before) before();
+          return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mop, comm_, r);
         },
         [=, this] {
-          if (op == ReduceOp::kAvg) divide(p, n);
+          if (op == ReduceOp::kAvg) divide(p, dt, n);
+          if (after) after();
         });
   }
 
@@ -170,9 +191,30 @@ class MpiProcessGroup final : public ProcessGroup {
     return static_cast<int>(n);
   }
 
-  void divide(float* p, int n) const {
+  void divide(float* p, int n) const { divide(p, DType::kF32, n); }
+  void divide(void* p, DType dt, int n) const {
     const float inv = 1.0f / static_cast<float>(size_);
-    for (int i = 0; i < n; ++i) p[i] *= inv;
+    if (dt == DType::kF32) {
+      float* f = static_cast<float*>(p);
+      for (int i = 0; i < n; ++i) f[i] *= inv;
+      return;
+    }
+    uint16_t* h = static_cast<uint16_t*>(p);
+    for (int i = 0; i < n; ++i)
+      h[i] = dt == DType::kBF16 ? float_to_bf16(bf16_to_float(h[i]) * inv)
+                                : float_to_f16(f16_to_float(h[i]) * inv);
+  }
+
+  // MPI reduction ops on 2-byte floats: inout = round(widen(in) + widen(inout)).
+  static void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    const uint16_t* a = static_cast<const uint16_t*>(in);
+    uint16_t* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+  }
+  static void f16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+    const uint16_t* a = static_cast<const uint16_t*>(in);
+    uint16_t* b = static_cast<uint16_t*>(inout);
+    for (int i = 0; i < *len; ++i) b[i] = float_to_f16(f16_to_float(a[i]) + f16_to_float(b[i]));
   }
 
   std::shared_ptr<Work> enqueue(std::string what, int64_t bytes,
@@ -268,6 +310,8 @@ class MpiProcessGroup final : public ProcessGroup {
   int rank_ = 0, size_ = 1;
   bool owns_mpi_ = false, stopped_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL, arrive_comm_ = MPI_COMM_NULL;
+  MPI_Datatype half_type_ = MPI_DATATYPE_NULL;  // bf16 / f16 on the wire
+  MPI_Op bf16_sum_ = MPI_OP_NULL, f16_sum_ = MPI_OP_NULL;
   int64_t seq_ = 0;
   std::thread thread_;
   std::mutex mu_;

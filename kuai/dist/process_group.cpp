@@ -30,12 +30,13 @@ void Work::finish(std::string error) {
 
 namespace {
 
-void check_float(const Tensor& t, const char* op) {
+void check_float(const Tensor& t, const char* op, bool low_ok = false) {
   if (!t.is_contiguous())
     throw std::invalid_argument(std::string(op) + ": the tensor must be contiguous");
-  if (t.dtype() != DType::kF32)
-    throw std::invalid_argument(std::string(op) + ": only fp32 tensors are reduced, got " +
-                                std::string(dtype_name(t.dtype())));
+  const bool low = t.dtype() == DType::kBF16 || t.dtype() == DType::kF16;
+  if (t.dtype() != DType::kF32 && !(low_ok && low))
+    throw std::invalid_argument(std::string(op) + ": cannot reduce " +
+                                std::string(dtype_name(t.dtype())) + " tensors");
 }
 
 std::shared_ptr<Work> done(const char* what) {
@@ -50,8 +51,11 @@ class SingleProcessGroup final : public ProcessGroup {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string backend() const override { return "single"; }
-  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp) override {
-    check_float(t, "all_reduce");
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp, std::function<void()> before,
+                                   std::function<void()> after) override {
+    check_float(t, "all_reduce", true);
+    if (before) before();
+    if (after) after();
     return done("all_reduce");
   }
   std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {

@@ -155,6 +155,8 @@ const std::vector<Key>& keys() {
       FLOAT_KEY("dist.first_bucket_mb", first_bucket_mb, 0.001, 1e6),
       BOOL_KEY("dist.overlap", overlap),
       BOOL_KEY("dist.find_unused", find_unused),
+      STRING_KEY("dist.compression", compression, {"none", "fp16", "bf16"}),
+      BOOL_KEY("dist.error_feedback", error_feedback),
       FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;

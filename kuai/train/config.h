@@ -70,6 +70,8 @@ struct TrainConfig {
   double first_bucket_mb = 1.0;
   bool overlap = true;
   bool find_unused = false;
+  std::string compression = "none";  // "none" | "fp16" | "bf16" (technique 7)
+  bool error_feedback = false;
   double timeout_s = 300.0;
 };
 

@@ -272,7 +272,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     dopt.first_bucket_mb = cfg.first_bucket_mb;
     dopt.overlap = cfg.overlap;
     dopt.find_unused = cfg.find_unused;
+    dopt.compression = dist::parse_compression(cfg.compression);
+    dopt.error_feedback = cfg.error_feedback;
     ddp.emplace(model, group, dopt);
+    result.comm_bytes_per_step = ddp->bytes_per_sync();
   }
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;
@@ -294,10 +297,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         cfg.workers);
     if (ddp)
       out << fmt::format(
-          "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets ({:.1f} MiB of fp32 "
-          "gradients per step), overlap {}\n",
+          "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets, {:.1f} MiB all-reduced "
+          "per step ({}{}), overlap {}\n",
           world, group->backend(), B, ddp->buckets().size(),
-          static_cast<double>(ddp->bytes_per_sync()) / (1 << 20), cfg.overlap ? "on" : "off");
+          static_cast<double>(ddp->bytes_per_sync()) / (1 << 20),
+          cfg.compression == "none" ? "fp32" : cfg.compression + " compression",
+          cfg.error_feedback && cfg.compression != "none" ? " + error feedback" : "",
+          cfg.overlap ? "on" : "off");
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
     out.flush();
   }

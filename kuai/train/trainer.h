@@ -35,8 +35,9 @@ struct TrainResult {
   float final_loss = 0;
   int64_t steps_done = 0;
   bool interrupted = false;
-  std::string run_path;    // runs/<name>, empty when no run directory was written
-  int64_t start_step = 0;  // > 0 when resumed
+  std::string run_path;             // runs/<name>, empty when no run directory was written
+  int64_t start_step = 0;           // > 0 when resumed
+  int64_t comm_bytes_per_step = 0;  // gradient bytes this rank all-reduces per step (DDP)
   int64_t checkpoints_saved = 0;
   int64_t save_failures = 0;
   std::string save_error;               // the last failed save's message
