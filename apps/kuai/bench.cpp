@@ -171,6 +171,8 @@ int run_bench(const std::vector<std::string>& args) {
   for (const std::string& a : args)
     if (a == "attention") return run_attention_bench(args);
   for (const std::string& a : args)
+    if (a == "ddp") return run_ddp_bench(args);
+  for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
         a == "metrics" || a == "checkpoint" || a == "flash")
       return run_ablation_bench(args);
@@ -186,7 +188,7 @@ int run_bench(const std::vector<std::string>& args) {
     throw std::invalid_argument(
         "unknown benchmark '" + what +
         "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, "
-        "attention, machine, gemm, bandwidth, adamw)");
+        "attention, ddp, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();

@@ -13,4 +13,8 @@ int run_bench(const std::vector<std::string>& args);
 // the PyTorch peer in the same run.
 int run_attention_bench(const std::vector<std::string>& args);
 
+// `kuai bench ddp [--rounds=N] [--section.key=value ...]` (bench_ddp.cpp): 1 rank against 2 ranks
+// under mpirun (scaling efficiency), overlap off/on, compression off/fp16/bf16.
+int run_ddp_bench(const std::vector<std::string>& args);
+
 }  // namespace kuai::app

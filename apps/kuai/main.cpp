@@ -27,6 +27,8 @@ constexpr const char* kUsage =
     "  train --resume RUN_OR_CHECKPOINT_DIR [--section.key=value ...]\n"
     "                                                      continue a run exactly where it "
     "stopped\n"
+    "  mpirun -np N kuai train ...                         data-parallel over N processes "
+    "(DDP)\n"
     "  sample [--run DIR | --weights FILE] [--prompt TEXT] [--tokens N] [--temperature T]\n"
     "         [--top_k K] [--seed S] [--attention flash|naive]\n"
     "                                                      generate text from a trained run\n"
@@ -38,6 +40,9 @@ constexpr const char* kUsage =
     "                                                      what each technique buys here\n"
     "  bench attention [--T=512,1024,...] [--dtypes=fp32,bf16] [--reps=N] [--no-peer] ...\n"
     "                                                      flash vs naive attention vs PyTorch\n"
+    "  bench ddp [--rounds=N] [--section.key=value ...]\n"
+    "                                                      1 vs 2 ranks (mpirun), overlap, "
+    "compression\n"
     "  bench [machine | gemm | bandwidth | adamw] [--threads=N]\n"
     "                                                      this machine's ceilings\n";
 

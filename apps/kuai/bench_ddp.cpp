@@ -1,0 +1,156 @@
+// `kuai bench ddp`: what multi-process data parallelism buys on this machine (techniques 2, 7).
+// It runs `kuai train` itself, one process per arm, arms alternating over rounds:
+//   - 1 rank x 1 thread (the baseline),
+//   - 2 ranks x 1 thread under mpirun with overlap on (the default), overlap off, and fp16 and
+//     bf16 compression,
+// each with the same per-rank batch, so 2 ranks process twice the tokens per step. Scaling
+// efficiency = tokens/s of 2 ranks / (2 x tokens/s of 1 rank). Reported: median step time and
+// tokens/s over rounds, bytes all-reduced per step, peak RSS.
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench.h"
+
+namespace kuai::app {
+namespace {
+
+struct Arm {
+  Arm(std::string l, int r, std::vector<std::string> e)
+      : label(std::move(l)), ranks(r), extra(std::move(e)) {}
+  std::string label;
+  int ranks = 1;
+  std::vector<std::string> extra;  // config overrides of the arm
+  std::vector<double> tokens_per_s, step_ms, rss_mib;
+  double comm_mib = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string self_path() {
+  std::error_code ec;
+  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("build/kuai") : p.string();
+}
+
+// Runs one arm once; false (with the tail of its output in `err`) when it failed.
+bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
+  std::string cmd;
+  if (a.ranks > 1)
+    cmd = fmt::format("mpirun --allow-run-as-root --oversubscribe -np {} -x OMP_NUM_THREADS=1 ",
+                      a.ranks);
+  else
+    cmd = "OMP_NUM_THREADS=1 ";
+  cmd += self_path() + " train";
+  for (const std::string& s : base) cmd += " '" + s + "'";
+  for (const std::string& s : a.extra) cmd += " '" + s + "'";
+  cmd += " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (f == nullptr) {
+    *err = "cannot start: " + cmd;
+    return false;
+  }
+  std::string out;
+  char buf[1024];
+  while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+  const int rc = pclose(f);
+  const size_t at = out.find("RESULT ");
+  double tps = 0, ms = 0, rss = 0;
+  if (rc != 0 || at == std::string::npos ||
+      std::sscanf(out.c_str() + at, "RESULT tokens_per_s=%lf step_ms_median=%lf peak_rss_mib=%lf",
+                  &tps, &ms, &rss) != 3) {
+    *err = out.size() > 1500 ? out.substr(out.size() - 1500) : out;
+    return false;
+  }
+  a.tokens_per_s.push_back(tps);
+  a.step_ms.push_back(ms);
+  a.rss_mib.push_back(rss);
+  const size_t d = out.find(" MiB all-reduced per step");
+  if (d != std::string::npos) {
+    const size_t start = out.rfind(' ', d - 1);
+    a.comm_mib = std::stod(out.substr(start + 1, d - start - 1));
+  }
+  return true;
+}
+
+}  // namespace
+
+int run_ddp_bench(const std::vector<std::string>& args) {
+  int64_t rounds = 2;
+  std::string json = "runs/bench/ddp.json";
+  std::vector<std::string> base = {"--train.steps=8", "--train.threads=1",  "--train.eval_every=0",
+                                   "--log.progress=off", "--log.jsonl=false",
+                                   "--log.tensorboard=false", "--log.save_weights=false",
+                                   "--run.name=bench_ddp"};
+  for (const std::string& a : args) {
+    if (a == "ddp") continue;
+    if (a.rfind("--rounds=", 0) == 0)
+      rounds = std::max(1, std::stoi(a.substr(9)));
+    else if (a.rfind("--json=", 0) == 0)
+      json = a.substr(7);
+    else if (a.rfind("--", 0) == 0)
+      base.push_back(a);  // --config FILE is not supported here: use --section.key=value
+    else
+      throw std::invalid_argument("bench ddp: unknown argument '" + a + "'");
+  }
+  std::vector<Arm> arms = {
+      {"1 rank x 1 thread", 1, {}},
+      {"2 ranks x 1 thread, overlap on", 2, {"--dist.overlap=true"}},
+      {"2 ranks x 1 thread, overlap off", 2, {"--dist.overlap=false"}},
+      {"2 ranks, fp16 compression", 2, {"--dist.compression=fp16"}},
+      {"2 ranks, bf16 compression", 2, {"--dist.compression=bf16"}},
+  };
+  std::cerr << fmt::format("bench ddp: {} rounds of {} arms; each run `kuai train", rounds,
+                           arms.size());
+  for (const std::string& s : base) std::cerr << " " << s;
+  std::cerr << "`\n";
+  for (int64_t r = 0; r < rounds; ++r) {
+    for (Arm& a : arms) {
+      std::string err;
+      if (!run_arm(a, base, &err))
+        throw std::runtime_error("bench ddp: the run '" + a.label + "' failed:\n" + err);
+      std::cerr << fmt::format("  round {} {:<34} {:8.1f} tok/s, step {:.1f} ms\n", r + 1, a.label,
+                               a.tokens_per_s.back(), a.step_ms.back());
+    }
+  }
+  const double one = median(arms[0].tokens_per_s);
+  std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB all-reduced per step | "
+               "peak RSS MiB (per process) |\n|---|---|---|---|---|---|\n";
+  std::ostringstream js;
+  js << "{\n  \"rows\": [\n";
+  for (size_t i = 0; i < arms.size(); ++i) {
+    const Arm& a = arms[i];
+    const double tps = median(a.tokens_per_s);
+    const double eff = a.ranks > 1 ? tps / (a.ranks * one) : 1.0;
+    std::cout << fmt::format("| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} |\n", a.label,
+                             median(a.step_ms), tps,
+                             a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
+                             a.ranks > 1 ? fmt::format("{:.1f}", a.comm_mib) : "—",
+                             median(a.rss_mib));
+    js << fmt::format(
+        "    {{\"arm\": \"{}\", \"ranks\": {}, \"step_ms\": {:.2f}, \"tokens_per_s\": {:.1f}, "
+        "\"scaling_efficiency\": {:.3f}, \"comm_mib_per_step\": {:.2f}}}{}\n",
+        a.label, a.ranks, median(a.step_ms), tps, eff, a.comm_mib,
+        i + 1 < arms.size() ? "," : "");
+  }
+  js << "  ]\n}\n";
+  const std::filesystem::path p(json);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << js.str();
+  std::cout << "\nwrote " << json << "\n";
+  return 0;
+}
+
+}  // namespace kuai::app
