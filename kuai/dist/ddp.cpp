@@ -34,26 +34,29 @@ Compression parse_compression(const std::string& name) {
 namespace {
 
 // The compression hook of one bucket, run on the communication thread around its all-reduce.
+// Chunks of kChunk elements through convert_serial's vectorised conversions.
 struct Compressor {
+  static constexpr int64_t kChunk = 2048;
   float* grad;      // the bucket (fp32)
   uint16_t* wire;   // its bf16 / f16 copy
   float* residual;  // error feedback, or null
   int64_t n;
-  bool bf16;
+  DType wire_dtype;
   float inv_world;
 
-  uint16_t round(float v) const { return bf16 ? float_to_bf16(v) : float_to_f16(v); }
-  float widen(uint16_t h) const { return bf16 ? bf16_to_float(h) : f16_to_float(h); }
   void before() const {
-    for (int64_t i = 0; i < n; ++i) {
-      const float v = grad[i] * inv_world + (residual != nullptr ? residual[i] : 0.0f);
-      wire[i] = round(v);
-      if (residual != nullptr) residual[i] = v - widen(wire[i]);
+    float v[kChunk], back[kChunk];
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const int64_t m = std::min(kChunk, n - i0);
+      for (int64_t i = 0; i < m; ++i)
+        v[i] = grad[i0 + i] * inv_world + (residual != nullptr ? residual[i0 + i] : 0.0f);
+      convert_serial(v, DType::kF32, wire + i0, wire_dtype, m);
+      if (residual == nullptr) continue;
+      convert_serial(wire + i0, wire_dtype, back, DType::kF32, m);
+      for (int64_t i = 0; i < m; ++i) residual[i0 + i] = v[i] - back[i];
     }
   }
-  void after() const {
-    for (int64_t i = 0; i < n; ++i) grad[i] = widen(wire[i]);
-  }
+  void after() const { convert_serial(wire, wire_dtype, grad, DType::kF32, n); }
 };
 
 }  // namespace
@@ -91,7 +94,7 @@ struct DistributedDataParallel::State {
                          wire[i].data<uint16_t>(),
                          residual.empty() ? nullptr : residual[i].data<float>(),
                          buckets[i].flat.numel(),
-                         options.compression == Compression::kBf16,
+                         wire[i].dtype(),
                          1.0f / static_cast<float>(group->size())};
       works.push_back(group->all_reduce(
           wire[i], ReduceOp::kSum, [c] { c.before(); }, [c] { c.after(); }));

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -199,22 +200,37 @@ class MpiProcessGroup final : public ProcessGroup {
       for (int i = 0; i < n; ++i) f[i] *= inv;
       return;
     }
+    constexpr int kChunk = 2048;
+    float f[kChunk];
     uint16_t* h = static_cast<uint16_t*>(p);
-    for (int i = 0; i < n; ++i)
-      h[i] = dt == DType::kBF16 ? float_to_bf16(bf16_to_float(h[i]) * inv)
-                                : float_to_f16(f16_to_float(h[i]) * inv);
+    for (int i0 = 0; i0 < n; i0 += kChunk) {
+      const int m = std::min(kChunk, n - i0);
+      convert_serial(h + i0, dt, f, DType::kF32, m);
+      for (int i = 0; i < m; ++i) f[i] *= inv;
+      convert_serial(f, DType::kF32, h + i0, dt, m);
+    }
   }
 
-  // MPI reduction ops on 2-byte floats: inout = round(widen(in) + widen(inout)).
+  // MPI reduction ops on 2-byte floats: inout = round(widen(in) + widen(inout)), in chunks
+  // through convert_serial's vectorised conversions.
+  static void half_sum(DType t, const void* in, void* inout, int len) {
+    constexpr int kChunk = 2048;
+    float a[kChunk], b[kChunk];
+    const uint16_t* x = static_cast<const uint16_t*>(in);
+    uint16_t* y = static_cast<uint16_t*>(inout);
+    for (int i0 = 0; i0 < len; i0 += kChunk) {
+      const int m = std::min(kChunk, len - i0);
+      convert_serial(x + i0, t, a, DType::kF32, m);
+      convert_serial(y + i0, t, b, DType::kF32, m);
+      for (int i = 0; i < m; ++i) b[i] += a[i];
+      convert_serial(b, DType::kF32, y + i0, t, m);
+    }
+  }
   static void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-    const uint16_t* a = static_cast<const uint16_t*>(in);
-    uint16_t* b = static_cast<uint16_t*>(inout);
-    for (int i = 0; i < *len; ++i) b[i] = float_to_bf16(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+    half_sum(DType::kBF16, in, inout, *len);
   }
   static void f16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
-    const uint16_t* a = static_cast<const uint16_t*>(in);
-    uint16_t* b = static_cast<uint16_t*>(inout);
-    for (int i = 0; i < *len; ++i) b[i] = float_to_f16(f16_to_float(a[i]) + f16_to_float(b[i]));
+    half_sum(DType::kF16, in, inout, *len);
   }
 
   std::shared_ptr<Work> enqueue(std::string what, int64_t bytes,
