@@ -60,6 +60,7 @@ bench: build
 	$(KUAI) bench machine --threads=2
 	$(KUAI) bench --all
 	$(KUAI) bench attention
+	$(KUAI) bench ddp
 	@if [ -x $(BUILD)/kuai_bench_ops ]; then $(BUILD)/kuai_bench_ops --benchmark_min_time=0.2; fi
 
 bench-peer: build
