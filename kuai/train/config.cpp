@@ -157,6 +157,7 @@ const std::vector<Key>& keys() {
       BOOL_KEY("dist.find_unused", find_unused),
       STRING_KEY("dist.compression", compression, {"none", "fp16", "bf16"}),
       BOOL_KEY("dist.error_feedback", error_feedback),
+      INT_KEY("dist.zero", zero, 0, 1),
       FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;

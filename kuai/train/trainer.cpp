@@ -26,6 +26,7 @@
 #include "kuai/data/loader.h"
 #include "kuai/data/token_file.h"
 #include "kuai/dist/ddp.h"
+#include "kuai/dist/zero.h"
 #include "kuai/io/export.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/log/metrics.h"
@@ -242,7 +243,21 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   aopt.lr = static_cast<float>(cfg.lr);
   aopt.beta1 = static_cast<float>(cfg.beta1);
   aopt.beta2 = static_cast<float>(cfg.beta2);
-  optim::AdamW opt(param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
+  // ZeRO-1 (technique 8): the same AdamW with its moments sharded across the ranks. Its sharded
+  // state is not yet written into checkpoints, so checkpointing is refused with it.
+  if (cfg.zero > 0 && (cfg.save_every > 0 || !opts.resume.empty()))
+    throw ConfigError(
+        "dist.zero = 1 does not yet write or read full checkpoints (sharded optimizer state); "
+        "set checkpoint.save_every = 0 and do not --resume");
+  std::unique_ptr<optim::AdamW> adamw;
+  std::unique_ptr<dist::ZeroAdamW> zero;
+  if (cfg.zero > 0)
+    zero = std::make_unique<dist::ZeroAdamW>(
+        param_groups(model, static_cast<float>(cfg.weight_decay)), aopt, group);
+  else
+    adamw = std::make_unique<optim::AdamW>(
+        param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
+  optim::Optimizer& opt = zero ? static_cast<optim::Optimizer&>(*zero) : *adamw;
   const std::vector<Tensor> params = model.parameters();
   // fp16 needs a dynamic loss scale; fp32 and bf16 run the same calls with it disabled.
   amp::GradScalerOptions sopt;
@@ -258,7 +273,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       throw std::runtime_error(fmt::format(
           "{}: saved with train.seed = {}, the config has {} (the data order would differ)", c.path,
           c.state.data_seed, cfg.seed));
-    restore_checkpoint(c, model, opt);
+    restore_checkpoint(c, model, *adamw);
     if (scaler.enabled() && c.state.loss_scale) scaler.load_state(*c.state.loss_scale);
     result.start_step = c.state.step;
     loader_start = c.state.loader;
@@ -304,6 +319,11 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           cfg.compression == "none" ? "fp32" : cfg.compression + " compression",
           cfg.error_feedback && cfg.compression != "none" ? " + error feedback" : "",
           cfg.overlap ? "on" : "off");
+    if (zero)
+      out << fmt::format(
+          "ZeRO-1: AdamW state sharded, {:.1f} MiB of moments on this rank (unsharded: {:.1f})\n",
+          static_cast<double>(zero->state_bytes()) / (1 << 20),
+          static_cast<double>(zero->num_elements()) * 8 / (1 << 20));
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
     out.flush();
   }
@@ -316,7 +336,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   log::MetricRing ring(make_sinks(cfg, opts, out, result.run_path, resuming), cfg.log_every);
   // Full checkpoints every save_every steps, and on a stop request.
   std::unique_ptr<Checkpointer> ckpt;
-  if (!result.run_path.empty() && (cfg.save_every > 0 || opts.stop))
+  if (!result.run_path.empty() && adamw && (cfg.save_every > 0 || opts.stop))
     ckpt = std::make_unique<Checkpointer>(result.run_path, cfg.keep_last, cfg.async_save);
   const std::string config_text = to_toml(cfg);
   // Saves at `step` (completed steps). Returns false when training must stop (on_error = stop).
@@ -325,7 +345,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (step == last_saved) return true;
     try {
       const double blocked =
-          ckpt->save(model, opt,
+          ckpt->save(model, *adamw,
                      {step, loader.state(), uint64_t(cfg.seed), config_text,
                       scaler.enabled() ? std::optional(scaler.state()) : std::nullopt});
       result.save_blocked_ms.push_back(blocked);

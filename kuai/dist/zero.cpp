@@ -1,0 +1,85 @@
+// ZeRO stage 1 (see zero.h).
+#include "kuai/dist/zero.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/ops.h"
+
+namespace kuai::dist {
+
+ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
+                     std::shared_ptr<ProcessGroup> group)
+    : Optimizer(std::move(groups)), opt_(options), group_(std::move(group)) {
+  lr_ = options.lr;
+  for (const optim::ParamGroup& g : groups_)
+    for (const Tensor& p : g.params) {
+      if (p.dtype() != DType::kF32 || !p.is_contiguous())
+        throw std::invalid_argument("ZeroAdamW: parameters must be contiguous fp32");
+      total_ += p.numel();
+    }
+  const int64_t world = group_->size();
+  shard_ = (total_ + world - 1) / world;
+  mine_ = segments_of(group_->rank());
+  m_ = zeros({std::max<int64_t>(shard_, 1)});
+  v_ = zeros({std::max<int64_t>(shard_, 1)});
+}
+
+std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {
+  const int64_t lo = rank * shard_, hi = std::min(total_, lo + shard_);
+  std::vector<Segment> out;
+  int64_t at = 0;  // flat index of the current parameter's first element
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
+      const int64_t n = groups_[gi].params[i].numel();
+      const int64_t b = std::max(lo, at), e = std::min(hi, at + n);
+      if (b < e) out.push_back({gi, i, b - at, e - b, b - lo});
+      at += n;
+    }
+  return out;
+}
+
+void ZeroAdamW::step(float grad_scale) {
+  ++step_;
+  const double t = static_cast<double>(step_);
+  cpu::AdamWParams hp{};
+  hp.lr = lr_;
+  hp.beta1 = opt_.beta1;
+  hp.beta2 = opt_.beta2;
+  hp.eps = opt_.eps;
+  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta1), t));
+  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta2), t));
+  hp.grad_scale = grad_scale;
+  // 1. Update this rank's shard, and pack it for the gather.
+  Tensor send = zeros({std::max<int64_t>(shard_, 1)});
+  for (const Segment& s : mine_) {
+    Tensor& p = groups_[s.group].params[s.param];
+    const Tensor g = p.grad();
+    if (!g.defined()) throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
+    const Tensor gc = g.contiguous();
+    hp.weight_decay = groups_[s.group].weight_decay;
+    float* pp = p.data<float>() + s.begin;
+    cpu::adamw_step(pp, gc.data<float>() + s.begin, m_.data<float>() + s.shard_offset,
+                    v_.data<float>() + s.shard_offset, s.length, hp);
+    std::memcpy(send.data<float>() + s.shard_offset, pp, static_cast<size_t>(s.length) * 4);
+  }
+  // 2. Every rank's updated shard to every rank.
+  const int world = group_->size();
+  if (world == 1) return;
+  Tensor all = zeros({send.numel() * world});
+  group_->all_gather(send, all)->wait();
+  for (int r = 0; r < world; ++r) {
+    if (r == group_->rank()) continue;
+    const float* part = all.data<float>() + r * send.numel();
+    for (const Segment& s : segments_of(r)) {
+      Tensor& p = groups_[s.group].params[s.param];
+      std::memcpy(p.data<float>() + s.begin, part + s.shard_offset,
+                  static_cast<size_t>(s.length) * 4);
+    }
+  }
+}
+
+}  // namespace kuai::dist

@@ -1,0 +1,46 @@
+// ZeRO stage 1 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer): AdamW whose
+// state is *sharded* across the ranks, not offloaded. The parameters, taken in the optimizer's
+// group order, form one flat index of N elements; rank r owns elements [r S, (r + 1) S) with
+// S = ceil(N / world) and keeps Adam's moments for those alone (2 S floats instead of 2 N). A step
+// updates the owned elements from the averaged gradients (DDP's all-reduce), then all_gather
+// brings every rank's updated elements to every rank. AdamW is elementwise, so the parameters are
+// the same bit for bit as unsharded AdamW's.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "kuai/dist/process_group.h"
+#include "kuai/optim/adamw.h"
+
+namespace kuai::dist {
+
+class ZeroAdamW : public optim::Optimizer {
+ public:
+  ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
+            std::shared_ptr<ProcessGroup> group);
+  using Optimizer::step;
+  void step(float grad_scale = 1.0f) override;
+
+  int64_t num_elements() const { return total_; }  // N
+  int64_t shard_size() const { return shard_; }    // S
+  // Bytes of optimizer state this rank holds (the moments of its shard).
+  int64_t state_bytes() const { return 2 * shard_ * static_cast<int64_t>(sizeof(float)); }
+
+ private:
+  // The part of one parameter inside one rank's shard.
+  struct Segment {
+    size_t group, param;
+    int64_t begin, length;  // elements of the parameter
+    int64_t shard_offset;   // where they sit in that rank's shard
+  };
+  std::vector<Segment> segments_of(int rank) const;
+
+  optim::AdamWOptions opt_;
+  std::shared_ptr<ProcessGroup> group_;
+  int64_t total_ = 0, shard_ = 0;
+  std::vector<Segment> mine_;
+  Tensor m_, v_;  // (S) each
+};
+
+}  // namespace kuai::dist
