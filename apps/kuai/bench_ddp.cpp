@@ -1,8 +1,8 @@
 // `kuai bench ddp`: what multi-process data parallelism buys on this machine (techniques 2, 7).
 // It runs `kuai train` itself, one process per arm, arms alternating over rounds:
 //   - 1 rank x 1 thread (the baseline),
-//   - 2 ranks x 1 thread under mpirun with overlap on (the default), overlap off, and fp16 and
-//     bf16 compression,
+//   - 2 ranks x 1 thread under mpirun with overlap on (the default), overlap off, fp16 and bf16
+//     compression, and ZeRO-1 (AdamW state sharded: compare the peak RSS per process),
 // each with the same per-rank batch, so 2 ranks process twice the tokens per step. Scaling
 // efficiency = tokens/s of 2 ranks / (2 x tokens/s of 1 rank). Reported: median step time and
 // tokens/s over rounds, bytes all-reduced per step, peak RSS.
@@ -31,6 +31,8 @@ struct Arm {
   std::vector<std::string> extra;  // config overrides of the arm
   std::vector<double> tokens_per_s, step_ms, rss_mib;
   double comm_mib = 0;
+  double state_mib = -1;  // ZeRO: the AdamW moments this rank holds
+  double unsharded_mib = -1;
 };
 
 double median(std::vector<double> v) {
@@ -77,6 +79,13 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   a.tokens_per_s.push_back(tps);
   a.step_ms.push_back(ms);
   a.rss_mib.push_back(rss);
+  const size_t z = out.find("MiB of moments on this rank");
+  if (z != std::string::npos) {
+    const size_t start = out.rfind(", ", z) + 2;
+    a.state_mib = std::stod(out.substr(start, z - start));
+    const size_t u = out.find("(unsharded: ", z);
+    if (u != std::string::npos) a.unsharded_mib = std::stod(out.substr(u + 12));
+  }
   const size_t d = out.find(" MiB all-reduced per step");
   if (d != std::string::npos) {
     const size_t start = out.rfind(' ', d - 1);
@@ -90,10 +99,10 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
 int run_ddp_bench(const std::vector<std::string>& args) {
   int64_t rounds = 2;
   std::string json = "runs/bench/ddp.json";
-  std::vector<std::string> base = {"--train.steps=8", "--train.threads=1",  "--train.eval_every=0",
-                                   "--log.progress=off", "--log.jsonl=false",
-                                   "--log.tensorboard=false", "--log.save_weights=false",
-                                   "--run.name=bench_ddp"};
+  std::vector<std::string> base = {"--train.steps=8",          "--train.threads=1",
+                                   "--train.eval_every=0",     "--log.progress=off",
+                                   "--log.jsonl=false",        "--log.tensorboard=false",
+                                   "--log.save_weights=false", "--run.name=bench_ddp"};
   for (const std::string& a : args) {
     if (a == "ddp") continue;
     if (a.rfind("--rounds=", 0) == 0)
@@ -111,6 +120,7 @@ int run_ddp_bench(const std::vector<std::string>& args) {
       {"2 ranks x 1 thread, overlap off", 2, {"--dist.overlap=false"}},
       {"2 ranks, fp16 compression", 2, {"--dist.compression=fp16"}},
       {"2 ranks, bf16 compression", 2, {"--dist.compression=bf16"}},
+      {"2 ranks, ZeRO-1", 2, {"--dist.zero=1"}},
   };
   std::cerr << fmt::format("bench ddp: {} rounds of {} arms; each run `kuai train", rounds,
                            arms.size());
@@ -127,23 +137,24 @@ int run_ddp_bench(const std::vector<std::string>& args) {
   }
   const double one = median(arms[0].tokens_per_s);
   std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB all-reduced per step | "
-               "peak RSS MiB (per process) |\n|---|---|---|---|---|---|\n";
+               "peak RSS MiB (per process) | AdamW state MiB per rank |\n"
+               "|---|---|---|---|---|---|---|\n";
   std::ostringstream js;
   js << "{\n  \"rows\": [\n";
   for (size_t i = 0; i < arms.size(); ++i) {
     const Arm& a = arms[i];
     const double tps = median(a.tokens_per_s);
     const double eff = a.ranks > 1 ? tps / (a.ranks * one) : 1.0;
-    std::cout << fmt::format("| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} |\n", a.label,
-                             median(a.step_ms), tps,
-                             a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
-                             a.ranks > 1 ? fmt::format("{:.1f}", a.comm_mib) : "—",
-                             median(a.rss_mib));
+    std::cout << fmt::format(
+        "| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} | {} |\n", a.label, median(a.step_ms), tps,
+        a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
+        a.ranks > 1 ? fmt::format("{:.1f}", a.comm_mib) : "—", median(a.rss_mib),
+        a.state_mib >= 0 ? fmt::format("{:.1f} (unsharded {:.1f})", a.state_mib, a.unsharded_mib)
+                         : "all");
     js << fmt::format(
         "    {{\"arm\": \"{}\", \"ranks\": {}, \"step_ms\": {:.2f}, \"tokens_per_s\": {:.1f}, "
         "\"scaling_efficiency\": {:.3f}, \"comm_mib_per_step\": {:.2f}}}{}\n",
-        a.label, a.ranks, median(a.step_ms), tps, eff, a.comm_mib,
-        i + 1 < arms.size() ? "," : "");
+        a.label, a.ranks, median(a.step_ms), tps, eff, a.comm_mib, i + 1 < arms.size() ? "," : "");
   }
   js << "  ]\n}\n";
   const std::filesystem::path p(json);
