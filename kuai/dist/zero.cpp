@@ -12,8 +12,11 @@
 namespace kuai::dist {
 
 ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
-                     std::shared_ptr<ProcessGroup> group)
-    : Optimizer(std::move(groups)), opt_(options), group_(std::move(group)) {
+                     std::shared_ptr<ProcessGroup> group, int64_t gather_chunk)
+    : Optimizer(std::move(groups)),
+      opt_(options),
+      group_(std::move(group)),
+      gather_chunk_(std::max<int64_t>(1, gather_chunk)) {
   lr_ = options.lr;
   for (const optim::ParamGroup& g : groups_)
     for (const Tensor& p : g.params) {
@@ -53,32 +56,45 @@ void ZeroAdamW::step(float grad_scale) {
   hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta1), t));
   hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta2), t));
   hp.grad_scale = grad_scale;
-  // 1. Update this rank's shard, and pack it for the gather.
-  Tensor send = zeros({std::max<int64_t>(shard_, 1)});
+  // 1. Update this rank's shard.
   for (const Segment& s : mine_) {
     Tensor& p = groups_[s.group].params[s.param];
     const Tensor g = p.grad();
     if (!g.defined()) throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
     const Tensor gc = g.contiguous();
     hp.weight_decay = groups_[s.group].weight_decay;
-    float* pp = p.data<float>() + s.begin;
-    cpu::adamw_step(pp, gc.data<float>() + s.begin, m_.data<float>() + s.shard_offset,
-                    v_.data<float>() + s.shard_offset, s.length, hp);
-    std::memcpy(send.data<float>() + s.shard_offset, pp, static_cast<size_t>(s.length) * 4);
+    cpu::adamw_step(p.data<float>() + s.begin, gc.data<float>() + s.begin,
+                    m_.data<float>() + s.shard_offset, v_.data<float>() + s.shard_offset, s.length,
+                    hp);
   }
-  // 2. Every rank's updated shard to every rank.
+  // 2. Every rank's updated shard to every rank, in chunks of at most gather_chunk_ elements per
+  //    rank, so the gather buffers stay small next to the moments they save.
   const int world = group_->size();
   if (world == 1) return;
-  Tensor all = zeros({send.numel() * world});
-  group_->all_gather(send, all)->wait();
-  for (int r = 0; r < world; ++r) {
-    if (r == group_->rank()) continue;
-    const float* part = all.data<float>() + r * send.numel();
-    for (const Segment& s : segments_of(r)) {
-      Tensor& p = groups_[s.group].params[s.param];
-      std::memcpy(p.data<float>() + s.begin, part + s.shard_offset,
-                  static_cast<size_t>(s.length) * 4);
-    }
+  const int64_t chunk = std::min<int64_t>(shard_, gather_chunk_);
+  Tensor send = zeros({chunk}), all = zeros({chunk * world});
+  for (int64_t c0 = 0; c0 < shard_; c0 += chunk) {
+    const int64_t len = std::min(chunk, shard_ - c0);
+    copy_shard_range(group_->rank(), c0, len, send.data<float>(), /*to_params=*/false);
+    group_->all_gather(send, all)->wait();
+    for (int r = 0; r < world; ++r)
+      if (r != group_->rank())
+        copy_shard_range(r, c0, len, all.data<float>() + r * chunk, /*to_params=*/true);
+  }
+}
+
+void ZeroAdamW::copy_shard_range(int rank, int64_t begin, int64_t length, float* buf,
+                                 bool to_params) {
+  for (const Segment& s : rank == group_->rank() ? mine_ : segments_of(rank)) {
+    const int64_t b = std::max(begin, s.shard_offset);
+    const int64_t e = std::min(begin + length, s.shard_offset + s.length);
+    if (b >= e) continue;
+    float* p = groups_[s.group].params[s.param].data<float>() + s.begin + (b - s.shard_offset);
+    float* x = buf + (b - begin);
+    if (to_params)
+      std::memcpy(p, x, static_cast<size_t>(e - b) * sizeof(float));
+    else
+      std::memcpy(x, p, static_cast<size_t>(e - b) * sizeof(float));
   }
 }
 
