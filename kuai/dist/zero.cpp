@@ -47,15 +47,7 @@ std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {
 
 void ZeroAdamW::step(float grad_scale) {
   ++step_;
-  const double t = static_cast<double>(step_);
-  cpu::AdamWParams hp{};
-  hp.lr = lr_;
-  hp.beta1 = opt_.beta1;
-  hp.beta2 = opt_.beta2;
-  hp.eps = opt_.eps;
-  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta1), t));
-  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta2), t));
-  hp.grad_scale = grad_scale;
+  cpu::AdamWParams hp = adamw_params(opt_, lr_, step_, grad_scale);
   // 1. Update this rank's shard.
   for (const Segment& s : mine_) {
     Tensor& p = groups_[s.group].params[s.param];

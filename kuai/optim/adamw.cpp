@@ -25,6 +25,19 @@ void Optimizer::step(const Tensor& grad_scale) {
   step(grad_scale.contiguous().data<float>()[0]);
 }
 
+cpu::AdamWParams adamw_params(const AdamWOptions& o, float lr, int64_t step, float grad_scale) {
+  const double t = static_cast<double>(step);
+  cpu::AdamWParams hp{};
+  hp.lr = lr;
+  hp.beta1 = o.beta1;
+  hp.beta2 = o.beta2;
+  hp.eps = o.eps;
+  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t));
+  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), t));
+  hp.grad_scale = grad_scale;
+  return hp;
+}
+
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     : Optimizer(std::move(groups)), opt_(options) {
   lr_ = options.lr;
@@ -44,15 +57,7 @@ void AdamW::ensure_state() {
 
 void AdamW::step(float grad_scale) {
   ++step_;
-  const double t = static_cast<double>(step_);
-  cpu::AdamWParams hp{};
-  hp.lr = lr_;
-  hp.beta1 = opt_.beta1;
-  hp.beta2 = opt_.beta2;
-  hp.eps = opt_.eps;
-  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta1), t));
-  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(opt_.beta2), t));
-  hp.grad_scale = grad_scale;
+  cpu::AdamWParams hp = adamw_params(opt_, lr_, step_, grad_scale);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
     hp.weight_decay = group.weight_decay;

@@ -3,6 +3,7 @@
 // reads p, g, m, v and writes p, m, v: 28 bytes per parameter, the memory-bandwidth floor.
 #pragma once
 
+#include "kuai/backend/cpu/kernels.h"
 #include "kuai/optim/optimizer.h"
 
 namespace kuai::optim {
@@ -13,6 +14,10 @@ struct AdamWOptions {
   float beta2 = 0.999f;
   float eps = 1e-8f;
 };
+
+// The kernel's hyperparameters for step `step` (1-based; the bias corrections depend on it); the
+// weight decay is the caller's, per group. Shared with the sharded AdamW (dist/zero.h).
+cpu::AdamWParams adamw_params(const AdamWOptions& o, float lr, int64_t step, float grad_scale);
 
 class AdamW : public Optimizer {
  public:
