@@ -87,6 +87,25 @@ Tensor GradScaler::unscale_(const std::vector<Tensor>& params) {
   return found_inf;
 }
 
+Tensor GradScaler::unscale_grads_(const std::vector<Tensor>& grads) {
+  Tensor found_inf = zeros({}, DType::kF32);
+  if (!opt_.enabled) return found_inf;
+  for (const Tensor& g : grads)
+    if (g.device() != kCPU || g.dtype() != DType::kF32 || !g.is_contiguous())
+      throw std::invalid_argument(
+          "GradScaler::unscale_grads_: gradients must be contiguous float32 on the CPU, got " +
+          g.str());
+  if (unscaled_)
+    throw std::logic_error(
+        "GradScaler::unscale_grads_: already called since the last update(); the gradients would "
+        "be divided by the scale twice");
+  unscaled_ = true;
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+  for (const Tensor& g : grads)
+    cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, found_inf.data<float>());
+  return found_inf;
+}
+
 bool GradScaler::step(optim::Optimizer& opt, const Tensor& found_inf, const Tensor& grad_factor) {
   if (opt_.enabled && read_flag(found_inf, "GradScaler::step") != 0.0f) return false;  // NaN too
   if (grad_factor.defined())

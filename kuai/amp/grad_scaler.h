@@ -71,6 +71,10 @@ class GradScaler {
   // update() throws (the gradients would be divided twice). Disabled: returns a zero flag and
   // touches nothing.
   Tensor unscale_(const std::vector<Tensor>& params);
+  // The same over gradient tensors themselves (contiguous fp32), for gradients that live apart
+  // from their parameters: ZeRO-2's shard. Its found_inf covers this rank's shard only; combine it
+  // across ranks (ZeroAdamW::found_inf_across_ranks) before step() and update().
+  Tensor unscale_grads_(const std::vector<Tensor>& grads);
 
   // Runs opt.step(grad_factor) (the clip factor; undefined means 1) only if found_inf is 0, and
   // returns whether it stepped. A skipped step touches nothing: parameters, optimizer moments and

@@ -65,16 +65,22 @@ struct DistributedDataParallel::State {
   std::shared_ptr<ProcessGroup> group;
   DDPOptions options;
   std::vector<Bucket> buckets;
+  std::vector<int64_t> padded;         // per bucket: flat.numel(), a multiple of the world size
   std::vector<Tensor> wire, residual;  // per bucket, with compression
+  std::vector<Tensor> shards;          // per bucket, ZeRO-2 (empty otherwise)
   std::vector<int64_t> bucket_of;      // parameter index -> bucket
+  std::vector<int64_t> offset;         // parameter index -> first element in its bucket
   std::vector<std::string> names;      // parameter index -> name
+  std::vector<Tensor> params;          // parameter index -> parameter
   std::vector<int64_t> bucket_size;    // parameters per bucket
   // Per synchronising backward:
   bool sync = true;
-  std::vector<int64_t> pending;  // parameters of each bucket not yet ready
-  std::vector<char> ready;       // per parameter
-  size_t next_launch = 0;        // buckets are launched in order
-  std::vector<std::shared_ptr<Work>> works;
+  std::vector<int64_t> pending;              // parameters of each bucket not yet ready
+  std::vector<char> ready;                   // per parameter
+  size_t next_launch = 0;                    // buckets are launched in order
+  std::vector<std::shared_ptr<Work>> works;  // per launched bucket, in bucket order
+
+  bool sharded() const { return !shards.empty(); }
 
   void reset_for_backward() {
     pending = bucket_size;
@@ -83,9 +89,51 @@ struct DistributedDataParallel::State {
     works.clear();
   }
 
+  // The bucket's memory, zeroed, with its parameters' gradients as views into it.
+  void allocate(size_t b) {
+    buckets[b].flat = zeros({padded[b]});
+    for (int64_t i : members[b]) allocate_view(i);
+  }
+  std::vector<std::vector<int64_t>> members;  // per bucket, parameter indices
+
+  // ZeRO-2: a gradient that autograd put somewhere else than the bucket (the first one of an
+  // unallocated bucket, adopted as it came) is moved into the bucket.
+  void place(int64_t param, const Tensor& g) {
+    const size_t b = static_cast<size_t>(bucket_of[param]);
+    Tensor& p = params[param];
+    const Tensor cur = p.grad();  // before allocate() points it into the bucket
+    if (!buckets[b].flat.defined()) allocate(b);
+    if (cur.defined() && cur.has_storage() && cur.storage() == buckets[b].flat.storage()) return;
+    const Tensor src = (cur.defined() ? cur : g).contiguous();
+    std::memcpy(buckets[b].flat.data<float>() + offset[param], src.data<float>(),
+                static_cast<size_t>(src.numel()) * sizeof(float));
+    allocate_view(param);
+  }
+  void allocate_view(int64_t param) {
+    Tensor& p = params[param];
+    const size_t b = static_cast<size_t>(bucket_of[param]);
+    Shape strides(p.dim(), 1);
+    for (int64_t d = p.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * p.shape()[d + 1];
+    p.set_grad(Tensor::view_of(buckets[b].flat, p.shape(), strides, offset[param]));
+  }
+
+  // ZeRO-2: buckets whose reduce-scatter has completed give their memory back.
+  void release_completed() {
+    for (size_t b = 0; b < works.size(); ++b) {
+      if (!buckets[b].flat.defined() || !works[b]->is_completed()) continue;
+      for (Tensor& p : buckets[b].params) p.set_grad(Tensor());
+      buckets[b].flat = Tensor();
+    }
+  }
+
   void launch_ready() {
     while (next_launch < buckets.size() && pending[next_launch] == 0) {
       const size_t i = next_launch++;
+      if (!buckets[i].flat.defined()) allocate(i);  // find_unused: a bucket nobody touched
+      if (sharded()) {
+        works.push_back(group->reduce_scatter(buckets[i].flat, shards[i], ReduceOp::kAvg));
+        continue;
+      }
       if (options.compression == Compression::kNone) {
         works.push_back(group->all_reduce(buckets[i].flat, ReduceOp::kAvg));
         continue;
@@ -101,11 +149,13 @@ struct DistributedDataParallel::State {
     }
   }
 
-  void on_ready(int64_t param) {
+  void on_grad(int64_t param, const Tensor& g) {
+    if (sharded()) place(param, g);
     if (!sync || ready[param]) return;
     ready[param] = 1;
     --pending[bucket_of[param]];
     if (options.overlap) launch_ready();
+    if (sharded()) release_completed();
   }
 };
 
@@ -135,7 +185,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   // Buckets in reverse registration order: the first small, then bucket_mb each.
   const int64_t n = static_cast<int64_t>(params.size());
   s.bucket_of.assign(static_cast<size_t>(n), -1);
+  s.offset.assign(static_cast<size_t>(n), 0);
   s.names.resize(static_cast<size_t>(n));
+  s.params.resize(static_cast<size_t>(n));
   std::vector<std::vector<int64_t>> members;
   int64_t filled = 0;
   for (int64_t i = n - 1; i >= 0; --i) {
@@ -149,37 +201,42 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     members.back().push_back(i);
     filled += bytes;
   }
+  const int64_t world = group_->size();
   for (const auto& m : members) {
     int64_t numel = 0;
     for (int64_t i : m) numel += params[i].second.numel();
-    Bucket b{zeros({numel}), {}};
+    const int64_t padded = (numel + world - 1) / world * world;
+    Bucket b{zeros({padded}), numel, {}, {}};
     int64_t offset = 0;
     for (int64_t i : m) {
-      Tensor& p = params[i].second;
-      Shape strides(p.dim(), 1);
-      for (int64_t d = p.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * p.shape()[d + 1];
-      p.set_grad(Tensor::view_of(b.flat, p.shape(), strides, offset));
-      offset += p.numel();
+      s.offset[i] = offset;
+      offset += params[i].second.numel();
       b.names.push_back(params[i].first);
+      b.params.push_back(params[i].second);
       s.bucket_of[i] = static_cast<int64_t>(s.buckets.size());
       s.names[i] = params[i].first;
+      s.params[i] = params[i].second;
     }
     s.bucket_size.push_back(static_cast<int64_t>(m.size()));
+    s.padded.push_back(padded);
     if (options.compression != Compression::kNone) {
       s.wire.push_back(
-          zeros({numel}, options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16));
-      if (options.error_feedback) s.residual.push_back(zeros({numel}));
+          zeros({padded}, options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16));
+      if (options.error_feedback) s.residual.push_back(zeros({padded}));
     }
     s.buckets.push_back(std::move(b));
   }
+  s.members = members;
+  for (size_t b = 0; b < s.buckets.size(); ++b)
+    for (int64_t i : members[b]) s.allocate_view(i);
   s.ready.assign(static_cast<size_t>(n), 0);
   s.reset_for_backward();
 
   // Grad-ready hooks; they hold the state weakly, so a hook outliving this reducer does nothing.
   std::weak_ptr<State> weak = state_;
   for (int64_t i = 0; i < n; ++i) {
-    params[i].second.register_hook([weak, i](const Tensor&) {
-      if (auto st = weak.lock()) st->on_ready(i);
+    params[i].second.register_hook([weak, i](const Tensor& g) {
+      if (auto st = weak.lock()) st->on_grad(i, g);
     });
   }
 }
@@ -224,13 +281,42 @@ void DistributedDataParallel::finish_backward() {
   }
   s.launch_ready();  // overlap off: all of them; on: whatever the hooks left
   for (auto& w : s.works) w->wait();
+  if (s.sharded()) s.release_completed();
   s.works.clear();
   s.sync = true;
 }
 
 void DistributedDataParallel::zero_grad() {
   for (Bucket& b : state_->buckets)
-    std::memset(b.flat.raw_data(), 0, static_cast<size_t>(b.flat.nbytes()));
+    if (b.flat.defined()) std::memset(b.flat.raw_data(), 0, static_cast<size_t>(b.flat.nbytes()));
+}
+
+std::vector<std::vector<Tensor>> DistributedDataParallel::bucket_params() const {
+  std::vector<std::vector<Tensor>> out;
+  for (const Bucket& b : state_->buckets) out.push_back(b.params);
+  return out;
+}
+
+void DistributedDataParallel::shard_gradients(std::vector<Tensor> shards) {
+  State& s = *state_;
+  if (shards.size() != s.buckets.size())
+    throw std::invalid_argument(fmt::format("DDP::shard_gradients: {} shards for {} buckets",
+                                            shards.size(), s.buckets.size()));
+  if (s.options.compression != Compression::kNone)
+    throw std::invalid_argument(
+        "DDP: gradient compression is not combined with ZeRO-2's reduce-scatter");
+  for (size_t b = 0; b < shards.size(); ++b)
+    if (shards[b].dtype() != DType::kF32 || !shards[b].is_contiguous() ||
+        shards[b].numel() * group_->size() != s.padded[b])
+      throw std::invalid_argument(
+          fmt::format("DDP::shard_gradients: shard {} must be contiguous fp32 of {} elements", b,
+                      s.padded[b] / group_->size()));
+  s.shards = std::move(shards);
+  // From now on the buckets exist only while a backward fills them.
+  for (Bucket& b : s.buckets) {
+    for (Tensor& p : b.params) p.set_grad(Tensor());
+    b.flat = Tensor();
+  }
 }
 
 const std::vector<DistributedDataParallel::Bucket>& DistributedDataParallel::buckets() const {
@@ -239,7 +325,7 @@ const std::vector<DistributedDataParallel::Bucket>& DistributedDataParallel::buc
 
 int64_t DistributedDataParallel::bytes_per_sync() const {
   int64_t n = 0;
-  for (const Bucket& b : state_->buckets) n += b.flat.nbytes();
+  for (int64_t p : state_->padded) n += p * 4;
   return state_->options.compression == Compression::kNone ? n : n / 2;
 }
 

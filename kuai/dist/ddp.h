@@ -13,6 +13,12 @@
 // With gradient accumulation only the last micro-batch communicates (prepare_backward(false)
 // before the others: PyTorch's no_sync), so the all-reduce runs once per optimizer step on the
 // summed gradients.
+//
+// ZeRO-2 (shard_gradients): each bucket is reduce-scattered instead of all-reduced, so a rank
+// receives the average of its own part of the bucket only (see dist/zero.h for the partition), and
+// the bucket's memory is held only while a backward fills it: allocated when its first gradient
+// arrives, released as soon as its reduce-scatter has completed. The full gradients then never
+// exist all at once (with overlap on); the parameters' .grad are empty between steps.
 #pragma once
 
 #include <cstdint>
@@ -65,10 +71,19 @@ class DistributedDataParallel {
   void zero_grad();
 
   struct Bucket {
-    Tensor flat;                     // fp32, the gradients of its parameters back to back
+    // fp32, the gradients of its parameters back to back, then zeros up to a multiple of the world
+    // size (so that it splits into equal parts). Undefined between steps with shard_gradients.
+    Tensor flat;
+    int64_t numel = 0;               // elements of its parameters (without the padding)
     std::vector<std::string> names;  // its parameters, in the order they fill it
+    std::vector<Tensor> params;      // the same parameters
   };
   const std::vector<Bucket>& buckets() const;
+  // The buckets' parameters, bucket by bucket (the flat layout ZeRO partitions).
+  std::vector<std::vector<Tensor>> bucket_params() const;
+  // ZeRO-2: from now on bucket b is reduce-scattered (average) into shards[b], which holds
+  // buckets()[b].flat.numel() / world elements: this rank's part. Call before the first backward.
+  void shard_gradients(std::vector<Tensor> shards);
   ProcessGroup& group() const { return *group_; }
   int64_t bytes_per_sync() const;  // bytes all-reduced per optimizer step (halved by compression)
 

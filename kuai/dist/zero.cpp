@@ -1,9 +1,13 @@
-// ZeRO stage 1 (see zero.h).
+// ZeRO stages 1 and 2 (see zero.h).
 #include "kuai/dist/zero.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "kuai/backend/cpu/kernels.h"
@@ -12,52 +16,119 @@
 namespace kuai::dist {
 
 ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
-                     std::shared_ptr<ProcessGroup> group, int64_t gather_chunk)
+                     std::shared_ptr<ProcessGroup> group, std::vector<std::vector<Tensor>> buckets,
+                     int stage, int64_t gather_chunk)
     : Optimizer(std::move(groups)),
       opt_(options),
       group_(std::move(group)),
+      stage_(stage),
       gather_chunk_(std::max<int64_t>(1, gather_chunk)) {
+  if (stage_ != 1 && stage_ != 2)
+    throw std::invalid_argument(fmt::format("ZeroAdamW: stage must be 1 or 2, got {}", stage_));
   lr_ = options.lr;
-  for (const optim::ParamGroup& g : groups_)
-    for (const Tensor& p : g.params) {
+  std::map<const void*, std::pair<size_t, size_t>> where;  // parameter -> (group, index)
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
+      const Tensor& p = groups_[gi].params[i];
       if (p.dtype() != DType::kF32 || !p.is_contiguous())
         throw std::invalid_argument("ZeroAdamW: parameters must be contiguous fp32");
+      if (!where.emplace(p.impl(), std::pair{gi, i}).second)
+        throw std::invalid_argument("ZeroAdamW: a parameter appears twice in the groups");
       total_ += p.numel();
     }
+  if (buckets.empty()) {
+    buckets.emplace_back();
+    for (const optim::ParamGroup& g : groups_)
+      for (const Tensor& p : g.params) buckets.back().push_back(p);
+  }
+  int64_t laid_out = 0;
+  for (const auto& bucket : buckets) {
+    buckets_.emplace_back();
+    for (const Tensor& p : bucket) {
+      auto it = where.find(p.impl());
+      if (it == where.end())
+        throw std::invalid_argument("ZeroAdamW: a bucket holds a parameter the groups do not");
+      buckets_.back().push_back({it->second.first, it->second.second, p.numel()});
+      where.erase(it);  // each parameter once
+      laid_out += p.numel();
+    }
+  }
+  if (!where.empty() || laid_out != total_)
+    throw std::invalid_argument("ZeroAdamW: the buckets do not hold every parameter once");
   const int64_t world = group_->size();
-  shard_ = (total_ + world - 1) / world;
+  for (const auto& bucket : buckets_) {
+    int64_t n = 0;
+    for (const Member& m : bucket) n += m.numel;
+    part_offset_.push_back(shard_);
+    part_.push_back((n + world - 1) / world);
+    shard_ += part_.back();
+  }
   mine_ = segments_of(group_->rank());
   m_ = zeros({std::max<int64_t>(shard_, 1)});
   v_ = zeros({std::max<int64_t>(shard_, 1)});
+  if (stage_ == 2) grad_ = zeros({std::max<int64_t>(shard_, 1)});
 }
 
 std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {
-  const int64_t lo = rank * shard_, hi = std::min(total_, lo + shard_);
   std::vector<Segment> out;
-  int64_t at = 0;  // flat index of the current parameter's first element
-  for (size_t gi = 0; gi < groups_.size(); ++gi)
-    for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-      const int64_t n = groups_[gi].params[i].numel();
-      const int64_t b = std::max(lo, at), e = std::min(hi, at + n);
-      if (b < e) out.push_back({gi, i, b - at, e - b, b - lo});
-      at += n;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const int64_t lo = rank * part_[b], hi = lo + part_[b];  // of the bucket's elements
+    int64_t at = 0;  // the bucket's element where the current parameter starts
+    for (const Member& m : buckets_[b]) {
+      const int64_t s = std::max(lo, at), e = std::min(hi, at + m.numel);
+      if (s < e) out.push_back({m.group, m.param, s - at, e - s, part_offset_[b] + (s - lo)});
+      at += m.numel;
     }
+  }
   return out;
+}
+
+std::vector<Tensor> ZeroAdamW::gradient_shards() const {
+  if (stage_ != 2) throw std::logic_error("ZeroAdamW::gradient_shards: stage 1 keeps no shard");
+  std::vector<Tensor> out;
+  for (size_t b = 0; b < part_.size(); ++b)
+    out.push_back(narrow(grad_, 0, part_offset_[b], part_[b]));
+  return out;
+}
+
+Tensor ZeroAdamW::grad_norm_tensor() const {
+  const double mine = shard_ > 0 ? cpu::sum_squares(grad_.data<float>(), shard_) : 0.0;
+  const int world = group_->size();
+  Tensor send = Tensor::empty({1}, DType::kI64), all = Tensor::empty({world}, DType::kI64);
+  send.data<int64_t>()[0] = std::bit_cast<int64_t>(mine);
+  group_->all_gather(send, all)->wait();
+  double total = 0.0;
+  for (int r = 0; r < world; ++r) total += std::bit_cast<double>(all.data<int64_t>()[r]);
+  Tensor out = Tensor::empty({}, DType::kF32);
+  out.data<float>()[0] = static_cast<float>(std::sqrt(total));
+  return out;
+}
+
+Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
+  Tensor t = contiguous(reshape(found_inf, {1}));
+  group_->all_reduce(t, ReduceOp::kSum)->wait();
+  return reshape(t, {});
 }
 
 void ZeroAdamW::step(float grad_scale) {
   ++step_;
   cpu::AdamWParams hp = adamw_params(opt_, lr_, step_, grad_scale);
-  // 1. Update this rank's shard.
+  // 1. Update this rank's shard, from the full averaged gradients (stage 1) or the shard of them
+  //    (stage 2).
   for (const Segment& s : mine_) {
     Tensor& p = groups_[s.group].params[s.param];
-    const Tensor g = p.grad();
-    if (!g.defined()) throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
-    const Tensor gc = g.contiguous();
+    const float* g = nullptr;
+    Tensor gc;
+    if (stage_ == 2) {
+      g = grad_.data<float>() + s.shard_offset;
+    } else {
+      if (!p.grad().defined()) throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
+      gc = p.grad().contiguous();
+      g = gc.data<float>() + s.begin;
+    }
     hp.weight_decay = groups_[s.group].weight_decay;
-    cpu::adamw_step(p.data<float>() + s.begin, gc.data<float>() + s.begin,
-                    m_.data<float>() + s.shard_offset, v_.data<float>() + s.shard_offset, s.length,
-                    hp);
+    cpu::adamw_step(p.data<float>() + s.begin, g, m_.data<float>() + s.shard_offset,
+                    v_.data<float>() + s.shard_offset, s.length, hp);
   }
   // 2. Every rank's updated shard to every rank, in chunks of at most gather_chunk_ elements per
   //    rank, so the gather buffers stay small next to the moments they save.

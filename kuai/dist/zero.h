@@ -1,13 +1,26 @@
-// ZeRO stage 1 (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer): AdamW whose
-// state is *sharded* across the ranks, not offloaded. The parameters, taken in the optimizer's
-// group order, form one flat index of N elements; rank r owns elements [r S, (r + 1) S) with
-// S = ceil(N / world) and keeps Adam's moments for those alone (2 S floats instead of 2 N). A step
-// updates the owned elements from the averaged gradients (DDP's all-reduce), then all_gather
-// brings every rank's updated elements to every rank, 16 MiB per rank at a time. AdamW is
-// elementwise, so the parameters are the same bit for bit as unsharded AdamW's.
+// ZeRO (Rajbhandari et al., 2020; PyTorch's ZeroRedundancyOptimizer and FSDP's SHARD_GRAD_OP):
+// AdamW whose state is *sharded* across the ranks, not offloaded.
+//
+// The partition. The parameters form flat buckets (DDP's buckets, or one bucket in the
+// optimizer's group order); bucket b of n_b elements is cut into `world` equal parts of
+// s_b = ceil(n_b / world) elements, and rank r owns part r of every bucket. A rank's shard is its
+// parts of the buckets back to back (S = sum of s_b elements); it keeps Adam's moments for those
+// alone (2 S floats instead of 2 N).
+//
+//   stage 1: the gradients are averaged whole (DDP's all-reduce); each rank updates its own
+//            elements from them;
+//   stage 2: the gradients are sharded too: DDP reduce-scatters each bucket straight into this
+//            optimizer's gradient shard (gradient_shards()), so a rank receives only the average
+//            of its own elements, and the full gradient buffers are released bucket by bucket.
+//            The gradient norm and the fp16 overflow check then run on the shards and are
+//            combined across ranks (grad_norm_tensor, found_inf_across_ranks).
+//
+// Then all_gather brings every rank's updated elements to every rank, 16 MiB per rank at a time.
+// AdamW is elementwise, so the parameters are those of unsharded AdamW bit for bit.
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kuai/dist/process_group.h"
@@ -17,34 +30,63 @@ namespace kuai::dist {
 
 class ZeroAdamW : public optim::Optimizer {
  public:
-  // gather_chunk: elements per rank of each all_gather of the updated shards (a bound on its
-  // buffers: 16 MiB of fp32 by default).
+  // buckets: the flat layout, every parameter of `groups` exactly once (empty: one bucket in the
+  // groups' order). stage: 1 or 2. gather_chunk: elements per rank of each all_gather of the
+  // updated shards (a bound on its buffers: 16 MiB of fp32 by default).
   ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
-            std::shared_ptr<ProcessGroup> group, int64_t gather_chunk = int64_t{1} << 22);
+            std::shared_ptr<ProcessGroup> group, std::vector<std::vector<Tensor>> buckets = {},
+            int stage = 1, int64_t gather_chunk = int64_t{1} << 22);
   using Optimizer::step;
   void step(float grad_scale = 1.0f) override;
 
+  int stage() const { return stage_; }
   int64_t num_elements() const { return total_; }  // N
   int64_t shard_size() const { return shard_; }    // S
   // Bytes of optimizer state this rank holds (the moments of its shard).
   int64_t state_bytes() const { return 2 * shard_ * static_cast<int64_t>(sizeof(float)); }
 
- private:
+  // Stage 2: per bucket, the s_b elements of the gradient shard that receive this rank's part of
+  // the bucket's average (hand them to DistributedDataParallel::shard_gradients), and the whole
+  // shard (what the fp16 scaler unscales).
+  std::vector<Tensor> gradient_shards() const;
+  const Tensor& gradient_shard() const { return grad_; }
+  // Stage 2: the L2 norm of the whole averaged gradient from the shards (a collective: every
+  // rank's sum of squares, gathered and added in rank order, so every rank gets the same norm).
+  Tensor grad_norm_tensor() const;
+  // found_inf of this rank's shard, combined over the ranks (a collective): every rank skips or
+  // steps alike.
+  Tensor found_inf_across_ranks(const Tensor& found_inf) const;
+
   // The part of one parameter inside one rank's shard.
   struct Segment {
-    size_t group, param;
+    size_t group, param;    // the parameter, as groups()[group].params[param]
     int64_t begin, length;  // elements of the parameter
     int64_t shard_offset;   // where they sit in that rank's shard
   };
+  const std::vector<Segment>& segments() const { return mine_; }  // this rank's
+  // The moments of this rank's shard (S elements each); filled by a checkpoint restore.
+  Tensor& exp_avg() { return m_; }
+  Tensor& exp_avg_sq() { return v_; }
+
+ private:
   std::vector<Segment> segments_of(int rank) const;
   // Elements [begin, begin + length) of `rank`'s shard between `buf` and the parameters.
   void copy_shard_range(int rank, int64_t begin, int64_t length, float* buf, bool to_params);
 
+  struct Member {
+    size_t group, param;
+    int64_t numel;
+  };
   optim::AdamWOptions opt_;
   std::shared_ptr<ProcessGroup> group_;
+  int stage_;
   int64_t total_ = 0, shard_ = 0, gather_chunk_;
+  std::vector<std::vector<Member>> buckets_;
+  std::vector<int64_t> part_;         // s_b per bucket
+  std::vector<int64_t> part_offset_;  // where bucket b's part starts in a shard
   std::vector<Segment> mine_;
   Tensor m_, v_;  // (S) each
+  Tensor grad_;   // (S), stage 2
 };
 
 }  // namespace kuai::dist

@@ -157,7 +157,7 @@ const std::vector<Key>& keys() {
       BOOL_KEY("dist.find_unused", find_unused),
       STRING_KEY("dist.compression", compression, {"none", "fp16", "bf16"}),
       BOOL_KEY("dist.error_feedback", error_feedback),
-      INT_KEY("dist.zero", zero, 0, 1),
+      INT_KEY("dist.zero", zero, 0, 2),
       FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;
@@ -216,6 +216,11 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         fmt::format("config: model.vocab_size ({}) must be at least 256 for byte-level token files",
                     c.model.vocab_size));
+  if (c.zero == 2 && c.compression != "none")
+    throw ConfigError(fmt::format(
+        "config: dist.compression = \"{}\" is not combined with dist.zero = 2 (its gradients are "
+        "reduce-scattered in fp32); use dist.zero = 1 or dist.compression = \"none\"",
+        c.compression));
 }
 
 }  // namespace

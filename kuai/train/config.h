@@ -72,7 +72,7 @@ struct TrainConfig {
   bool find_unused = false;
   std::string compression = "none";  // "none" | "fp16" | "bf16" (technique 7)
   bool error_feedback = false;
-  int64_t zero = 0;  // 1: ZeRO stage 1, AdamW state sharded across ranks (technique 8)
+  int64_t zero = 0;  // ZeRO stage (technique 8): 1 AdamW state sharded, 2 gradients too
   double timeout_s = 300.0;
 };
 

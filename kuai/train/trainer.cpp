@@ -243,20 +243,38 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   aopt.lr = static_cast<float>(cfg.lr);
   aopt.beta1 = static_cast<float>(cfg.beta1);
   aopt.beta2 = static_cast<float>(cfg.beta2);
-  // ZeRO-1 (technique 8): the same AdamW with its moments sharded across the ranks. Its sharded
-  // state is not yet written into checkpoints, so checkpointing is refused with it.
+  // ZeRO with checkpoints: see below (kept refused until sharded checkpoints land).
   if (cfg.zero > 0 && (cfg.save_every > 0 || !opts.resume.empty()))
     throw ConfigError(
-        "dist.zero = 1 does not yet write or read full checkpoints (sharded optimizer state); "
+        "dist.zero does not yet write or read full checkpoints (sharded optimizer state); "
         "set checkpoint.save_every = 0 and do not --resume");
+  // DDP (technique 2): rank 0's weights everywhere, gradients averaged during backward.
+  std::optional<dist::DistributedDataParallel> ddp;
+  if (world > 1) {
+    dist::DDPOptions dopt;
+    dopt.bucket_mb = cfg.bucket_mb;
+    dopt.first_bucket_mb = cfg.first_bucket_mb;
+    dopt.overlap = cfg.overlap;
+    dopt.find_unused = cfg.find_unused;
+    dopt.compression = dist::parse_compression(cfg.compression);
+    dopt.error_feedback = cfg.error_feedback;
+    ddp.emplace(model, group, dopt);
+  }
+  // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
+  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
+  // Alone there is nothing to shard, and stage 2 runs as stage 1.
   std::unique_ptr<optim::AdamW> adamw;
   std::unique_ptr<dist::ZeroAdamW> zero;
-  if (cfg.zero > 0)
+  if (cfg.zero > 0) {
     zero = std::make_unique<dist::ZeroAdamW>(
-        param_groups(model, static_cast<float>(cfg.weight_decay)), aopt, group);
-  else
+        param_groups(model, static_cast<float>(cfg.weight_decay)), aopt, group,
+        ddp ? ddp->bucket_params() : std::vector<std::vector<Tensor>>{},
+        ddp ? static_cast<int>(cfg.zero) : 1);
+    if (zero->stage() == 2) ddp->shard_gradients(zero->gradient_shards());
+  } else {
     adamw = std::make_unique<optim::AdamW>(
         param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
+  }
   optim::Optimizer& opt = zero ? static_cast<optim::Optimizer&>(*zero) : *adamw;
   const std::vector<Tensor> params = model.parameters();
   // fp16 needs a dynamic loss scale; fp32 and bf16 run the same calls with it disabled.
@@ -279,19 +297,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     loader_start = c.state.loader;
     if (!opts.quiet) out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step);
   }
-  // DDP (technique 2): rank 0's weights everywhere, gradients averaged during backward.
-  std::optional<dist::DistributedDataParallel> ddp;
-  if (world > 1) {
-    dist::DDPOptions dopt;
-    dopt.bucket_mb = cfg.bucket_mb;
-    dopt.first_bucket_mb = cfg.first_bucket_mb;
-    dopt.overlap = cfg.overlap;
-    dopt.find_unused = cfg.find_unused;
-    dopt.compression = dist::parse_compression(cfg.compression);
-    dopt.error_feedback = cfg.error_feedback;
-    ddp.emplace(model, group, dopt);
-    result.comm_bytes_per_step = ddp->bytes_per_sync();
-  }
+  if (ddp) result.comm_bytes_per_step = ddp->bytes_per_sync();
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;
   if (!opts.quiet) {
@@ -321,9 +327,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           cfg.overlap ? "on" : "off");
     if (zero)
       out << fmt::format(
-          "ZeRO-1: AdamW state sharded, {:.1f} MiB of moments on this rank (unsharded: {:.1f})\n",
+          "ZeRO-{}: AdamW state{} sharded, {:.1f} MiB of moments on this rank (unsharded: "
+          "{:.1f}){}\n",
+          zero->stage(), zero->stage() == 2 ? " and gradients" : "",
           static_cast<double>(zero->state_bytes()) / (1 << 20),
-          static_cast<double>(zero->num_elements()) * 8 / (1 << 20));
+          static_cast<double>(zero->num_elements()) * 8 / (1 << 20),
+          cfg.zero == 2 && zero->stage() == 1 ? "; one rank: stage 2 runs as stage 1" : "");
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
     out.flush();
   }
@@ -413,8 +422,17 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
     // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
     // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
-    const Tensor found_inf = scaler.unscale_(params);
-    const Tensor norm = optim::grad_norm_tensor(params);
+    // ZeRO-2 holds only its shard of the averaged gradients: the overflow check and the norm
+    // run there and are combined across ranks, so every rank decides alike.
+    const bool sharded_grads = zero && zero->stage() == 2;
+    Tensor found_inf;
+    if (!sharded_grads)
+      found_inf = scaler.unscale_(params);
+    else if (scaler.enabled())
+      found_inf = zero->found_inf_across_ranks(scaler.unscale_grads_({zero->gradient_shard()}));
+    else
+      found_inf = scaler.unscale_grads_({});
+    const Tensor norm = sharded_grads ? zero->grad_norm_tensor() : optim::grad_norm_tensor(params);
     const float scale_used = scaler.scale();
     scaler.step(opt, found_inf, optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
     scaler.update(found_inf);
