@@ -18,7 +18,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "kuai/core/ops.h"
 #include "kuai/core/version.h"
+#include "kuai/dist/process_group.h"
+#include "kuai/dist/zero.h"
 #include "kuai/io/checksum.h"
 #include "kuai/io/safetensors.h"
 
@@ -30,7 +33,7 @@ namespace {
 
 constexpr int kStateVersion = 1;
 constexpr char kModelFile[] = "model.safetensors";
-constexpr char kOptimFile[] = "optimizer.rank0.safetensors";
+std::string optim_file(int rank) { return fmt::format("optimizer.rank{}.safetensors", rank); }
 constexpr char kConfigFile[] = "config.toml";
 constexpr char kStateFile[] = "state.json";
 constexpr char kLatest[] = "latest";
@@ -158,27 +161,85 @@ void load_entry(const io::SafetensorsFile& file, const std::string& name, const 
   std::memcpy(dst.data<float>(), bytes.data(), bytes.size());
 }
 
+std::map<const void*, std::string> names_by_impl(const nn::GPT& model) {
+  std::map<const void*, std::string> by_impl;
+  for (const auto& [name, p] : model.named_parameters()) by_impl[p.impl()] = name;
+  return by_impl;
+}
+
+std::string piece_name(const char* kind, const OptimizerPiece& p) {
+  return p.whole ? fmt::format("{}.{}", kind, p.param)
+                 : fmt::format("{}.{}@{}", kind, p.param, p.begin);
+}
+
+// Where the stored elements of one moment of one parameter are.
+struct Source {
+  int64_t begin, length;
+  const io::SafetensorsFile* file;
+  const io::SafetensorsEntry* entry;
+};
+
 }  // namespace
+
+OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt) {
+  opt.ensure_state();
+  const auto names = optimizer_names(model, opt);
+  OptimizerShard out{&opt, {}};
+  for (size_t g = 0; g < names.size(); ++g)
+    for (size_t i = 0; i < names[g].size(); ++i)
+      out.pieces.push_back({names[g][i], 0, true, opt.exp_avg()[g][i], opt.exp_avg_sq()[g][i]});
+  return out;
+}
+
+OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt) {
+  const auto by_impl = names_by_impl(model);
+  OptimizerShard out{&opt, {}};
+  for (const dist::ZeroAdamW::Segment& s : opt.segments()) {
+    const Tensor& p = opt.groups()[s.group].params[s.param];
+    auto it = by_impl.find(p.impl());
+    if (it == by_impl.end())
+      throw std::invalid_argument("checkpoint: an optimizer parameter is not in the model");
+    const bool whole = s.begin == 0 && s.length == p.numel();
+    Tensor m = narrow(opt.exp_avg(), 0, s.shard_offset, s.length);
+    Tensor v = narrow(opt.exp_avg_sq(), 0, s.shard_offset, s.length);
+    if (whole) {
+      m = reshape(m, p.shape());
+      v = reshape(v, p.shape());
+    }
+    out.pieces.push_back({it->second, s.begin, whole, m, v});
+  }
+  return out;
+}
 
 struct Checkpointer::Snapshot {
   TrainingState state;
   int64_t optimizer_steps = 0;
   std::vector<Blob> model, optim;
+  std::vector<FileRecord> written;  // by this rank, with sizes and checksums
 };
 
-Checkpointer::Checkpointer(std::string run_dir, int64_t keep_last, bool async)
-    : run_dir_(std::move(run_dir)), keep_last_(std::max<int64_t>(1, keep_last)), async_(async) {
+Checkpointer::Checkpointer(std::string run_dir, int64_t keep_last, bool async,
+                           std::shared_ptr<dist::ProcessGroup> group)
+    : run_dir_(std::move(run_dir)),
+      keep_last_(std::max<int64_t>(1, keep_last)),
+      async_(async),
+      group_(group && group->size() > 1 ? std::move(group) : nullptr) {
   std::error_code ec;
   fs::create_directories(run_dir_, ec);
   if (ec) throw std::runtime_error(fmt::format("{}: cannot create: {}", run_dir_, ec.message()));
-  // Leftovers of a save that was killed: never valid, never pointed to.
-  for (const auto& e : fs::directory_iterator(run_dir_)) {
-    const std::string n = e.path().filename().string();
-    if (n.rfind("ckpt-", 0) == 0 && (n.ends_with(".tmp") || n.ends_with(".old")))
-      fs::remove_all(e.path(), ec);
-  }
+  // Leftovers of a save that was killed: never valid, never pointed to. With a group, rank 0
+  // removes them before any rank writes.
+  if (!group_ || group_->rank() == 0)
+    for (const auto& e : fs::directory_iterator(run_dir_)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("ckpt-", 0) == 0 && (n.ends_with(".tmp") || n.ends_with(".old")))
+        fs::remove_all(e.path(), ec);
+    }
+  if (group_) group_->barrier();
   if (async_) thread_ = std::thread([this] { writer_main(); });
 }
+
+std::string Checkpointer::optimizer_file() const { return optim_file(group_ ? group_->rank() : 0); }
 
 Checkpointer::~Checkpointer() {
   {
@@ -191,6 +252,11 @@ Checkpointer::~Checkpointer() {
 }
 
 double Checkpointer::save(const nn::GPT& model, optim::AdamW& opt, const TrainingState& state) {
+  return save(model, optimizer_shard(model, opt), state);
+}
+
+double Checkpointer::save(const nn::GPT& model, const OptimizerShard& opt,
+                          const TrainingState& state) {
   const auto t0 = Clock::now();
   wait();  // at most one save in flight; a failed previous save surfaces here
   std::unique_ptr<Snapshot> snap;
@@ -200,31 +266,42 @@ double Checkpointer::save(const nn::GPT& model, optim::AdamW& opt, const Trainin
   }
   if (!snap) snap = std::make_unique<Snapshot>();
   snap->state = state;
-  snap->optimizer_steps = opt.step_count();
-  const auto params = model.named_parameters();
-  snap->model.resize(params.size());
-  for (size_t i = 0; i < params.size(); ++i)
-    copy_into(snap->model[i], params[i].first, params[i].second);
-  opt.ensure_state();
-  const auto names = optimizer_names(model, opt);
-  size_t n = 0;
-  for (const auto& g : names) n += 2 * g.size();
-  snap->optim.resize(n);
+  snap->optimizer_steps = opt.optimizer->step_count();
+  if (!group_ || group_->rank() == 0) {
+    const auto params = model.named_parameters();
+    snap->model.resize(params.size());
+    for (size_t i = 0; i < params.size(); ++i)
+      copy_into(snap->model[i], params[i].first, params[i].second);
+  }
+  snap->optim.resize(2 * opt.pieces.size());
   size_t j = 0;
-  for (size_t g = 0; g < names.size(); ++g)
-    for (size_t i = 0; i < names[g].size(); ++i) {
-      copy_into(snap->optim[j++], "exp_avg." + names[g][i], opt.exp_avg()[g][i]);
-      copy_into(snap->optim[j++], "exp_avg_sq." + names[g][i], opt.exp_avg_sq()[g][i]);
-    }
+  for (const OptimizerPiece& p : opt.pieces) {
+    copy_into(snap->optim[j++], piece_name("exp_avg", p), p.exp_avg);
+    copy_into(snap->optim[j++], piece_name("exp_avg_sq", p), p.exp_avg_sq);
+  }
   const double blocked = ms_since(t0);
   {
     std::lock_guard<std::mutex> lock(mu_);
     stats_.blocked_ms = blocked;
   }
   if (!async_) {
-    write(*snap);
-    std::lock_guard<std::mutex> lock(mu_);
-    spare_ = std::move(snap);
+    std::exception_ptr err;
+    try {
+      write(*snap);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      spare_ = std::move(snap);
+      error_ = err;
+    }
+    if (group_) {
+      uncommitted_ = true;
+      commit();  // every rank saves at the same step: commit now
+    } else if (err) {
+      wait();  // rethrows
+    }
     return ms_since(t0);
   }
   {
@@ -232,11 +309,19 @@ double Checkpointer::save(const nn::GPT& model, optim::AdamW& opt, const Trainin
     pending_ = std::move(snap);
     busy_ = true;
   }
+  if (group_) uncommitted_ = true;
   cv_.notify_all();
   return blocked;
 }
 
 void Checkpointer::wait() {
+  if (group_)
+    commit();
+  else
+    wait_writer();
+}
+
+void Checkpointer::wait_writer() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !busy_; });
   if (error_) {
@@ -272,19 +357,46 @@ void Checkpointer::writer_main() {
   }
 }
 
-void Checkpointer::write(const Snapshot& s) {
+void Checkpointer::write(Snapshot& s) {
   const auto t0 = Clock::now();
+  write_files(s);
+  if (!group_) put_in_place(s, s.written);
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_.write_ms = ms_since(t0);  // with a group: this rank's files (the commit comes later)
+}
+
+void Checkpointer::write_files(Snapshot& s) {
+  s.written.clear();
+  const std::string tmp = fmt::format("{}/ckpt-{}.tmp", run_dir_, s.state.step);
+  std::error_code ec;
+  if (!group_) {
+    fs::remove_all(tmp, ec);
+    if (!fs::create_directory(tmp, ec) || ec)
+      throw std::runtime_error(fmt::format("{}: cannot create: {}", tmp, ec.message()));
+  } else {  // every rank writes into it; rank 0 removed stale ones at start
+    fs::create_directories(tmp, ec);
+    if (ec) throw std::runtime_error(fmt::format("{}: cannot create: {}", tmp, ec.message()));
+  }
+  std::vector<std::string> files;
+  if (!group_ || group_->rank() == 0) {
+    write_blobs(tmp + "/" + kModelFile, s.model, "checkpoint-model");
+    write_file_synced(tmp + "/" + kConfigFile, s.state.config_toml.data(),
+                      s.state.config_toml.size());
+    files = {kModelFile, kConfigFile};
+  }
+  write_blobs(tmp + "/" + optimizer_file(), s.optim, "checkpoint-optimizer");
+  files.push_back(optimizer_file());
+  for (const std::string& f : files) {
+    const std::string content = read_file(tmp + "/" + f);  // what is on disk now
+    s.written.push_back({f, content.size(), io::xxh3_64(content.data(), content.size())});
+  }
+  fsync_dir(tmp);
+}
+
+void Checkpointer::put_in_place(const Snapshot& s, const std::vector<FileRecord>& files) {
   const std::string name = fmt::format("ckpt-{}", s.state.step);
   const std::string final_dir = run_dir_ + "/" + name, tmp = final_dir + ".tmp";
   std::error_code ec;
-  fs::remove_all(tmp, ec);
-  if (!fs::create_directory(tmp, ec) || ec)
-    throw std::runtime_error(fmt::format("{}: cannot create: {}", tmp, ec.message()));
-  write_blobs(tmp + "/" + kModelFile, s.model, "checkpoint-model");
-  write_blobs(tmp + "/" + kOptimFile, s.optim, "checkpoint-optimizer");
-  write_file_synced(tmp + "/" + kConfigFile, s.state.config_toml.data(),
-                    s.state.config_toml.size());
-
   nlohmann::json st = {{"format", "kuai-checkpoint"},
                        {"version", kStateVersion},
                        {"kuai_version", kKuaiVersion},
@@ -293,16 +405,14 @@ void Checkpointer::write(const Snapshot& s) {
                        {"loader", {{"next_index", s.state.loader.next_index}}},
                        {"data_seed", s.state.data_seed},
                        {"loss_scale", nullptr},  // fp32 and bf16: no scaler
-                       {"world_size", 1}};
+                       {"world_size", group_ ? group_->size() : 1}};
   if (s.state.loss_scale)
     st["loss_scale"] = {{"scale", s.state.loss_scale->scale},
                         {"growth_tracker", s.state.loss_scale->growth_tracker}};
   int64_t bytes = 0;
-  for (const char* f : {kModelFile, kOptimFile, kConfigFile}) {
-    const std::string content = read_file(tmp + "/" + f);  // what is on disk now
-    st["files"][f] = {{"bytes", content.size()},
-                      {"xxh3", io::xxh3_hex(content.data(), content.size())}};
-    bytes += static_cast<int64_t>(content.size());
+  for (const FileRecord& f : files) {
+    st["files"][f.name] = {{"bytes", f.bytes}, {"xxh3", io::xxh3_hex(f.xxh3)}};
+    bytes += static_cast<int64_t>(f.bytes);
   }
   const std::string state_text = st.dump(2) + "\n";
   write_file_synced(tmp + "/" + kStateFile, state_text.data(), state_text.size());
@@ -339,8 +449,65 @@ void Checkpointer::write(const Snapshot& s) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   stats_.path = final_dir;
-  stats_.write_ms = ms_since(t0);
   stats_.bytes = bytes;
+}
+
+void Checkpointer::commit() {
+  if (!group_ || !uncommitted_) return;
+  uncommitted_ = false;
+  std::string own_error;
+  try {
+    wait_writer();
+  } catch (const std::exception& e) {
+    own_error = e.what();
+  }
+  const Snapshot* s = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s = spare_.get();  // the snapshot just written
+  }
+  const int world = group_->size(), rank = group_->rank();
+  // Every rank's optimizer file: (written, bytes, xxh3).
+  Tensor mine = zeros({3}, DType::kI64), all = zeros({3 * world}, DType::kI64);
+  if (own_error.empty() && s != nullptr && !s->written.empty()) {
+    const FileRecord& f = s->written.back();  // the optimizer file comes last
+    mine.data<int64_t>()[0] = 1;
+    mine.data<int64_t>()[1] = static_cast<int64_t>(f.bytes);
+    mine.data<int64_t>()[2] = static_cast<int64_t>(f.xxh3);
+  }
+  group_->all_gather(mine, all)->wait();
+  const int64_t* rec = all.data<int64_t>();
+  int failed = -1;
+  for (int r = 0; r < world && failed < 0; ++r)
+    if (rec[3 * r] != 1) failed = r;
+  Tensor status = zeros({1}, DType::kI64);
+  std::string commit_error;
+  if (rank == 0 && failed < 0) {
+    std::vector<FileRecord> files(s->written.begin(), s->written.end() - 1);  // model, config
+    for (int r = 0; r < world; ++r)
+      files.push_back({optim_file(r), static_cast<uint64_t>(rec[3 * r + 1]),
+                       static_cast<uint64_t>(rec[3 * r + 2])});
+    try {
+      put_in_place(*s, files);
+      status.data<int64_t>()[0] = 1;
+    } catch (const std::exception& e) {
+      commit_error = e.what();
+    }
+  }
+  group_->broadcast(status, 0)->wait();
+  if (!own_error.empty()) throw std::runtime_error(own_error);
+  if (status.data<int64_t>()[0] == 1) return;
+  if (!commit_error.empty()) throw std::runtime_error(commit_error);
+  const int64_t step = s != nullptr ? s->state.step : -1;
+  if (failed >= 0)
+    throw std::runtime_error(fmt::format(
+        "{}/ckpt-{}: rank {} could not write its optimizer shard (its message says why); the "
+        "previous checkpoint stays in place",
+        run_dir_, step, failed));
+  throw std::runtime_error(fmt::format(
+      "{}/ckpt-{}: rank 0 could not put the checkpoint in place (its message says why); the "
+      "previous checkpoint stays in place",
+      run_dir_, step));
 }
 
 std::vector<std::string> list_checkpoints(const std::string& run_dir) {
@@ -410,7 +577,13 @@ Checkpoint read_checkpoint(const std::string& dir) {
     }
     if (c.state.step < 0 || c.optimizer_steps < 0 || c.state.loader.next_index < 0)
       throw std::runtime_error(fmt::format("{}: negative step or position", state_path));
-    for (const char* f : {kModelFile, kOptimFile, kConfigFile}) {
+    c.world_size = st.contains("world_size") ? st.at("world_size").get<int64_t>() : 1;
+    if (c.world_size < 1 || c.world_size > (1 << 20))
+      throw std::runtime_error(
+          fmt::format("{}: world_size {} is not a number of ranks", state_path, c.world_size));
+    std::vector<std::string> files = {kModelFile, kConfigFile};
+    for (int64_t r = 0; r < c.world_size; ++r) files.push_back(optim_file(static_cast<int>(r)));
+    for (const std::string& f : files) {
       const auto& entry = st.at("files").at(f);
       const std::string path = dir + "/" + f;
       if (!fs::is_regular_file(path)) throw std::runtime_error(fmt::format("{}: missing", path));
@@ -425,7 +598,7 @@ Checkpoint read_checkpoint(const std::string& dir) {
         throw std::runtime_error(fmt::format("{}: checksum mismatch (xxh3 {} expected {})", path,
                                              io::xxh3_hex(content.data(), content.size()),
                                              entry.at("xxh3").get<std::string>()));
-      if (std::string(f) == kConfigFile) c.state.config_toml = content;
+      if (f == kConfigFile) c.state.config_toml = content;
     }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(
@@ -435,26 +608,97 @@ Checkpoint read_checkpoint(const std::string& dir) {
 }
 
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& opt) {
+  restore_checkpoint(c, model, optimizer_shard(model, opt));
+}
+
+void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShard& opt) {
   const io::SafetensorsFile mf = io::SafetensorsFile::open(c.path + "/" + kModelFile);
   const auto params = model.named_parameters();
   if (mf.entries().size() != params.size())
     throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", mf.path(),
                                          mf.entries().size(), params.size()));
   for (const auto& [name, p] : params) load_entry(mf, name, p);
-  const io::SafetensorsFile of = io::SafetensorsFile::open(c.path + "/" + kOptimFile);
-  opt.ensure_state();
-  const auto names = optimizer_names(model, opt);
-  size_t expected = 0;
-  for (size_t g = 0; g < names.size(); ++g)
-    for (size_t i = 0; i < names[g].size(); ++i) {
-      load_entry(of, "exp_avg." + names[g][i], opt.exp_avg()[g][i]);
-      load_entry(of, "exp_avg_sq." + names[g][i], opt.exp_avg_sq()[g][i]);
-      expected += 2;
+
+  // Every stored piece of every optimizer file, by (moment, parameter), checked against the model.
+  std::map<std::string, Tensor> by_name(params.begin(), params.end());
+  std::vector<io::SafetensorsFile> files;
+  files.reserve(static_cast<size_t>(c.world_size));
+  for (int64_t r = 0; r < c.world_size; ++r)
+    files.push_back(io::SafetensorsFile::open(c.path + "/" + optim_file(static_cast<int>(r))));
+  std::map<std::pair<std::string, std::string>, std::vector<Source>> stored;
+  for (const io::SafetensorsFile& f : files)
+    for (const io::SafetensorsEntry& e : f.entries()) {
+      std::string kind, rest;
+      for (const char* k : {"exp_avg_sq.", "exp_avg."})
+        if (e.name.rfind(k, 0) == 0) {
+          kind = std::string(k, std::strlen(k) - 1);
+          rest = e.name.substr(std::strlen(k));
+          break;
+        }
+      const size_t at = rest.rfind('@');
+      const std::string param = at == std::string::npos ? rest : rest.substr(0, at);
+      auto it = by_name.find(param);
+      if (kind.empty() || it == by_name.end())
+        throw std::runtime_error(fmt::format(
+            "{}: tensor '{}' is not the state of a parameter of this model", f.path(), e.name));
+      if (e.dtype != "F32")
+        throw std::runtime_error(
+            fmt::format("{}: tensor '{}' has dtype {}, expected F32", f.path(), e.name, e.dtype));
+      const int64_t numel = it->second.numel();
+      Source src{0, numel, &f, &e};
+      if (at == std::string::npos) {
+        if (e.shape != it->second.shape())
+          throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}",
+                                               f.path(), e.name, shape_str(e.shape),
+                                               shape_str(it->second.shape())));
+      } else {
+        const std::string digits = rest.substr(at + 1);
+        const bool number = !digits.empty() && digits.size() <= 15 &&
+                            std::all_of(digits.begin(), digits.end(),
+                                        [](char ch) { return ch >= '0' && ch <= '9'; });
+        src.begin = number ? std::stoll(digits) : -1;
+        src.length = e.shape.size() == 1 ? e.shape[0] : -1;
+        if (src.begin < 0 || src.length < 0 || src.begin + src.length > numel)
+          throw std::runtime_error(
+              fmt::format("{}: tensor '{}' of shape {} is not a piece of {} ({} elements)",
+                          f.path(), e.name, shape_str(e.shape), param, numel));
+      }
+      stored[{kind, param}].push_back(src);
     }
-  if (of.entries().size() != expected)
-    throw std::runtime_error(fmt::format("{}: {} tensors, the optimizer has {}", of.path(),
-                                         of.entries().size(), expected));
-  opt.set_step_count(c.optimizer_steps);
+  for (auto& [key, sources] : stored) {
+    std::sort(sources.begin(), sources.end(),
+              [](const Source& a, const Source& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < sources.size(); ++i)
+      if (sources[i].begin < sources[i - 1].begin + sources[i - 1].length)
+        throw std::runtime_error(fmt::format("{}: {} of {} is stored twice ({} and {})", c.path,
+                                             key.first, key.second, sources[i - 1].file->path(),
+                                             sources[i].file->path()));
+  }
+  // Each piece of this optimizer from whichever stored pieces overlap it.
+  for (const OptimizerPiece& piece : opt.pieces)
+    for (const auto& [kind, dst] :
+         {std::pair{"exp_avg", piece.exp_avg}, std::pair{"exp_avg_sq", piece.exp_avg_sq}}) {
+      if (!dst.is_contiguous() || dst.dtype() != DType::kF32)
+        throw std::invalid_argument("checkpoint: optimizer state is not contiguous fp32");
+      const int64_t b = piece.begin, e = piece.begin + dst.numel();
+      int64_t covered = 0;
+      auto it = stored.find({kind, piece.param});
+      if (it != stored.end())
+        for (const Source& src : it->second) {
+          const int64_t lo = std::max(b, src.begin), hi = std::min(e, src.begin + src.length);
+          if (lo >= hi) continue;
+          const auto bytes = src.file->data(*src.entry);
+          std::memcpy(dst.data<float>() + (lo - b),
+                      bytes.data() + static_cast<size_t>(lo - src.begin) * sizeof(float),
+                      static_cast<size_t>(hi - lo) * sizeof(float));
+          covered += hi - lo;
+        }
+      if (covered != e - b)
+        throw std::runtime_error(fmt::format(
+            "{}: {} of {}, elements [{}, {}), is missing from its {} optimizer file{}", c.path,
+            kind, piece.param, b, e, c.world_size, c.world_size > 1 ? "s" : ""));
+    }
+  opt.optimizer->set_step_count(c.optimizer_steps);
 }
 
 }  // namespace kuai::train

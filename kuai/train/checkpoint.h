@@ -1,7 +1,9 @@
 // Full, resumable checkpoints (technique 9, the resume half; weights-only export is io/export.h).
 // A checkpoint is a directory <run>/ckpt-<step>/ holding
 //   model.safetensors            the parameters (fp32)
-//   optimizer.rank0.safetensors  AdamW's exp_avg / exp_avg_sq per parameter, by parameter name
+//   optimizer.rank<r>.safetensors  AdamW's exp_avg / exp_avg_sq by parameter name: one file
+//                                (rank0) with every parameter whole, or with ZeRO one file per
+//                                rank holding that rank's shard (see OptimizerShard)
 //   config.toml                  the run's resolved config
 //   state.json                   step, optimizer step count, loader position, RNG keys, the loss
 //                                scale (fp16 only), kuai version, and the size and xxh3 of
@@ -14,6 +16,12 @@
 // crash or kill at any moment leaves the previous checkpoint and `latest` intact. Loading checks
 // every file's size and checksum, the safetensors structure, names, shapes and dtypes, and names
 // the file and the check that failed.
+//
+// With ZeRO on several ranks (a Checkpointer given the process group) every rank writes its own
+// optimizer file into ckpt-<step>.tmp/ (rank 0 also the model and config; the run directory must
+// be one filesystem shared by the ranks), then commit() (a collective, run by the trainer one
+// step after the save) gathers every file's size and checksum to rank 0, which writes state.json,
+// renames and moves `latest` as above, and tells every rank whether the checkpoint is in place.
 #pragma once
 
 #include <condition_variable>
@@ -32,7 +40,30 @@
 #include "kuai/optim/adamw.h"
 #include "kuai/train/config.h"
 
+namespace kuai::dist {
+class ProcessGroup;
+class ZeroAdamW;
+}  // namespace kuai::dist
+
 namespace kuai::train {
+
+// What a checkpoint keeps of the optimizer on this rank: pieces of the parameters' AdamW moments.
+// Unsharded AdamW: every parameter whole, stored with its shape as "exp_avg.<name>". ZeRO: the
+// parts of parameters in this rank's shard, stored 1-D as "exp_avg.<name>@<first element>". Any
+// pieces that cover every parameter restore into any others: a ZeRO checkpoint written by W ranks
+// loads on W' ranks (re-sharding), or without ZeRO, and an unsharded one loads into ZeRO.
+struct OptimizerPiece {
+  std::string param;           // the parameter's name in the model
+  int64_t begin = 0;           // its first element here (of the flattened parameter)
+  bool whole = true;           // the whole parameter
+  Tensor exp_avg, exp_avg_sq;  // contiguous fp32 views of the optimizer's state for the piece
+};
+struct OptimizerShard {
+  optim::Optimizer* optimizer = nullptr;  // its step count is saved and restored
+  std::vector<OptimizerPiece> pieces;
+};
+OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt);
+OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt);
 
 struct TrainingState {
   int64_t step = 0;          // optimizer steps completed
@@ -52,27 +83,47 @@ struct SaveStats {
 
 class Checkpointer {
  public:
-  Checkpointer(std::string run_dir, int64_t keep_last, bool async);
+  // group: with ZeRO on several ranks, every rank constructs its Checkpointer with the group (a
+  // collective) and writes its own optimizer shard; otherwise rank 0 alone saves (null).
+  Checkpointer(std::string run_dir, int64_t keep_last, bool async,
+               std::shared_ptr<dist::ProcessGroup> group = nullptr);
   ~Checkpointer();  // waits for a save in flight (errors are reported by wait(), not here)
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   // Snapshots model, optimizer and state, then writes (now, or on the writer thread). First
   // waits for the previous save and rethrows its failure, if any. Returns the blocked time.
+  double save(const nn::GPT& model, const OptimizerShard& opt, const TrainingState& state);
   double save(const nn::GPT& model, optim::AdamW& opt, const TrainingState& state);
-  // Waits for the save in flight; rethrows its failure (std::runtime_error naming the file).
+  // Waits for the save in flight (and commits it, with a group); rethrows its failure
+  // (std::runtime_error naming the file).
   void wait();
+  // With a group: a collective that puts the written checkpoint in place (see above); every rank
+  // calls it at the same step. Nothing to do returns at once. Without a group: no-op.
+  void commit();
   SaveStats last_stats() const;
   const std::string& run_dir() const { return run_dir_; }
 
  private:
   struct Snapshot;
-  void write(const Snapshot& s);
+  struct FileRecord {
+    std::string name;
+    uint64_t bytes = 0, xxh3 = 0;
+  };
+  std::string optimizer_file() const;
+  void wait_writer();  // the save in flight written; rethrows its failure
+  void write(Snapshot& s);
+  // This rank's files into ckpt-<step>.tmp/; their sizes and checksums into s.
+  void write_files(Snapshot& s);
+  // state.json over `files`, then the directory and `latest` into place, old ones pruned.
+  void put_in_place(const Snapshot& s, const std::vector<FileRecord>& files);
   void writer_main();
 
   std::string run_dir_;
   int64_t keep_last_;
   bool async_;
+  std::shared_ptr<dist::ProcessGroup> group_;
+  bool uncommitted_ = false;  // with a group: a save written (or being written), not committed
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::unique_ptr<Snapshot> pending_;  // handed to the writer
@@ -88,13 +139,18 @@ struct Checkpoint {
   std::string path;  // the ckpt-<step> directory
   TrainingState state;
   int64_t optimizer_steps = 0;
+  int64_t world_size = 1;  // optimizer files: optimizer.rank0 .. rank<world_size - 1>
 };
 
 // `path` is a checkpoint directory, or a run directory whose `latest` names one.
 std::string resolve_checkpoint(const std::string& path);
 // Reads and verifies state.json and every file's size and checksum.
 Checkpoint read_checkpoint(const std::string& dir);
-// Loads the model and optimizer tensors of a verified checkpoint (strict names/shapes/dtypes).
+// Loads the model and optimizer tensors of a verified checkpoint (strict names/shapes/dtypes):
+// every piece of `opt` from whichever optimizer files hold its elements, whatever the world size
+// of the run that saved it. An element held by no file, or a stored tensor of no parameter, is an
+// error naming the file or the parameter.
+void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, const OptimizerShard& opt);
 void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, optim::AdamW& opt);
 
 // The checkpoint directories of a run, oldest first.

@@ -243,11 +243,6 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   aopt.lr = static_cast<float>(cfg.lr);
   aopt.beta1 = static_cast<float>(cfg.beta1);
   aopt.beta2 = static_cast<float>(cfg.beta2);
-  // ZeRO with checkpoints: see below (kept refused until sharded checkpoints land).
-  if (cfg.zero > 0 && (cfg.save_every > 0 || !opts.resume.empty()))
-    throw ConfigError(
-        "dist.zero does not yet write or read full checkpoints (sharded optimizer state); "
-        "set checkpoint.save_every = 0 and do not --resume");
   // DDP (technique 2): rank 0's weights everywhere, gradients averaged during backward.
   std::optional<dist::DistributedDataParallel> ddp;
   if (world > 1) {
@@ -291,7 +286,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       throw std::runtime_error(fmt::format(
           "{}: saved with train.seed = {}, the config has {} (the data order would differ)", c.path,
           c.state.data_seed, cfg.seed));
-    restore_checkpoint(c, model, *adamw);
+    // Any checkpoint restores whatever its world size and ZeRO stage (re-sharding).
+    restore_checkpoint(c, model,
+                       zero ? optimizer_shard(model, *zero) : optimizer_shard(model, *adamw));
     if (scaler.enabled() && c.state.loss_scale) scaler.load_state(*c.state.loss_scale);
     result.start_step = c.state.step;
     loader_start = c.state.loader;
@@ -344,9 +341,19 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   data::DataLoader loader(sources.train, lopt, loader_start.next_index);
   log::MetricRing ring(make_sinks(cfg, opts, out, result.run_path, resuming), cfg.log_every);
   // Full checkpoints every save_every steps, and on a stop request.
+  // With ZeRO on several ranks each rank writes its own optimizer shard (every rank has a
+  // Checkpointer on the same shared run directory); otherwise rank 0 writes everything.
   std::unique_ptr<Checkpointer> ckpt;
-  if (!result.run_path.empty() && adamw && (cfg.save_every > 0 || opts.stop))
-    ckpt = std::make_unique<Checkpointer>(result.run_path, cfg.keep_last, cfg.async_save);
+  std::optional<OptimizerShard> shard;
+  const bool sharded_ckpt = zero && world > 1;
+  if (options.write_run_dir && (cfg.save_every > 0 || options.stop) &&
+      (sharded_ckpt || !result.run_path.empty())) {
+    const std::string dir =
+        (std::filesystem::path(cfg.run_dir) / cfg.run_name).string();  // result.run_path on rank 0
+    ckpt = std::make_unique<Checkpointer>(dir, cfg.keep_last, cfg.async_save,
+                                          sharded_ckpt ? group : nullptr);
+    shard = zero ? optimizer_shard(model, *zero) : optimizer_shard(model, *adamw);
+  }
   const std::string config_text = to_toml(cfg);
   // Saves at `step` (completed steps). Returns false when training must stop (on_error = stop).
   int64_t last_saved = -1;
@@ -354,7 +361,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (step == last_saved) return true;
     try {
       const double blocked =
-          ckpt->save(model, *adamw,
+          ckpt->save(model, *shard,
                      {step, loader.state(), uint64_t(cfg.seed), config_text,
                       scaler.enabled() ? std::optional(scaler.state()) : std::nullopt});
       result.save_blocked_ms.push_back(blocked);
@@ -372,11 +379,34 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
   };
 
+  // The sharded save's second half; false when training must stop (on_error = stop).
+  auto commit_checkpoint = [&]() {
+    try {
+      ckpt->commit();
+      return true;
+    } catch (const std::exception& e) {
+      ++result.save_failures;
+      --result.checkpoints_saved;
+      result.save_error = e.what();
+      out << fmt::format("\ncheckpoint failed: {}{}\n", e.what(),
+                         cfg.on_save_error == "stop" ? "; stopping (checkpoint.on_error = stop)"
+                                                     : "; training continues");
+      out.flush();
+      return cfg.on_save_error != "stop";
+    }
+  };
+
   Allocator::get().reset_peak();
   const double tokens_per_step = static_cast<double>(B * T * k * world);  // over all ranks
   using ms = std::chrono::duration<double, std::milli>;
   bool stop_agreed = false;
   for (int64_t step = result.start_step; step < cfg.steps; ++step) {
+    // ZeRO on several ranks: the checkpoint saved after the previous step is put in place now
+    // (a collective; its files were written meanwhile).
+    if (ckpt && sharded_ckpt && !commit_checkpoint()) {
+      result.interrupted = true;
+      break;
+    }
     // With several ranks, the stop request agreed on in the previous step (every rank stops at
     // the same step); alone, this process's own.
     if (world > 1 ? stop_agreed : opts.stop && opts.stop->load()) {

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <map>
 #include <sstream>
 
 #include "kuai/core/ops.h"
@@ -303,37 +304,31 @@ TEST(MpiTrainer, CompressedTrainingFollowsUncompressed) {
   }
 }
 
-// A 2-rank run stopped (every rank agrees on the step), checkpointed by rank 0 and resumed on 2
-// ranks gives the uninterrupted run's losses bit for bit.
-TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) {
+// A 2-rank run stopped (every rank agrees on the step), checkpointed and resumed on 2 ranks gives
+// the uninterrupted run's losses bit for bit: without ZeRO (rank 0 writes the checkpoint) and with
+// ZeRO-2 (each rank writes its optimizer shard; the periodic save at step 3 is committed one step
+// later, the stop's save at the end).
+void resume_is_bit_exact(const std::string& zero) {
   namespace fs = std::filesystem;
   auto pg = group();
-  const fs::path dir = "/tmp/kuai_mpi_resume";
+  const fs::path dir = "/tmp/kuai_mpi_resume_zero" + zero;
   if (pg->rank() == 0) fs::remove_all(dir);
   pg->barrier();
   auto args = [&](const std::string& name) {
-    return std::vector<std::string>{"--run.dir=" + dir.string(),
-                                    "--run.name=" + name,
-                                    "--model.n_layer=2",
-                                    "--model.d_model=32",
-                                    "--model.n_head=2",
-                                    "--model.seq_len=16",
-                                    "--model.vocab_size=61",
-                                    "--train.batch_size=4",
-                                    "--train.accum_steps=2",
-                                    "--train.steps=8",
-                                    "--train.eval_every=0",
-                                    "--data.source=synthetic",
-                                    "--checkpoint.save_every=100",
-                                    "--log.progress=off",
-                                    "--log.jsonl=false",
-                                    "--log.tensorboard=false"};
+    return std::vector<std::string>{
+        "--run.dir=" + dir.string(), "--run.name=" + name,    "--model.n_layer=2",
+        "--model.d_model=32",        "--model.n_head=2",      "--model.seq_len=16",
+        "--model.vocab_size=61",     "--train.batch_size=4",  "--train.accum_steps=2",
+        "--train.steps=8",           "--train.eval_every=0",  "--data.source=synthetic",
+        "--dist.zero=" + zero,       "--dist.bucket_mb=0.01", "--checkpoint.save_every=3",
+        "--log.progress=off",        "--log.jsonl=false",     "--log.tensorboard=false"};
   };
   std::ostringstream out;
   train::TrainOptions o;
   o.group = pg;
   const train::TrainResult full = train::run_training(train::load_config("", args("full")), out, o);
   ASSERT_EQ(full.losses.size(), 8u);
+  EXPECT_EQ(full.save_failures, 0) << full.save_error;
   std::atomic<bool> stop{false};
   o.stop = &stop;
   o.after_step = [&](int64_t step) {
@@ -344,11 +339,14 @@ TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) {
   const int64_t done = first.steps_done;  // the step every rank agreed to stop after
   ASSERT_GE(done, 4);
   ASSERT_LT(done, 8);
-  pg->barrier();  // rank 0's checkpoint is on disk
+  pg->barrier();  // the checkpoint is in place
   train::TrainOptions r;
   r.group = pg;
   r.resume = (dir / "cut").string();
   const std::string ckpt = train::resolve_checkpoint(r.resume);
+  EXPECT_EQ(fs::path(ckpt).filename(), fmt::format("ckpt-{}", done));
+  const train::Checkpoint c = train::read_checkpoint(ckpt);
+  EXPECT_EQ(c.world_size, zero == "0" ? 1 : 2);
   const train::TrainResult rest =
       train::run_training(train::load_config(ckpt + "/config.toml", {}), out, r);
   EXPECT_EQ(rest.start_step, done);
@@ -356,6 +354,121 @@ TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) {
   joined.insert(joined.end(), rest.losses.begin(), rest.losses.end());
   ASSERT_EQ(joined.size(), 8u);
   for (size_t i = 0; i < 8; ++i) EXPECT_EQ(joined[i], full.losses[i]) << "step " << i + 1;
+  pg->barrier();
+}
+
+TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) { resume_is_bit_exact("0"); }
+TEST(MpiZero, ResumeOfATwoRankZero2RunIsBitExact) { resume_is_bit_exact("2"); }
+
+// Re-sharding: the optimizer state of a 2-rank ZeRO-1 checkpoint (one shard per rank, split along
+// DDP's buckets) restores into unsharded AdamW, into ZeRO on one rank, and an unsharded
+// checkpoint into ZeRO on 2 ranks over another partition; every moment equals the unsharded run's
+// bit for bit (ZeRO-1 trains like it bit for bit). A 2-rank ZeRO checkpoint also resumes training
+// in one process without ZeRO, and a missing shard is an error naming its file.
+TEST(MpiZero, CheckpointsReshardAcrossWorldSizesAndStages) {
+  namespace fs = std::filesystem;
+  auto pg = group();
+  const fs::path dir = "/tmp/kuai_mpi_reshard";
+  if (pg->rank() == 0) fs::remove_all(dir);
+  pg->barrier();
+  auto args = [&](const std::string& name, const std::string& zero) {
+    return std::vector<std::string>{
+        "--run.dir=" + dir.string(), "--run.name=" + name,        "--model.n_layer=2",
+        "--model.d_model=32",        "--model.n_head=2",          "--model.seq_len=16",
+        "--model.vocab_size=61",     "--train.batch_size=4",      "--train.steps=4",
+        "--train.eval_every=0",      "--data.source=synthetic",   "--dist.zero=" + zero,
+        "--dist.bucket_mb=0.01",     "--checkpoint.save_every=4", "--log.progress=off",
+        "--log.jsonl=false",         "--log.tensorboard=false"};
+  };
+  std::ostringstream out;
+  train::TrainOptions o;
+  o.group = pg;
+  train::run_training(train::load_config("", args("plain", "0")), out, o);
+  train::run_training(train::load_config("", args("zero", "1")), out, o);
+  pg->barrier();
+  const train::Checkpoint plain = train::read_checkpoint((dir / "plain/ckpt-4").string());
+  const train::Checkpoint sharded = train::read_checkpoint((dir / "zero/ckpt-4").string());
+  ASSERT_EQ(plain.world_size, 1);
+  ASSERT_EQ(sharded.world_size, 2);
+  const train::TrainConfig cfg = train::load_config(plain.path + "/config.toml", {});
+  optim::AdamWOptions ao;
+
+  // The reference: the unsharded checkpoint in unsharded AdamW.
+  nn::GPT ref_model(cfg.model, 1);
+  optim::AdamW ref(train::param_groups(ref_model, 0.1f), ao);
+  train::restore_checkpoint(plain, ref_model, ref);
+  std::map<const void*, std::pair<size_t, size_t>> at;  // reference parameter -> (group, index)
+  for (size_t g = 0; g < ref.groups().size(); ++g)
+    for (size_t i = 0; i < ref.groups()[g].params.size(); ++i)
+      at[ref.groups()[g].params[i].impl()] = {g, i};
+  std::map<std::string, std::pair<size_t, size_t>> ref_at;
+  for (const auto& [name, p] : ref_model.named_parameters()) ref_at[name] = at[p.impl()];
+  // Every piece of `shard` holds the reference's elements.
+  auto expect_reference = [&](const train::OptimizerShard& shard, const std::string& what) {
+    int64_t elements = 0;
+    for (const train::OptimizerPiece& piece : shard.pieces) {
+      const auto [g, i] = ref_at.at(piece.param);
+      for (const auto& [got, want] : {std::pair{piece.exp_avg, ref.exp_avg()[g][i]},
+                                      std::pair{piece.exp_avg_sq, ref.exp_avg_sq()[g][i]}}) {
+        const std::vector<float> all = want.to_vector<float>(), mine = got.to_vector<float>();
+        const std::vector<float> expect(all.begin() + piece.begin,
+                                        all.begin() + piece.begin + got.numel());
+        EXPECT_EQ(mine, expect) << what << ": " << piece.param << " @" << piece.begin;
+      }
+      elements += piece.exp_avg.numel();
+    }
+    EXPECT_GT(elements, 0) << what;
+    EXPECT_EQ(shard.optimizer->step_count(), ref.step_count()) << what;
+  };
+
+  {  // 2 ranks' shards -> unsharded AdamW
+    nn::GPT m(cfg.model, 2);
+    optim::AdamW opt(train::param_groups(m, 0.1f), ao);
+    train::restore_checkpoint(sharded, m, opt);
+    expect_reference(train::optimizer_shard(m, opt), "2-rank ZeRO into AdamW");
+    const auto pm = m.parameters(), pr = ref_model.parameters();
+    for (size_t i = 0; i < pm.size(); ++i)
+      EXPECT_EQ(pm[i].to_vector<float>(), pr[i].to_vector<float>()) << "param " << i;
+  }
+  {  // 2 ranks' shards -> ZeRO on one rank (one shard of everything)
+    nn::GPT m(cfg.model, 3);
+    ZeroAdamW opt(train::param_groups(m, 0.1f), ao, single_process_group());
+    const train::OptimizerShard shard = train::optimizer_shard(m, opt);
+    train::restore_checkpoint(sharded, m, shard);
+    expect_reference(shard, "2-rank ZeRO into 1-rank ZeRO");
+  }
+  {  // unsharded -> ZeRO on 2 ranks, one bucket in group order (not DDP's buckets)
+    nn::GPT m(cfg.model, 4);
+    ZeroAdamW opt(train::param_groups(m, 0.1f), ao, pg);
+    const train::OptimizerShard shard = train::optimizer_shard(m, opt);
+    train::restore_checkpoint(plain, m, shard);
+    expect_reference(shard, "AdamW into 2-rank ZeRO");
+  }
+  pg->barrier();
+  if (pg->rank() == 0) {
+    // Training goes on in one process, without ZeRO, from the 2-rank ZeRO checkpoint.
+    train::TrainOptions alone;
+    alone.group = single_process_group();
+    alone.resume = sharded.path;
+    alone.write_run_dir = false;
+    const train::TrainResult r = train::run_training(
+        train::load_config(sharded.path + "/config.toml", {"--dist.zero=0", "--train.steps=6"}),
+        out, alone);
+    EXPECT_EQ(r.start_step, 4);
+    EXPECT_EQ(r.losses.size(), 2u);
+    // A shard gone: named.
+    const fs::path broken = dir / "broken";
+    fs::copy(sharded.path, broken, fs::copy_options::recursive);
+    fs::remove(broken / "optimizer.rank1.safetensors");
+    try {
+      train::read_checkpoint(broken.string());
+      ADD_FAILURE() << "a checkpoint without its rank-1 shard was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("optimizer.rank1.safetensors: missing"),
+                std::string::npos)
+          << e.what();
+    }
+  }
   pg->barrier();
 }
 
