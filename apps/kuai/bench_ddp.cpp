@@ -2,7 +2,8 @@
 // It runs `kuai train` itself, one process per arm, arms alternating over rounds:
 //   - 1 rank x 1 thread (the baseline),
 //   - 2 ranks x 1 thread under mpirun with overlap on (the default), overlap off, fp16 and bf16
-//     compression, and ZeRO-1 (AdamW state sharded: compare the peak RSS per process),
+//     compression, ZeRO-1 (AdamW state sharded) and ZeRO-2 (gradients too): compare the peak
+//     live tensor memory and RSS of a rank,
 // each with the same per-rank batch, so 2 ranks process twice the tokens per step. Scaling
 // efficiency = tokens/s of 2 ranks / (2 x tokens/s of 1 rank). Reported: median step time and
 // tokens/s over rounds, bytes all-reduced per step, peak RSS.
@@ -29,7 +30,7 @@ struct Arm {
   std::string label;
   int ranks = 1;
   std::vector<std::string> extra;  // config overrides of the arm
-  std::vector<double> tokens_per_s, step_ms, rss_mib;
+  std::vector<double> tokens_per_s, step_ms, rss_mib, live_mib;
   double comm_mib = 0;
   double state_mib = -1;  // ZeRO: the AdamW moments this rank holds
   double unsharded_mib = -1;
@@ -79,6 +80,8 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   a.tokens_per_s.push_back(tps);
   a.step_ms.push_back(ms);
   a.rss_mib.push_back(rss);
+  const size_t live = out.find("memory: peak live tensors ");
+  if (live != std::string::npos) a.live_mib.push_back(std::stod(out.substr(live + 26)));
   const size_t z = out.find("MiB of moments on this rank");
   if (z != std::string::npos) {
     const size_t start = out.rfind(", ", z) + 2;
@@ -121,6 +124,7 @@ int run_ddp_bench(const std::vector<std::string>& args) {
       {"2 ranks, fp16 compression", 2, {"--dist.compression=fp16"}},
       {"2 ranks, bf16 compression", 2, {"--dist.compression=bf16"}},
       {"2 ranks, ZeRO-1", 2, {"--dist.zero=1"}},
+      {"2 ranks, ZeRO-2", 2, {"--dist.zero=2"}},
   };
   std::cerr << fmt::format("bench ddp: {} rounds of {} arms; each run `kuai train", rounds,
                            arms.size());
@@ -136,9 +140,10 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     }
   }
   const double one = median(arms[0].tokens_per_s);
-  std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB all-reduced per step | "
-               "peak RSS MiB (per process) | AdamW state MiB per rank |\n"
-               "|---|---|---|---|---|---|---|\n";
+  std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB reduced per step | "
+               "peak live tensors MiB (rank 0) | peak RSS MiB (rank 0) | AdamW state MiB per "
+               "rank |\n"
+               "|---|---|---|---|---|---|---|---|\n";
   std::ostringstream js;
   js << "{\n  \"rows\": [\n";
   for (size_t i = 0; i < arms.size(); ++i) {
@@ -146,15 +151,18 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     const double tps = median(a.tokens_per_s);
     const double eff = a.ranks > 1 ? tps / (a.ranks * one) : 1.0;
     std::cout << fmt::format(
-        "| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} | {} |\n", a.label, median(a.step_ms), tps,
-        a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
-        a.ranks > 1 ? fmt::format("{:.1f}", a.comm_mib) : "—", median(a.rss_mib),
+        "| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} | {:.0f} | {} |\n", a.label, median(a.step_ms),
+        tps, a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
+        a.ranks > 1 ? fmt::format("{:.1f}", a.comm_mib) : "—", median(a.live_mib),
+        median(a.rss_mib),
         a.state_mib >= 0 ? fmt::format("{:.1f} (unsharded {:.1f})", a.state_mib, a.unsharded_mib)
                          : "all");
     js << fmt::format(
         "    {{\"arm\": \"{}\", \"ranks\": {}, \"step_ms\": {:.2f}, \"tokens_per_s\": {:.1f}, "
-        "\"scaling_efficiency\": {:.3f}, \"comm_mib_per_step\": {:.2f}}}{}\n",
-        a.label, a.ranks, median(a.step_ms), tps, eff, a.comm_mib, i + 1 < arms.size() ? "," : "");
+        "\"scaling_efficiency\": {:.3f}, \"comm_mib_per_step\": {:.2f}, \"peak_live_mib\": {:.1f}, "
+        "\"peak_rss_mib\": {:.1f}, \"state_mib\": {:.1f}}}{}\n",
+        a.label, a.ranks, median(a.step_ms), tps, eff, a.comm_mib, median(a.live_mib),
+        median(a.rss_mib), a.state_mib, i + 1 < arms.size() ? "," : "");
   }
   js << "  ]\n}\n";
   const std::filesystem::path p(json);
