@@ -2,7 +2,9 @@
 // tests are tests/mpi, run under mpirun): the single group's collectives; DDP's buckets (reverse
 // registration order, a small first bucket, gradients as views into bucket memory); training
 // through DDP is bit-identical to plain training; no_sync accumulates; an unused parameter is an
-// error naming it, or is averaged as zero with find_unused.
+// error naming it, or is averaged as zero with find_unused; ZeRO-2's gradient sharding on one rank
+// (buckets allocated by backward and released after their reduce-scatter) trains like plain
+// AdamW bit for bit.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -11,7 +13,9 @@
 #include "kuai/core/rng.h"
 #include "kuai/dist/ddp.h"
 #include "kuai/dist/process_group.h"
+#include "kuai/dist/zero.h"
 #include "kuai/nn/gpt.h"
+#include "kuai/optim/adamw.h"
 
 namespace kuai::dist {
 namespace {
@@ -97,6 +101,42 @@ TEST(DDP, OneRankEqualsPlainTrainingBitForBitAndNoSyncAccumulates) {
   ddp.zero_grad();
   for (const Tensor& p : wrapped.parameters())
     for (float v : p.grad().to_vector<float>()) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(DDP, ShardedGradientsOnOneRankTrainLikePlainAdamW) {
+  nn::GPT plain(small(), 5), sharded(small(), 5);
+  optim::AdamWOptions ao;
+  ao.lr = 1e-2f;
+  optim::AdamW adamw({{plain.parameters(), 0.1f}}, ao);
+  DDPOptions small_buckets;
+  small_buckets.bucket_mb = 0.004;
+  small_buckets.first_bucket_mb = 0.001;
+  DistributedDataParallel ddp(sharded, single_process_group(), small_buckets);
+  ASSERT_GE(ddp.buckets().size(), 6u);
+  ZeroAdamW zero({{sharded.parameters(), 0.1f}}, ao, single_process_group(), ddp.bucket_params(),
+                 2);
+  ddp.shard_gradients(zero.gradient_shards());
+  EXPECT_FALSE(ddp.buckets()[0].flat.defined());
+  Generator g(9, 0);
+  for (int step = 0; step < 3; ++step) {
+    const Tensor x1 = g.randint({2, 16}, 0, 61), y1 = g.randint({2, 16}, 0, 61);
+    const Tensor x2 = g.randint({2, 16}, 0, 61), y2 = g.randint({2, 16}, 0, 61);
+    adamw.zero_grad();
+    plain.loss(x1, y1).backward();
+    plain.loss(x2, y2).backward();
+    adamw.step(0.5f);
+    ddp.prepare_backward(false);
+    sharded.loss(x1, y1).backward();
+    ddp.prepare_backward(true);
+    sharded.loss(x2, y2).backward();
+    ddp.finish_backward();
+    for (const Tensor& p : sharded.parameters()) EXPECT_FALSE(p.grad().defined());
+    zero.step(0.5f);
+  }
+  const auto a = plain.parameters(), b = sharded.parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].to_vector<float>(), b[i].to_vector<float>()) << "param " << i;
+  EXPECT_EQ(zero.shard_size(), zero.num_elements());  // one rank holds everything
 }
 
 TEST(DDP, AnUnusedParameterIsNamedOrAveragedAsZero) {

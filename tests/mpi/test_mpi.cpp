@@ -10,6 +10,7 @@
 //   --timeout-demo  rank 1 never reaches a collective; rank 0 names it and aborts the run;
 //   --kill-demo     rank 1 is killed (SIGKILL) mid-training; mpirun ends rank 0.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cmath>
 #include <csignal>
@@ -359,6 +360,53 @@ void resume_is_bit_exact(const std::string& zero) {
 
 TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) { resume_is_bit_exact("0"); }
 TEST(MpiZero, ResumeOfATwoRankZero2RunIsBitExact) { resume_is_bit_exact("2"); }
+
+// A rank that cannot write its optimizer shard fails the checkpoint on every rank: rank 0 names
+// it, every rank stops at the same step (checkpoint.on_error = stop), and `latest` still names
+// the previous, complete checkpoint.
+TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
+  namespace fs = std::filesystem;
+  auto pg = group();
+  const fs::path dir = "/tmp/kuai_mpi_efbig";
+  if (pg->rank() == 0) fs::remove_all(dir);
+  pg->barrier();
+  std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit fails with EFBIG instead of killing
+  rlimit saved{};
+  getrlimit(RLIMIT_FSIZE, &saved);
+  const train::TrainConfig cfg = train::load_config(
+      "", {"--run.dir=" + dir.string(), "--run.name=r", "--model.n_layer=2", "--model.d_model=32",
+           "--model.n_head=2", "--model.seq_len=16", "--model.vocab_size=61",
+           "--train.batch_size=4", "--train.steps=6", "--train.eval_every=0",
+           "--data.source=synthetic", "--dist.zero=2", "--checkpoint.save_every=2",
+           "--checkpoint.async=false", "--checkpoint.on_error=stop", "--log.progress=off",
+           "--log.jsonl=false", "--log.tensorboard=false", "--log.save_weights=false"});
+  train::TrainOptions o;
+  o.group = pg;
+  o.after_step = [&](int64_t step) {
+    if (step == 2 && pg->rank() == 1) {
+      rlimit r = saved;
+      r.rlim_cur = 4096;  // rank 1's next shard cannot be written
+      setrlimit(RLIMIT_FSIZE, &r);
+    }
+  };
+  std::ostringstream out;
+  const train::TrainResult r = train::run_training(cfg, out, o);
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, SIG_DFL);
+  EXPECT_GE(r.save_failures, 1);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps_done, 4);
+  if (pg->rank() == 0)
+    EXPECT_NE(r.save_error.find("rank 1 could not write its optimizer shard"), std::string::npos)
+        << r.save_error;
+  else
+    EXPECT_NE(r.save_error.find("optimizer.rank1.safetensors"), std::string::npos) << r.save_error;
+  pg->barrier();
+  const std::string latest = train::resolve_checkpoint((dir / "r").string());
+  EXPECT_EQ(fs::path(latest).filename(), "ckpt-2");
+  EXPECT_NO_THROW(train::read_checkpoint(latest));
+  pg->barrier();
+}
 
 // Re-sharding: the optimizer state of a 2-rank ZeRO-1 checkpoint (one shard per rank, split along
 // DDP's buckets) restores into unsharded AdamW, into ZeRO on one rank, and an unsharded
