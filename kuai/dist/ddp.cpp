@@ -73,6 +73,7 @@ struct DistributedDataParallel::State {
   std::vector<std::string> names;      // parameter index -> name
   std::vector<Tensor> params;          // parameter index -> parameter
   std::vector<int64_t> bucket_size;    // parameters per bucket
+  std::vector<std::vector<int64_t>> members;  // per bucket, parameter indices
   // Per synchronising backward:
   bool sync = true;
   std::vector<int64_t> pending;              // parameters of each bucket not yet ready
@@ -94,7 +95,6 @@ struct DistributedDataParallel::State {
     buckets[b].flat = zeros({padded[b]});
     for (int64_t i : members[b]) allocate_view(i);
   }
-  std::vector<std::vector<int64_t>> members;  // per bucket, parameter indices
 
   // ZeRO-2: a gradient that autograd put somewhere else than the bucket (the first one of an
   // unallocated bucket, adopted as it came) is moved into the bucket.
