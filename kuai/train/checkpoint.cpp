@@ -127,11 +127,17 @@ void write_blobs(const std::string& path, const std::vector<Blob>& blobs, const 
   io::write_safetensors(path, views, {{"kuai.format", kind}, {"kuai.version", kKuaiVersion}});
 }
 
-// (group, index) -> parameter name, through the identity of the tensors.
-std::vector<std::vector<std::string>> optimizer_names(const nn::GPT& model,
-                                                      const optim::AdamW& opt) {
+// Parameter -> its name in the model, through the identity of the tensors.
+std::map<const void*, std::string> names_by_impl(const nn::GPT& model) {
   std::map<const void*, std::string> by_impl;
   for (const auto& [name, p] : model.named_parameters()) by_impl[p.impl()] = name;
+  return by_impl;
+}
+
+// (group, index) -> parameter name.
+std::vector<std::vector<std::string>> optimizer_names(const nn::GPT& model,
+                                                      const optim::AdamW& opt) {
+  const auto by_impl = names_by_impl(model);
   std::vector<std::vector<std::string>> names;
   for (const optim::ParamGroup& g : opt.groups()) {
     names.emplace_back();
@@ -159,12 +165,6 @@ void load_entry(const io::SafetensorsFile& file, const std::string& name, const 
     throw std::invalid_argument("checkpoint: destination tensor is not contiguous");
   const auto bytes = file.data(*e);
   std::memcpy(dst.data<float>(), bytes.data(), bytes.size());
-}
-
-std::map<const void*, std::string> names_by_impl(const nn::GPT& model) {
-  std::map<const void*, std::string> by_impl;
-  for (const auto& [name, p] : model.named_parameters()) by_impl[p.impl()] = name;
-  return by_impl;
 }
 
 std::string piece_name(const char* kind, const OptimizerPiece& p) {

@@ -357,6 +357,16 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const std::string config_text = to_toml(cfg);
   // Saves at `step` (completed steps). Returns false when training must stop (on_error = stop).
   int64_t last_saved = -1;
+  // A failed save (or commit): reported; returns false when training must stop (on_error = stop).
+  auto save_failed = [&](const std::exception& e) {
+    ++result.save_failures;
+    result.save_error = e.what();
+    out << fmt::format("\ncheckpoint failed: {}{}\n", e.what(),
+                       cfg.on_save_error == "stop" ? "; stopping (checkpoint.on_error = stop)"
+                                                   : "; training continues");
+    out.flush();
+    return cfg.on_save_error != "stop";
+  };
   auto save_checkpoint = [&](int64_t step) {
     if (step == last_saved) return true;
     try {
@@ -369,30 +379,17 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       last_saved = step;
       return true;
     } catch (const std::exception& e) {
-      ++result.save_failures;
-      result.save_error = e.what();
-      out << fmt::format("\ncheckpoint failed: {}{}\n", e.what(),
-                         cfg.on_save_error == "stop" ? "; stopping (checkpoint.on_error = stop)"
-                                                     : "; training continues");
-      out.flush();
-      return cfg.on_save_error != "stop";
+      return save_failed(e);
     }
   };
-
-  // The sharded save's second half; false when training must stop (on_error = stop).
+  // The sharded save's second half, one step later (see Checkpointer::commit).
   auto commit_checkpoint = [&]() {
     try {
       ckpt->commit();
       return true;
     } catch (const std::exception& e) {
-      ++result.save_failures;
-      --result.checkpoints_saved;
-      result.save_error = e.what();
-      out << fmt::format("\ncheckpoint failed: {}{}\n", e.what(),
-                         cfg.on_save_error == "stop" ? "; stopping (checkpoint.on_error = stop)"
-                                                     : "; training continues");
-      out.flush();
-      return cfg.on_save_error != "stop";
+      --result.checkpoints_saved;  // counted when its files were handed to the writer
+      return save_failed(e);
     }
   };
 
