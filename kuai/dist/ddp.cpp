@@ -72,7 +72,6 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> offset;         // parameter index -> first element in its bucket
   std::vector<std::string> names;      // parameter index -> name
   std::vector<Tensor> params;          // parameter index -> parameter
-  std::vector<int64_t> bucket_size;    // parameters per bucket
   std::vector<std::vector<int64_t>> members;  // per bucket, parameter indices
   // Per synchronising backward:
   bool sync = true;
@@ -84,7 +83,9 @@ struct DistributedDataParallel::State {
   bool sharded() const { return !shards.empty(); }
 
   void reset_for_backward() {
-    pending = bucket_size;
+    pending.resize(members.size());
+    for (size_t b = 0; b < members.size(); ++b)
+      pending[b] = static_cast<int64_t>(members[b].size());
     std::fill(ready.begin(), ready.end(), 0);
     next_launch = 0;
     works.clear();
@@ -112,9 +113,8 @@ struct DistributedDataParallel::State {
   void allocate_view(int64_t param) {
     Tensor& p = params[param];
     const size_t b = static_cast<size_t>(bucket_of[param]);
-    Shape strides(p.dim(), 1);
-    for (int64_t d = p.dim() - 2; d >= 0; --d) strides[d] = strides[d + 1] * p.shape()[d + 1];
-    p.set_grad(Tensor::view_of(buckets[b].flat, p.shape(), strides, offset[param]));
+    p.set_grad(
+        Tensor::view_of(buckets[b].flat, p.shape(), contiguous_strides(p.shape()), offset[param]));
   }
 
   // ZeRO-2: buckets whose reduce-scatter has completed give their memory back.
@@ -217,7 +217,6 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       s.names[i] = params[i].first;
       s.params[i] = params[i].second;
     }
-    s.bucket_size.push_back(static_cast<int64_t>(m.size()));
     s.padded.push_back(padded);
     if (options.compression != Compression::kNone) {
       s.wire.push_back(

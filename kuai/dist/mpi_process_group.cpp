@@ -97,12 +97,8 @@ class MpiProcessGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op, std::function<void()> before,
                                    std::function<void()> after) override {
-    if (!t.is_contiguous())
-      throw std::invalid_argument("all_reduce: the tensor must be contiguous");
+    check_reducible(t, "all_reduce", true);
     const DType dt = t.dtype();
-    if (dt != DType::kF32 && dt != DType::kBF16 && dt != DType::kF16)
-      throw std::invalid_argument("all_reduce: cannot reduce " + std::string(dtype_name(dt)) +
-                                  " tensors");
     const int n = count(t.numel(), "all_reduce");
     void* p = t.raw_data();
     const MPI_Datatype type = dt == DType::kF32 ? MPI_FLOAT : half_type_;
@@ -120,8 +116,8 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
-    check_float(in, "reduce_scatter");
-    check_float(out, "reduce_scatter");
+    check_reducible(in, "reduce_scatter", false);
+    check_reducible(out, "reduce_scatter", false);
     if (in.numel() != out.numel() * size_)
       throw std::invalid_argument(
           fmt::format("reduce_scatter: in holds {} elements, not size() {} x out's {}", in.numel(),
@@ -177,14 +173,6 @@ class MpiProcessGroup final : public ProcessGroup {
     std::function<int(MPI_Request*)> start;
     std::function<void()> after;
   };
-
-  static void check_float(const Tensor& t, const char* op) {
-    if (!t.is_contiguous())
-      throw std::invalid_argument(std::string(op) + ": the tensor must be contiguous");
-    if (t.dtype() != DType::kF32)
-      throw std::invalid_argument(std::string(op) + ": only fp32 tensors are reduced, got " +
-                                  std::string(dtype_name(t.dtype())));
-  }
 
   static int count(int64_t n, const char* op) {
     if (n > INT32_MAX)

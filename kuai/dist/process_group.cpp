@@ -28,16 +28,16 @@ void Work::finish(std::string error) {
   cv_.notify_all();
 }
 
-namespace {
-
-void check_float(const Tensor& t, const char* op, bool low_ok = false) {
+void ProcessGroup::check_reducible(const Tensor& t, const char* op, bool low_precision) {
   if (!t.is_contiguous())
     throw std::invalid_argument(std::string(op) + ": the tensor must be contiguous");
   const bool low = t.dtype() == DType::kBF16 || t.dtype() == DType::kF16;
-  if (t.dtype() != DType::kF32 && !(low_ok && low))
+  if (t.dtype() != DType::kF32 && !(low_precision && low))
     throw std::invalid_argument(std::string(op) + ": cannot reduce " +
                                 std::string(dtype_name(t.dtype())) + " tensors");
 }
+
+namespace {
 
 std::shared_ptr<Work> done(const char* what) {
   auto w = std::make_shared<Work>(what);
@@ -53,14 +53,14 @@ class SingleProcessGroup final : public ProcessGroup {
   std::string backend() const override { return "single"; }
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp, std::function<void()> before,
                                    std::function<void()> after) override {
-    check_float(t, "all_reduce", true);
+    check_reducible(t, "all_reduce", true);
     if (before) before();
     if (after) after();
     return done("all_reduce");
   }
   std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {
-    check_float(in, "reduce_scatter");
-    check_float(out, "reduce_scatter");
+    check_reducible(in, "reduce_scatter", false);
+    check_reducible(out, "reduce_scatter", false);
     if (in.numel() != out.numel())
       throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
     std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));

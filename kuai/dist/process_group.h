@@ -81,6 +81,10 @@ class ProcessGroup {
   int64_t bytes_sent() const { return bytes_sent_; }
 
  protected:
+  // Throws std::invalid_argument unless t is contiguous and fp32 (or bf16/f16 where
+  // low_precision is allowed): the tensors the reductions accept.
+  static void check_reducible(const Tensor& t, const char* op, bool low_precision);
+
   int64_t bytes_sent_ = 0;
 };
 

@@ -112,6 +112,18 @@ Tensor rows_of(const Tensor& t, int64_t begin, int64_t n) {
   return contiguous(narrow(t, 0, begin, n));
 }
 
+// The trainer's arguments for small() on synthetic tokens, batch 4 per rank, no evaluation and no
+// logs, then `extra`.
+std::vector<std::string> small_run(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {
+      "--model.n_layer=2",    "--model.d_model=32",      "--model.n_head=2",
+      "--model.seq_len=16",   "--model.vocab_size=61",   "--train.batch_size=4",
+      "--train.eval_every=0", "--data.source=synthetic", "--log.progress=off",
+      "--log.jsonl=false",    "--log.tensorboard=false"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 TEST(MpiDDP, TwoRanksOfBatchBEqualOneProcessOfBatch2B) {
   auto pg = group();
   const int64_t b = 4;
@@ -284,12 +296,9 @@ TEST(MpiTrainer, CompressedTrainingFollowsUncompressed) {
   auto pg = group();
   auto losses = [&](const std::string& compression, bool ef) {
     const train::TrainConfig c = train::load_config(
-        "",
-        {"--model.n_layer=2", "--model.d_model=32", "--model.n_head=2", "--model.seq_len=16",
-         "--train.batch_size=4", "--train.steps=30", "--train.eval_every=0", "--train.lr=3e-3",
-         "--data.source=synthetic", "--model.vocab_size=61", "--dist.compression=" + compression,
-         std::string("--dist.error_feedback=") + (ef ? "true" : "false"), "--log.progress=off",
-         "--log.jsonl=false", "--log.tensorboard=false", "--log.save_weights=false"});
+        "", small_run({"--train.steps=30", "--train.lr=3e-3", "--dist.compression=" + compression,
+                       std::string("--dist.error_feedback=") + (ef ? "true" : "false"),
+                       "--log.save_weights=false"}));
     std::ostringstream out;
     train::TrainOptions o;
     o.write_run_dir = false;
@@ -316,13 +325,9 @@ void resume_is_bit_exact(const std::string& zero) {
   if (pg->rank() == 0) fs::remove_all(dir);
   pg->barrier();
   auto args = [&](const std::string& name) {
-    return std::vector<std::string>{
-        "--run.dir=" + dir.string(), "--run.name=" + name,    "--model.n_layer=2",
-        "--model.d_model=32",        "--model.n_head=2",      "--model.seq_len=16",
-        "--model.vocab_size=61",     "--train.batch_size=4",  "--train.accum_steps=2",
-        "--train.steps=8",           "--train.eval_every=0",  "--data.source=synthetic",
-        "--dist.zero=" + zero,       "--dist.bucket_mb=0.01", "--checkpoint.save_every=3",
-        "--log.progress=off",        "--log.jsonl=false",     "--log.tensorboard=false"};
+    return small_run({"--run.dir=" + dir.string(), "--run.name=" + name, "--train.accum_steps=2",
+                      "--train.steps=8", "--dist.zero=" + zero, "--dist.bucket_mb=0.01",
+                      "--checkpoint.save_every=3"});
   };
   std::ostringstream out;
   train::TrainOptions o;
@@ -374,12 +379,9 @@ TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
   rlimit saved{};
   getrlimit(RLIMIT_FSIZE, &saved);
   const train::TrainConfig cfg = train::load_config(
-      "", {"--run.dir=" + dir.string(), "--run.name=r", "--model.n_layer=2", "--model.d_model=32",
-           "--model.n_head=2", "--model.seq_len=16", "--model.vocab_size=61",
-           "--train.batch_size=4", "--train.steps=6", "--train.eval_every=0",
-           "--data.source=synthetic", "--dist.zero=2", "--checkpoint.save_every=2",
-           "--checkpoint.async=false", "--checkpoint.on_error=stop", "--log.progress=off",
-           "--log.jsonl=false", "--log.tensorboard=false", "--log.save_weights=false"});
+      "", small_run({"--run.dir=" + dir.string(), "--run.name=r", "--train.steps=6",
+                     "--dist.zero=2", "--checkpoint.save_every=2", "--checkpoint.async=false",
+                     "--checkpoint.on_error=stop", "--log.save_weights=false"}));
   train::TrainOptions o;
   o.group = pg;
   o.after_step = [&](int64_t step) {
@@ -420,13 +422,8 @@ TEST(MpiZero, CheckpointsReshardAcrossWorldSizesAndStages) {
   if (pg->rank() == 0) fs::remove_all(dir);
   pg->barrier();
   auto args = [&](const std::string& name, const std::string& zero) {
-    return std::vector<std::string>{
-        "--run.dir=" + dir.string(), "--run.name=" + name,        "--model.n_layer=2",
-        "--model.d_model=32",        "--model.n_head=2",          "--model.seq_len=16",
-        "--model.vocab_size=61",     "--train.batch_size=4",      "--train.steps=4",
-        "--train.eval_every=0",      "--data.source=synthetic",   "--dist.zero=" + zero,
-        "--dist.bucket_mb=0.01",     "--checkpoint.save_every=4", "--log.progress=off",
-        "--log.jsonl=false",         "--log.tensorboard=false"};
+    return small_run({"--run.dir=" + dir.string(), "--run.name=" + name, "--train.steps=4",
+                      "--dist.zero=" + zero, "--dist.bucket_mb=0.01", "--checkpoint.save_every=4"});
   };
   std::ostringstream out;
   train::TrainOptions o;
@@ -598,12 +595,8 @@ TEST(MpiZero, Stage2EqualsUnshardedAndHoldsNoFullGradients) {
 // the same in double, rounded to float once), also with 2 micro-batches and in fp16 (the
 // overflow check combined across ranks).
 std::vector<float> trainer_losses(const std::string& zero, std::vector<std::string> extra = {}) {
-  std::vector<std::string> args = {
-      "--model.n_layer=2",   "--model.d_model=32",      "--model.n_head=2",
-      "--model.seq_len=16",  "--model.vocab_size=61",   "--train.batch_size=4",
-      "--train.steps=5",     "--train.eval_every=0",    "--data.source=synthetic",
-      "--dist.zero=" + zero, "--dist.bucket_mb=0.01",   "--log.progress=off",
-      "--log.jsonl=false",   "--log.tensorboard=false", "--log.save_weights=false"};
+  std::vector<std::string> args = small_run({"--train.steps=5", "--dist.zero=" + zero,
+                                             "--dist.bucket_mb=0.01", "--log.save_weights=false"});
   args.insert(args.end(), extra.begin(), extra.end());
   std::ostringstream out;
   train::TrainOptions o;
