@@ -72,19 +72,25 @@ Tensor GradScaler::unscale_(const std::vector<Tensor>& params) {
                                   device.str() + ", got " + g.str());
     grads.emplace_back(p, g);
   }
-  unscaled_ = true;
-  // Powers of two (the defaults) give an exact reciprocal; otherwise rounded once, as PyTorch's
-  // scale.double().reciprocal().float().
-  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
-  float* flag = found_inf.data<float>();
+  std::vector<Tensor> contiguous_grads;
   for (auto& [p, g] : grads) {
     if (!g.is_contiguous()) {  // unscale a contiguous copy and make it the gradient
       g = g.contiguous();
       p.set_grad(g);
     }
-    cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, flag);
+    contiguous_grads.push_back(g);
   }
+  apply_unscale(contiguous_grads, found_inf);
   return found_inf;
+}
+
+void GradScaler::apply_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf) {
+  unscaled_ = true;
+  // Powers of two (the defaults) give an exact reciprocal; otherwise rounded once, as PyTorch's
+  // scale.double().reciprocal().float().
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+  for (const Tensor& g : grads)
+    cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, found_inf.data<float>());
 }
 
 Tensor GradScaler::unscale_grads_(const std::vector<Tensor>& grads) {
@@ -99,10 +105,7 @@ Tensor GradScaler::unscale_grads_(const std::vector<Tensor>& grads) {
     throw std::logic_error(
         "GradScaler::unscale_grads_: already called since the last update(); the gradients would "
         "be divided by the scale twice");
-  unscaled_ = true;
-  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
-  for (const Tensor& g : grads)
-    cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, found_inf.data<float>());
+  apply_unscale(grads, found_inf);
   return found_inf;
 }
 

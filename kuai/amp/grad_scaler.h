@@ -98,6 +98,9 @@ class GradScaler {
   void load_state(const GradScalerState& state);
 
  private:
+  // grads *= 1/scale (contiguous fp32, checked), inf/NaN into found_inf; marks them unscaled.
+  void apply_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf);
+
   GradScalerOptions opt_;
   float scale_;
   int64_t tracker_ = 0;
