@@ -63,7 +63,7 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     part_.push_back((n + world - 1) / world);
     shard_ += part_.back();
   }
-  mine_ = segments_of(group_->rank());
+  for (int r = 0; r < group_->size(); ++r) segments_.push_back(segments_of(r));
   m_ = zeros({std::max<int64_t>(shard_, 1)});
   v_ = zeros({std::max<int64_t>(shard_, 1)});
   if (stage_ == 2) grad_ = zeros({std::max<int64_t>(shard_, 1)});
@@ -115,7 +115,7 @@ void ZeroAdamW::step(float grad_scale) {
   cpu::AdamWParams hp = adamw_params(opt_, lr_, step_, grad_scale);
   // 1. Update this rank's shard, from the full averaged gradients (stage 1) or the shard of them
   //    (stage 2).
-  for (const Segment& s : mine_) {
+  for (const Segment& s : segments()) {
     Tensor& p = groups_[s.group].params[s.param];
     const float* g = nullptr;
     Tensor gc;
@@ -148,7 +148,7 @@ void ZeroAdamW::step(float grad_scale) {
 
 void ZeroAdamW::copy_shard_range(int rank, int64_t begin, int64_t length, float* buf,
                                  bool to_params) {
-  for (const Segment& s : rank == group_->rank() ? mine_ : segments_of(rank)) {
+  for (const Segment& s : segments_[rank]) {
     const int64_t b = std::max(begin, s.shard_offset);
     const int64_t e = std::min(begin + length, s.shard_offset + s.length);
     if (b >= e) continue;

@@ -63,13 +63,14 @@ class ZeroAdamW : public optim::Optimizer {
     int64_t begin, length;  // elements of the parameter
     int64_t shard_offset;   // where they sit in that rank's shard
   };
-  const std::vector<Segment>& segments() const { return mine_; }  // this rank's
+  // This rank's segments.
+  const std::vector<Segment>& segments() const { return segments_[group_->rank()]; }
   // The moments of this rank's shard (S elements each); filled by a checkpoint restore.
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
 
  private:
-  std::vector<Segment> segments_of(int rank) const;
+  std::vector<Segment> segments_of(int rank) const;  // computed once, into segments_
   // Elements [begin, begin + length) of `rank`'s shard between `buf` and the parameters.
   void copy_shard_range(int rank, int64_t begin, int64_t length, float* buf, bool to_params);
 
@@ -82,11 +83,11 @@ class ZeroAdamW : public optim::Optimizer {
   int stage_;
   int64_t total_ = 0, shard_ = 0, gather_chunk_;
   std::vector<std::vector<Member>> buckets_;
-  std::vector<int64_t> part_;         // s_b per bucket
-  std::vector<int64_t> part_offset_;  // where bucket b's part starts in a shard
-  std::vector<Segment> mine_;
-  Tensor m_, v_;  // (S) each
-  Tensor grad_;   // (S), stage 2
+  std::vector<int64_t> part_;                   // s_b per bucket
+  std::vector<int64_t> part_offset_;            // where bucket b's part starts in a shard
+  std::vector<std::vector<Segment>> segments_;  // per rank
+  Tensor m_, v_;                                // (S) each
+  Tensor grad_;                                 // (S), stage 2
 };
 
 }  // namespace kuai::dist
