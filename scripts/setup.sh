@@ -29,6 +29,7 @@ packages=(
   cmake g++ make pkg-config
   libopenblas-openmp-dev   # GEMM (OpenMP build: one thread pool with kuai's kernels)
   libdnnl-dev              # oneDNN matmul primitive (the faster GEMM on some shapes)
+  ocl-icd-opencl-dev       # read by the dnnl-config.cmake of Debian's libdnnl-dev (GPU runtime build; only a Recommends)
   libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libxxhash-dev            # xxh3 checksums in checkpoints
   openmpi-bin libopenmpi-dev   # multi-process training: mpirun and the MPI library (kuai/dist)

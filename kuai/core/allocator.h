@@ -35,23 +35,31 @@ class Allocator {
   static size_t round_size(size_t nbytes);
 };
 
-// `count` floats of CPU scratch from the tracking allocator (so the memory counters see it),
-// returned when the object goes out of scope. For kernels' temporary buffers.
-class ScratchFloats {
+// `bytes` of CPU scratch from the tracking allocator (64-byte aligned, counted by the memory
+// counters), returned when the object goes out of scope. For library workspaces.
+class ScratchBytes {
  public:
-  explicit ScratchFloats(int64_t count)
-      : bytes_(count > 0 ? static_cast<size_t>(count) * sizeof(float) : 0),
-        data_(bytes_ > 0 ? static_cast<float*>(Allocator::get().allocate(bytes_)) : nullptr) {}
-  ~ScratchFloats() {
+  explicit ScratchBytes(size_t bytes)
+      : bytes_(bytes), data_(bytes_ > 0 ? Allocator::get().allocate(bytes_) : nullptr) {}
+  ~ScratchBytes() {
     if (data_ != nullptr) Allocator::get().deallocate(data_, bytes_);
   }
-  ScratchFloats(const ScratchFloats&) = delete;
-  ScratchFloats& operator=(const ScratchFloats&) = delete;
-  float* data() const { return data_; }
+  ScratchBytes(const ScratchBytes&) = delete;
+  ScratchBytes& operator=(const ScratchBytes&) = delete;
+  void* data() const { return data_; }
 
  private:
   size_t bytes_;
-  float* data_;
+  void* data_;
+};
+
+// `count` floats of CPU scratch from the tracking allocator (so the memory counters see it),
+// returned when the object goes out of scope. For kernels' temporary buffers.
+class ScratchFloats : ScratchBytes {
+ public:
+  explicit ScratchFloats(int64_t count)
+      : ScratchBytes(count > 0 ? static_cast<size_t>(count) * sizeof(float) : 0) {}
+  float* data() const { return static_cast<float*>(ScratchBytes::data()); }
 };
 
 }  // namespace kuai

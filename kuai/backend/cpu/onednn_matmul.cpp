@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "kuai/backend/cpu/onednn_cache.h"
+#include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
 namespace {
@@ -48,6 +49,7 @@ std::shared_ptr<const OneDnnMatmul> create(const OneDnnMatmulKey& key) {
   dnnl::memory::desc c_md(dims{key.m, key.n}, dnnl_type(key.c_type), dims{key.ldc, 1});
   const dnnl::memory::desc bias_md(dims{1, key.n}, dnnl::memory::data_type::f32, dims{key.n, 1});
   dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // see OneDnnMatmul in the header
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
   if (key.beta != 0.0f) {
     dnnl::post_ops ops;
@@ -62,8 +64,10 @@ std::shared_ptr<const OneDnnMatmul> create(const OneDnnMatmulKey& key) {
     dnnl::matmul::primitive_desc pd(key.bias ? dnnl::matmul::desc(a_md, b_md, bias_md, c_md)
                                              : dnnl::matmul::desc(a_md, b_md, c_md),
                                     attr, onednn_engine());
-    made = std::make_shared<OneDnnMatmul>(
-        OneDnnMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md, pd.impl_info_str()});
+    const dnnl::memory::desc scratch_md = pd.scratchpad_desc();
+    made = std::make_shared<OneDnnMatmul>(OneDnnMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md,
+                                                       scratch_md, scratch_md.get_size(),
+                                                       pd.impl_info_str()});
   } catch (const dnnl::error&) {
     made = nullptr;  // no implementation for this combination
   }
@@ -97,6 +101,10 @@ void run_onednn_matmul(const OneDnnMatmul& mm, const void* A, const void* B, voi
       {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
   if (bias != nullptr)
     args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, engine, const_cast<float*>(bias)));
+  // This execution's own scratchpad (64-byte aligned, a cached block after the first step).
+  ScratchBytes scratch(mm.scratch_bytes);
+  if (mm.scratch_bytes > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(mm.scratch_md, engine, scratch.data()));
   mm.primitive.execute(stream, args);
   stream.wait();
 }

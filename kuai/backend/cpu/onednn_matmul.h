@@ -26,9 +26,15 @@ struct OneDnnMatmulKey {
   bool operator==(const OneDnnMatmulKey&) const = default;
 };
 
+// Created in oneDNN's *user* scratchpad mode: the primitive owns no working memory, and every
+// execution brings its own (run_onednn_matmul takes it from the tracking allocator for the length
+// of the call). In the default library mode a primitive owns one scratch buffer, so two threads
+// executing the same cached primitive at once (gemm_batched over the batch, attention's per-head
+// products inside parallel regions) overwrite each other's packed panels and accumulators.
 struct OneDnnMatmul {
   dnnl::matmul primitive;
-  dnnl::memory::desc a_md, b_md, c_md, bias_md;
+  dnnl::memory::desc a_md, b_md, c_md, bias_md, scratch_md;
+  size_t scratch_bytes = 0;
   std::string impl;  // oneDNN's implementation name ("brg:avx512_core_amx", "jit:gemm:any", ...)
 };
 
@@ -42,6 +48,7 @@ OneDnnMatmulKey onednn_matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t
 std::shared_ptr<const OneDnnMatmul> cached_onednn_matmul(const OneDnnMatmulKey& key);
 
 // C = op(A) op(B) (+ bias), with the key's alpha and beta; pointers to elements of the key's types.
+// Safe to call on one primitive from several threads at once: the scratchpad is per call.
 void run_onednn_matmul(const OneDnnMatmul& mm, const void* A, const void* B, void* C,
                        const float* bias = nullptr);
 
