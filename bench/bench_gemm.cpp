@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
 
 namespace {
 

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
 

@@ -17,7 +17,7 @@
 #include <iostream>
 #include <optional>
 
-#include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"

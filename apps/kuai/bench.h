@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "kuai/train/config.h"
+
 namespace kuai::app {
 
 int run_bench(const std::vector<std::string>& args);
@@ -16,5 +18,13 @@ int run_attention_bench(const std::vector<std::string>& args);
 // `kuai bench ddp [--rounds=N] [--section.key=value ...]` (bench_ddp.cpp): 1 rank against 2 ranks
 // under mpirun (scaling efficiency), overlap off/on, compression off/fp16/bf16.
 int run_ddp_bench(const std::vector<std::string>& args);
+
+// `kuai info [--cpu-tier | --tier]` (info.cpp): the CPU, the ISA tier in force, which
+// implementation runs each op family.
+int run_info(const std::vector<std::string>& args);
+
+// `kuai tune [--config FILE] [--section.key=value ...]` (tune.cpp): forgets this machine's GEMM
+// tuning cache, measures the products of one training step of the config and prints the choices.
+int run_tune(const train::TrainConfig& cfg);
 
 }  // namespace kuai::app

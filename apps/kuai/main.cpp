@@ -1,4 +1,5 @@
-// The `kuai` command: train, sample, prepare, bench. Errors print one line and exit non-zero.
+// The `kuai` command: train, sample, prepare, bench, info, tune. Errors print one line and exit
+// non-zero.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -44,7 +45,11 @@ constexpr const char* kUsage =
     "                                                      1 vs 2 ranks (mpirun), overlap, "
     "compression\n"
     "  bench [machine | gemm | bandwidth | adamw] [--threads=N]\n"
-    "                                                      this machine's ceilings\n";
+    "                                                      this machine's ceilings\n"
+    "  info [--cpu-tier | --tier]                          the CPU, its ISA tier (KUAI_MAX_ISA\n"
+    "                                                      caps it), which GEMM runs each product\n"
+    "  tune [--config FILE] [--section.key=value ...]      re-measure the GEMM routing for this\n"
+    "                                                      machine (KUAI_GEMM_TUNING=off: none)\n";
 
 // "--name=value" or "--name value"; advances i past what it consumed.
 bool take_option(const std::vector<std::string>& args, size_t& i, const std::string& name,
@@ -60,6 +65,19 @@ bool take_option(const std::vector<std::string>& args, size_t& i, const std::str
     return true;
   }
   return false;
+}
+
+int tune_command(const std::vector<std::string>& args) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (take_option(args, i, "config", v))
+      config_path = v;
+    else
+      overrides.push_back(args[i]);
+  }
+  return kuai::app::run_tune(kuai::train::load_config(config_path, overrides));
 }
 
 int train_command(const std::vector<std::string>& args) {
@@ -201,6 +219,8 @@ int main(int argc, char** argv) {
     if (command == "sample") return sample_command(args);
     if (command == "prepare") return prepare_command(args);
     if (command == "bench") return kuai::app::run_bench(args);
+    if (command == "info") return kuai::app::run_info(args);
+    if (command == "tune") return tune_command(args);
     std::cerr << "kuai: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const std::exception& e) {

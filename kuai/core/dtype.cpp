@@ -116,30 +116,32 @@ void store(void* dst, DType t, int64_t i, double v) {
   }
 }
 
-// One chunk of each fast conversion, compiled per ISA (KUAI_CLONES): the element functions are
-// inlined (no call per element), so the loops vectorise. These are the portable versions; the f16
-// directions have F16C versions below, used wherever the CPU has F16C.
-KUAI_CLONES void f32_to_bf16_chunk(const float* s, uint16_t* d, int64_t n) {
+// One chunk of each fast conversion, compiled per ISA (KUAI_CLONE, isa.h): the element functions
+// are inlined (no call per element), so the loops vectorise. These are the portable versions; the
+// f16 directions have F16C versions below, used wherever the CPU has F16C.
+KUAI_KERNEL void f32_to_bf16_chunk_kernel(const float* s, uint16_t* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_bf16(s[i]);
 }
-KUAI_CLONES void bf16_to_f32_chunk(const uint16_t* s, float* d, int64_t n) {
+KUAI_CLONE(f32_to_bf16_chunk, f32_to_bf16_chunk_kernel)
+KUAI_KERNEL void bf16_to_f32_chunk_kernel(const uint16_t* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = bf16_to_float(s[i]);
 }
-KUAI_CLONES void f32_to_f16_portable(const float* s, uint16_t* d, int64_t n) {
+KUAI_CLONE(bf16_to_f32_chunk, bf16_to_f32_chunk_kernel)
+KUAI_KERNEL void f32_to_f16_portable_kernel(const float* s, uint16_t* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = float_to_f16(s[i]);
 }
-KUAI_CLONES void f16_to_f32_portable(const uint16_t* s, float* d, int64_t n) {
+KUAI_CLONE(f32_to_f16_portable, f32_to_f16_portable_kernel)
+KUAI_KERNEL void f16_to_f32_portable_kernel(const uint16_t* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = f16_to_float(s[i]);
 }
+KUAI_CLONE(f16_to_f32_portable, f16_to_f32_portable_kernel)
 
 // F16C: vcvtps2ph / vcvtph2ps on 8 elements at a time, scalar tail. The scalar functions above
 // agree with the instructions bit for bit on every input (rounding to nearest even with the
 // immediate, NaN quieted with its top payload bits kept, overflow to inf, subnormals, signed
-// zeros); tests/core/test_dtype.cpp checks it. Chosen at run time with __builtin_cpu_supports
-// rather than ifunc clones. Like KUAI_CLONES (isa.h), GCC builds only (clang 14 cannot test for
-// F16C) and not in sanitizer builds, which keep the portable loops.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+// zeros); tests/core/test_dtype.cpp checks it. Used from the avx2 tier up (isa.h), so
+// KUAI_MAX_ISA=baseline runs the portable loops. GCC builds only (clang 14 cannot test for F16C).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define KUAI_HAVE_F16C_PATH 1
 
 __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* s, uint16_t* d, int64_t n) {
@@ -172,13 +174,7 @@ __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, flo
   for (; i < n; ++i) d[i] = f16_to_float(s[i]);
 }
 
-bool cpu_has_f16c() {
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-  }();
-  return has;
-}
+bool cpu_has_f16c() { return cpu::isa() >= cpu::Isa::kAvx2; }
 #endif
 
 void f32_to_f16_chunk(const float* s, uint16_t* d, int64_t n) {

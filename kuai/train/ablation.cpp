@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/core/allocator.h"
 #include "kuai/io/export.h"
 #include "kuai/train/checkpoint.h"

@@ -31,7 +31,7 @@ constexpr uint32_t kExpMask = 0x7f800000u;  // float exponent field; all ones = 
 // g (n) *= inv_scale; returns true if an element was non-finite before or after the multiply.
 // Checking the input as well as the product keeps the test obviously complete whatever
 // inv_scale is (an inf input times 0 is NaN, but an overflowing product has a finite input).
-KUAI_CLONES bool unscale_chunk(float* __restrict g, int64_t n, float inv_scale) {
+KUAI_KERNEL bool unscale_chunk_kernel(float* __restrict g, int64_t n, float inv_scale) {
   uint32_t worst = 0;
   for (int64_t i = 0; i < n; ++i) {
     const float x = g[i];
@@ -44,6 +44,7 @@ KUAI_CLONES bool unscale_chunk(float* __restrict g, int64_t n, float inv_scale) 
   }
   return worst == kExpMask;
 }
+KUAI_CLONE(unscale_chunk, unscale_chunk_kernel)
 
 }  // namespace
 

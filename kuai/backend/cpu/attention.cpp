@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/backend/cpu/kernels.h"
 
 namespace kuai::cpu {

@@ -98,9 +98,9 @@ KUAI_CE_INLINE double row_lse(const float* x, int64_t V) {
 }
 
 // Rows [r0, r1): lse (float) and each row's loss (0 for ignored rows).
-KUAI_CLONES void forward_rows(const float* logits, const int32_t* targets, float* lse,
-                              double* row_loss, int64_t r0, int64_t r1, int64_t V,
-                              int32_t ignore_index) {
+KUAI_KERNEL void forward_rows_kernel(const float* logits, const int32_t* targets, float* lse,
+                                     double* row_loss, int64_t r0, int64_t r1, int64_t V,
+                                     int32_t ignore_index) {
   for (int64_t i = r0; i < r1; ++i) {
     const float* x = logits + i * V;  // (V)
     const double l = row_lse(x, V);
@@ -109,11 +109,12 @@ KUAI_CLONES void forward_rows(const float* logits, const int32_t* targets, float
     row_loss[i] = t == ignore_index ? 0.0 : l - static_cast<double>(x[t]);
   }
 }
+KUAI_CLONE(forward_rows, forward_rows_kernel)
 
 // Rows [r0, r1) of dlogits (N, V).
-KUAI_CLONES void backward_rows(const float* logits, const int32_t* targets, const float* lse,
-                               float* dlogits, int64_t r0, int64_t r1, int64_t V,
-                               int32_t ignore_index, float grad_scale) {
+KUAI_KERNEL void backward_rows_kernel(const float* logits, const int32_t* targets, const float* lse,
+                                      float* dlogits, int64_t r0, int64_t r1, int64_t V,
+                                      int32_t ignore_index, float grad_scale) {
   for (int64_t i = r0; i < r1; ++i) {
     const float* x = logits + i * V;  // (V)
     float* d = dlogits + i * V;       // (V)
@@ -131,6 +132,7 @@ KUAI_CLONES void backward_rows(const float* logits, const int32_t* targets, cons
     d[t] = (ce::exp_fast(xt - l) - 1.0f) * grad_scale;
   }
 }
+KUAI_CLONE(backward_rows, backward_rows_kernel)
 
 }  // namespace
 

@@ -1,6 +1,6 @@
 // Elementwise CPU kernels: binary arithmetic, scale/axpy/fill, row-broadcast add/mul and the tanh
 // GELU with its exact derivative. Each op is an OpenMP loop over fixed-size chunks; the per-chunk
-// loop is a KUAI_CLONES function, so it runs as AVX-512, AVX2+FMA or SSE2 code depending on the
+// loop is a KUAI_CLONE kernel, so it runs as AVX-512, AVX2+FMA or SSE2 code depending on the
 // CPU. Outputs may alias an input exactly (y == a for in-place use), never partially.
 #include <algorithm>
 #include <cstdint>
@@ -42,32 +42,39 @@ template <Binary kOp>
   for (int64_t i = 0; i < n; ++i) y[i] = apply<kOp>(a[i], b[i]);
 }
 
-KUAI_CLONES void add_chunk(const float* a, const float* b, float* y, int64_t n) {
+KUAI_KERNEL void add_chunk_kernel(const float* a, const float* b, float* y, int64_t n) {
   binary_loop<Binary::kAdd>(a, b, y, n);
 }
-KUAI_CLONES void sub_chunk(const float* a, const float* b, float* y, int64_t n) {
+KUAI_CLONE(add_chunk, add_chunk_kernel)
+KUAI_KERNEL void sub_chunk_kernel(const float* a, const float* b, float* y, int64_t n) {
   binary_loop<Binary::kSub>(a, b, y, n);
 }
-KUAI_CLONES void mul_chunk(const float* a, const float* b, float* y, int64_t n) {
+KUAI_CLONE(sub_chunk, sub_chunk_kernel)
+KUAI_KERNEL void mul_chunk_kernel(const float* a, const float* b, float* y, int64_t n) {
   binary_loop<Binary::kMul>(a, b, y, n);
 }
-KUAI_CLONES void div_chunk(const float* a, const float* b, float* y, int64_t n) {
+KUAI_CLONE(mul_chunk, mul_chunk_kernel)
+KUAI_KERNEL void div_chunk_kernel(const float* a, const float* b, float* y, int64_t n) {
   binary_loop<Binary::kDiv>(a, b, y, n);
 }
+KUAI_CLONE(div_chunk, div_chunk_kernel)
 
-KUAI_CLONES void scale_chunk(const float* x, float s, float* y, int64_t n) {
+KUAI_KERNEL void scale_chunk_kernel(const float* x, float s, float* y, int64_t n) {
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) y[i] = s * x[i];
 }
+KUAI_CLONE(scale_chunk, scale_chunk_kernel)
 
-KUAI_CLONES void axpy_chunk(float alpha, const float* x, float* y, int64_t n) {
+KUAI_KERNEL void axpy_chunk_kernel(float alpha, const float* x, float* y, int64_t n) {
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
+KUAI_CLONE(axpy_chunk, axpy_chunk_kernel)
 
-KUAI_CLONES void fill_chunk(float* y, float value, int64_t n) {
+KUAI_KERNEL void fill_chunk_kernel(float* y, float value, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = value;
 }
+KUAI_CLONE(fill_chunk, fill_chunk_kernel)
 
 // x, y (rows, cols); b (cols).
 template <Binary kOp>
@@ -76,14 +83,16 @@ template <Binary kOp>
   for (int64_t r = 0; r < rows; ++r) binary_loop<kOp>(x + r * cols, b, y + r * cols, cols);
 }
 
-KUAI_CLONES void add_row_chunk(const float* x, const float* b, float* y, int64_t rows,
-                               int64_t cols) {
+KUAI_KERNEL void add_row_chunk_kernel(const float* x, const float* b, float* y, int64_t rows,
+                                      int64_t cols) {
   row_loop<Binary::kAdd>(x, b, y, rows, cols);
 }
-KUAI_CLONES void mul_row_chunk(const float* x, const float* b, float* y, int64_t rows,
-                               int64_t cols) {
+KUAI_CLONE(add_row_chunk, add_row_chunk_kernel)
+KUAI_KERNEL void mul_row_chunk_kernel(const float* x, const float* b, float* y, int64_t rows,
+                                      int64_t cols) {
   row_loop<Binary::kMul>(x, b, y, rows, cols);
 }
+KUAI_CLONE(mul_row_chunk, mul_row_chunk_kernel)
 
 // Element access for fp32 and bf16 storage: the bf16 kernels are the fp32 ones with a shift on
 // load and a round-to-nearest-even on store, in registers (no widened copy in memory).
@@ -103,9 +112,10 @@ template <class T>
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) y[i] = a[i] + load(b, i);
 }
-KUAI_CLONES void add_f32_bf16_chunk(const float* a, const uint16_t* b, float* y, int64_t n) {
+KUAI_KERNEL void add_f32_bf16_chunk_kernel(const float* a, const uint16_t* b, float* y, int64_t n) {
   add_f32_low_body(a, b, y, n);
 }
+KUAI_CLONE(add_f32_bf16_chunk, add_f32_bf16_chunk_kernel)
 
 // gelu(x) = 0.5 x (1 + tanh(u)) = x * sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3).
 // The sigmoid form has no cancellation for negative x, so small outputs keep full relative
@@ -123,12 +133,14 @@ template <class T>
     store(y, i, vm::select(xi < -kGeluClamp, -0.0f, xi * s));
   }
 }
-KUAI_CLONES void gelu_forward_chunk(const float* x, float* y, int64_t n) {
+KUAI_KERNEL void gelu_forward_chunk_kernel(const float* x, float* y, int64_t n) {
   gelu_forward_body(x, y, n);
 }
-KUAI_CLONES void gelu_forward_bf16_chunk(const uint16_t* x, uint16_t* y, int64_t n) {
+KUAI_CLONE(gelu_forward_chunk, gelu_forward_chunk_kernel)
+KUAI_KERNEL void gelu_forward_bf16_chunk_kernel(const uint16_t* x, uint16_t* y, int64_t n) {
   gelu_forward_body(x, y, n);
 }
+KUAI_CLONE(gelu_forward_bf16_chunk, gelu_forward_bf16_chunk_kernel)
 
 // gelu'(x) = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) u'
 //          = s + 2 x s (1 - s) u',  s = sigmoid(2u), u' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
@@ -148,13 +160,15 @@ template <class T>
     store(dx, i, load(dy, i) * d);
   }
 }
-KUAI_CLONES void gelu_backward_chunk(const float* x, const float* dy, float* dx, int64_t n) {
+KUAI_KERNEL void gelu_backward_chunk_kernel(const float* x, const float* dy, float* dx, int64_t n) {
   gelu_backward_body(x, dy, dx, n);
 }
-KUAI_CLONES void gelu_backward_bf16_chunk(const uint16_t* x, const uint16_t* dy, uint16_t* dx,
-                                          int64_t n) {
+KUAI_CLONE(gelu_backward_chunk, gelu_backward_chunk_kernel)
+KUAI_KERNEL void gelu_backward_bf16_chunk_kernel(const uint16_t* x, const uint16_t* dy,
+                                                 uint16_t* dx, int64_t n) {
   gelu_backward_body(x, dy, dx, n);
 }
+KUAI_CLONE(gelu_backward_bf16_chunk, gelu_backward_bf16_chunk_kernel)
 
 }  // namespace
 

@@ -29,8 +29,8 @@ inline void thread_range(int64_t n, int t, int nt, int64_t* begin, int64_t* end)
 
 // dW rows [v0, v1). head[v] is the first row of dout with id v (-1: none), next[i] the following
 // row with the same id as row i (-1: none); both lists are in increasing row order.
-KUAI_CLONES void backward_rows(const float* dout, const int32_t* head, const int32_t* next,
-                               float* dW, int64_t v0, int64_t v1, int64_t C) {
+KUAI_KERNEL void backward_rows_kernel(const float* dout, const int32_t* head, const int32_t* next,
+                                      float* dW, int64_t v0, int64_t v1, int64_t C) {
   // One large memset first: for big tables libc streams it past the caches, which is about twice
   // as fast as zeroing the gaps between used ids one short run at a time.
   std::memset(dW + v0 * C, 0, (v1 - v0) * C * sizeof(float));
@@ -42,6 +42,7 @@ KUAI_CLONES void backward_rows(const float* dout, const int32_t* head, const int
     }
   }
 }
+KUAI_CLONE(backward_rows, backward_rows_kernel)
 
 }  // namespace
 

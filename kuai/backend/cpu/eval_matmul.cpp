@@ -8,8 +8,8 @@
 #include <cstring>
 #include <optional>
 
-#include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/widen.h"
 #include "kuai/core/ops.h"

@@ -4,7 +4,7 @@
 // second GEMM. Backward: the probabilities of a block pair are recomputed from lse; key_block()
 // does a key block's dk and dv (and, in the one-head-per-thread schedule, its part of dq),
 // query_block() a query block's dq (the second pass of the split schedule). The row loops are
-// KUAI_CLONES functions, so exp, max and the dot products vectorise, with fixed-lane sums.
+// KUAI_CLONE kernels, so exp, max and the dot products vectorise, with fixed-lane sums.
 #include "kuai/backend/cpu/flash_attention.h"
 
 #include <fmt/format.h>
@@ -16,9 +16,9 @@
 #include <limits>
 #include <stdexcept>
 
-#include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/gemm_lowp.h"
-#include "kuai/backend/cpu/gemm_packed.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/packed.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/vec_math.h"
 #include "kuai/core/allocator.h"
@@ -37,15 +37,16 @@ constexpr int kLanes = 16;  // independent accumulators: the row sums vectorise,
   return acc[0];
 }
 
-KUAI_CLONES float row_max(const float* s, int64_t n) {
+KUAI_KERNEL float row_max_kernel(const float* s, int64_t n) {
   float m = kNegInf;  // a NaN score is skipped here but propagates through exp and the sum
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
   return m;
 }
+KUAI_CLONE(row_max, row_max_kernel)
 
 // p[j] = exp(s[j] - m) in place; returns their sum.
-KUAI_CLONES float exp_shifted(float* s, int64_t n, float m) {
+KUAI_KERNEL float exp_shifted_kernel(float* s, int64_t n, float m) {
   float lane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes) {
@@ -62,16 +63,19 @@ KUAI_CLONES float exp_shifted(float* s, int64_t n, float m) {
   }
   return combine_lanes(lane);
 }
+KUAI_CLONE(exp_shifted, exp_shifted_kernel)
 
-KUAI_CLONES void scale_row(float* x, int64_t n, float a) {
+KUAI_KERNEL void scale_row_kernel(float* x, int64_t n, float a) {
   for (int64_t j = 0; j < n; ++j) x[j] *= a;
 }
+KUAI_CLONE(scale_row, scale_row_kernel)
 
-KUAI_CLONES void ds_from(const float* p, const float* dp, float D, float* ds, int64_t n) {
+KUAI_KERNEL void ds_from_kernel(const float* p, const float* dp, float D, float* ds, int64_t n) {
   for (int64_t j = 0; j < n; ++j) ds[j] = p[j] * (dp[j] - D);
 }
+KUAI_CLONE(ds_from, ds_from_kernel)
 
-KUAI_CLONES float dot(const float* a, const float* b, int64_t n) {
+KUAI_KERNEL float dot_kernel(const float* a, const float* b, int64_t n) {
   float lane[kLanes] = {};
   int64_t j = 0;
   for (; j + kLanes <= n; j += kLanes)
@@ -79,6 +83,7 @@ KUAI_CLONES float dot(const float* a, const float* b, int64_t n) {
   for (int k = 0; j + k < n; ++k) lane[k] += a[j + k] * b[j + k];
   return combine_lanes(lane);
 }
+KUAI_CLONE(dot, dot_kernel)
 
 // Row r of a row-major matrix of dtype t with row stride ld.
 const void* row(const void* base, DType t, int64_t ld, int64_t r) {

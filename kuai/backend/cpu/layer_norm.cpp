@@ -36,8 +36,9 @@ inline float lanes_sum(const float* acc) {
 }
 
 // (N, C) rows [r0, r1).
-KUAI_CLONES void forward_rows(const float* x, const float* w, const float* b, float* y, float* mean,
-                              float* rstd, int64_t r0, int64_t r1, int64_t C, float eps) {
+KUAI_KERNEL void forward_rows_kernel(const float* x, const float* w, const float* b, float* y,
+                                     float* mean, float* rstd, int64_t r0, int64_t r1, int64_t C,
+                                     float eps) {
   const int64_t cv = C - C % kLanes;
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
@@ -71,11 +72,12 @@ KUAI_CLONES void forward_rows(const float* x, const float* w, const float* b, fl
     for (int64_t c = 0; c < C; ++c) yr[c] = ((xr[c] - m0) - delta) * rs * w[c] + b[c];
   }
 }
+KUAI_CLONE(forward_rows, forward_rows_kernel)
 
 // Rows [r0, r1) of (N, C): writes dx and this block's partial dw, db (C each, overwritten).
-KUAI_CLONES void backward_block(const float* dy, const float* x, const float* w, const float* mean,
-                                const float* rstd, float* dx, float* pdw, float* pdb, int64_t r0,
-                                int64_t r1, int64_t C) {
+KUAI_KERNEL void backward_block_kernel(const float* dy, const float* x, const float* w,
+                                       const float* mean, const float* rstd, float* dx, float* pdw,
+                                       float* pdb, int64_t r0, int64_t r1, int64_t C) {
   const int64_t cv = C - C % kLanes;
   for (int64_t c = 0; c < C; ++c) pdw[c] = 0.0f;
   for (int64_t c = 0; c < C; ++c) pdb[c] = 0.0f;
@@ -114,16 +116,18 @@ KUAI_CLONES void backward_block(const float* dy, const float* x, const float* w,
     }
   }
 }
+KUAI_CLONE(backward_block, backward_block_kernel)
 
 // out[c] = sum over blocks b (in order) of part[b * stride + c], for c in [c0, c1).
-KUAI_CLONES void sum_partials(const float* part, int64_t blocks, int64_t stride, float* out,
-                              int64_t c0, int64_t c1) {
+KUAI_KERNEL void sum_partials_kernel(const float* part, int64_t blocks, int64_t stride, float* out,
+                                     int64_t c0, int64_t c1) {
   for (int64_t c = c0; c < c1; ++c) out[c] = 0.0f;
   for (int64_t blk = 0; blk < blocks; ++blk) {
     const float* p = part + blk * stride;
     for (int64_t c = c0; c < c1; ++c) out[c] += p[c];
   }
 }
+KUAI_CLONE(sum_partials, sum_partials_kernel)
 
 }  // namespace
 

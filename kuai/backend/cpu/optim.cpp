@@ -1,7 +1,7 @@
 // Optimizer updates (AdamW, SGD with momentum/Nesterov) as one streaming pass over a parameter:
 // every array is read once and written once, nothing is allocated, and the arithmetic (a sqrt
 // and a divide per element) hides under the memory traffic. OpenMP splits the arrays into
-// fixed chunks; the per-chunk loop is a KUAI_CLONES function. The update formulas are those of
+// fixed chunks; the per-chunk loop is a KUAI_CLONE kernel. The update formulas are those of
 // PyTorch's single-tensor torch.optim.AdamW / torch.optim.SGD.
 #include <cmath>
 #include <cstdint>
@@ -26,8 +26,9 @@ struct AdamWConsts {
 };
 
 // p (n), g (n), m (n), v (n): the four arrays of one chunk, updated in place.
-KUAI_CLONES void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                             float* __restrict v, int64_t n, AdamWConsts c) {
+KUAI_KERNEL void adamw_chunk_kernel(float* __restrict p, const float* __restrict g,
+                                    float* __restrict m, float* __restrict v, int64_t n,
+                                    AdamWConsts c) {
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i] * c.grad_scale;
     const float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
@@ -37,24 +38,26 @@ KUAI_CLONES void adamw_chunk(float* __restrict p, const float* __restrict g, flo
     p[i] = p[i] * c.decay - c.step_size * (mi / (std::sqrt(vi) + c.eps_hat));
   }
 }
+KUAI_CLONE(adamw_chunk, adamw_chunk_kernel)
 
 struct SgdConsts {
   float lr, momentum, one_minus_dampening, weight_decay, grad_scale;
 };
 
 // Plain SGD (momentum == 0): p -= lr * (g * grad_scale + wd * p).
-KUAI_CLONES void sgd_plain_chunk(float* __restrict p, const float* __restrict g, int64_t n,
-                                 SgdConsts c) {
+KUAI_KERNEL void sgd_plain_chunk_kernel(float* __restrict p, const float* __restrict g, int64_t n,
+                                        SgdConsts c) {
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * c.grad_scale + c.weight_decay * p[i];
     p[i] = p[i] - c.lr * d;
   }
 }
+KUAI_CLONE(sgd_plain_chunk, sgd_plain_chunk_kernel)
 
 // SGD with a momentum buffer; first_step initialises buf = d as PyTorch does.
-KUAI_CLONES void sgd_momentum_chunk(float* __restrict p, const float* __restrict g,
-                                    float* __restrict buf, int64_t n, SgdConsts c, bool nesterov,
-                                    bool first_step) {
+KUAI_KERNEL void sgd_momentum_chunk_kernel(float* __restrict p, const float* __restrict g,
+                                           float* __restrict buf, int64_t n, SgdConsts c,
+                                           bool nesterov, bool first_step) {
   for (int64_t i = 0; i < n; ++i) {
     const float d = g[i] * c.grad_scale + c.weight_decay * p[i];
     const float b = first_step ? d : c.momentum * buf[i] + c.one_minus_dampening * d;
@@ -63,6 +66,7 @@ KUAI_CLONES void sgd_momentum_chunk(float* __restrict p, const float* __restrict
     p[i] = p[i] - c.lr * step;
   }
 }
+KUAI_CLONE(sgd_momentum_chunk, sgd_momentum_chunk_kernel)
 
 }  // namespace
 

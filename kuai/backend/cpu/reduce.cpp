@@ -28,7 +28,7 @@ constexpr int kLanes = 16;        // independent accumulators in contiguous sums
 
 // Sum of x[0, n) with kLanes interleaved accumulators: element i goes to lane i % kLanes, so the
 // order of additions is fixed by n alone (the same for every ISA clone).
-KUAI_CLONES double sum_contig(const float* x, int64_t n) {
+KUAI_KERNEL double sum_contig_kernel(const float* x, int64_t n) {
   double acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -36,8 +36,9 @@ KUAI_CLONES double sum_contig(const float* x, int64_t n) {
   for (int k = 0; i + k < n; ++k) acc[k] += static_cast<double>(x[i + k]);
   return combine_lanes(acc);
 }
+KUAI_CLONE(sum_contig, sum_contig_kernel)
 
-KUAI_CLONES double sum_squares_contig(const float* x, int64_t n) {
+KUAI_KERNEL double sum_squares_contig_kernel(const float* x, int64_t n) {
   double acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -52,9 +53,11 @@ KUAI_CLONES double sum_squares_contig(const float* x, int64_t n) {
   }
   return combine_lanes(acc);
 }
+KUAI_CLONE(sum_squares_contig, sum_squares_contig_kernel)
 
 // acc(w) = sum over rows of x(rows, w) whose rows are `stride` floats apart; rows summed in order.
-KUAI_CLONES void sum_rows(const float* x, int64_t rows, int64_t stride, int64_t w, double* acc) {
+KUAI_KERNEL void sum_rows_kernel(const float* x, int64_t rows, int64_t stride, int64_t w,
+                                 double* acc) {
   for (int64_t j = 0; j < w; ++j) acc[j] = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * stride;
@@ -62,10 +65,11 @@ KUAI_CLONES void sum_rows(const float* x, int64_t rows, int64_t stride, int64_t 
     for (int64_t j = 0; j < w; ++j) acc[j] += static_cast<double>(xr[j]);
   }
 }
+KUAI_CLONE(sum_rows, sum_rows_kernel)
 
 // y(w) = float(sum over b of partial(b, w)), blocks `stride` doubles apart, added in order.
-KUAI_CLONES void combine_blocks(const double* partial, int64_t nblk, int64_t stride, int64_t w,
-                                float* y) {
+KUAI_KERNEL void combine_blocks_kernel(const double* partial, int64_t nblk, int64_t stride,
+                                       int64_t w, float* y) {
   double acc[kCols];
   for (int64_t j = 0; j < w; ++j) acc[j] = partial[j];
   for (int64_t b = 1; b < nblk; ++b) {
@@ -74,6 +78,7 @@ KUAI_CLONES void combine_blocks(const double* partial, int64_t nblk, int64_t str
   }
   for (int64_t j = 0; j < w; ++j) y[j] = static_cast<float>(acc[j]);
 }
+KUAI_CLONE(combine_blocks, combine_blocks_kernel)
 
 }  // namespace
 

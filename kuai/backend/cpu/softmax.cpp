@@ -1,6 +1,6 @@
 // Softmax over the last axis of (rows, cols), forward and backward, with an optional scale
 // (attention's 1/sqrt(d)) and causal mask (row r is query r % cols of a square score matrix).
-// Rows are independent: OpenMP splits them into chunks, each chunk runs a KUAI_CLONES loop. The
+// Rows are independent: OpenMP splits them into chunks, each chunk runs a KUAI_CLONE kernel. The
 // forward is the usual max-subtracted three-pass form (max, exp + sum, normalise) with the
 // vectorised exp of vec_math.h; row sums use fixed lanes, so results do not depend on threads.
 #include <algorithm>
@@ -53,17 +53,19 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
 }
 
 // Rows [r0, r0 + nrows) of x, y (rows, cols).
-KUAI_CLONES void softmax_forward_rows(const float* x, float* y, int64_t r0, int64_t nrows,
-                                      int64_t cols, float scale, bool causal) {
+KUAI_KERNEL void softmax_forward_rows_kernel(const float* x, float* y, int64_t r0, int64_t nrows,
+                                             int64_t cols, float scale, bool causal) {
   for (int64_t r = r0; r < r0 + nrows; ++r) {
     const int64_t len = causal ? r % cols + 1 : cols;
     softmax_row(x + r * cols, y + r * cols, len, cols, scale);
   }
 }
+KUAI_CLONE(softmax_forward_rows, softmax_forward_rows_kernel)
 
 // dx = scale * y * (dy - sum(y * dy)) for rows [r0, r0 + nrows).
-KUAI_CLONES void softmax_backward_rows(const float* y, const float* dy, float* dx, int64_t r0,
-                                       int64_t nrows, int64_t cols, float scale) {
+KUAI_KERNEL void softmax_backward_rows_kernel(const float* y, const float* dy, float* dx,
+                                              int64_t r0, int64_t nrows, int64_t cols,
+                                              float scale) {
   for (int64_t r = r0; r < r0 + nrows; ++r) {
     const float* yr = y + r * cols;
     const float* dyr = dy + r * cols;
@@ -78,6 +80,7 @@ KUAI_CLONES void softmax_backward_rows(const float* y, const float* dy, float* d
     for (j = 0; j < cols; ++j) dxr[j] = scale * yr[j] * (dyr[j] - dot);
   }
 }
+KUAI_CLONE(softmax_backward_rows, softmax_backward_rows_kernel)
 
 }  // namespace
 

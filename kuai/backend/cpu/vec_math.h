@@ -1,6 +1,6 @@
 // Branch-free float math that GCC auto-vectorises: an exp accurate to about 1 ulp over the whole
 // float range and the logistic sigmoid built on it. Written with selects and integer bit tricks
-// only (no libm calls, no tables) so that a plain loop calling them inside a KUAI_CLONES function
+// only (no libm calls, no tables) so that a plain loop calling them inside a KUAI_CLONE kernel
 // becomes AVX-512 / AVX2 / SSE2 code. Used by GELU, softmax and (by other kernels) anything else
 // that needs exp in a hot loop.
 #pragma once

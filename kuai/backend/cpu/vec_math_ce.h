@@ -10,7 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
-// Everything here is forced inline so that it is compiled for the ISA of the KUAI_CLONES kernel
+// Everything here is forced inline so that it is compiled for the ISA of the KUAI_CLONE kernel
 // that calls it; the vector ABI warning concerns out-of-line calls, which therefore never happen.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"

@@ -19,8 +19,8 @@
 
 namespace kuai::cpu {
 
-// True when the running CPU has what the micro-kernel needs (AVX2, FMA, F16C) and this build
-// compiled it (x86-64 with GCC or Clang).
+// True when the tier in force (isa.h) has what the micro-kernel needs (AVX2, FMA, F16C) and this
+// build compiled it (x86-64 with GCC or Clang).
 bool packed_gemm_available();
 
 // C(M,N) = alpha op(A)(M,K) op(B)(K,N) + beta C (+ bias(N) on every row when bias is not null),

@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/gemm_lowp.h"
-#include "kuai/backend/cpu/onednn_matmul.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/onednn.h"
 #include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
@@ -70,8 +70,8 @@ TEST(OneDnnMatmul, OnePrimitiveExecutedByAllThreadsAtOnceMatchesReference) {
   constexpr int kRepetitions = 50;
   for (const Case& c : cases) {
     const int64_t lda = c.ta ? c.m : c.k, ldb = c.tb ? c.k : c.n;
-    OneDnnMatmulKey key{c.m, c.n, c.k, lda, ldb, c.n, c.ta, c.tb, c.type, c.type, DType::kF32,
-                        1.0f, 0.0f, /*threads=*/1};
+    OneDnnMatmulKey key{c.m,  c.n,    c.k,    lda,         ldb,  c.n,  c.ta,
+                        c.tb, c.type, c.type, DType::kF32, 1.0f, 0.0f, /*threads=*/1};
     const auto mm = cached_onednn_matmul(key);
     if (!mm) {
       // oneDNN 2.6 has no bf16/f16 matmul below AVX-512 (gemm_lowp widens there instead).
@@ -101,8 +101,8 @@ TEST(OneDnnMatmul, OnePrimitiveExecutedByAllThreadsAtOnceMatchesReference) {
     }
     EXPECT_EQ(wrong.load(), 0) << "of " << threads * kRepetitions << " executions of "
                                << (c.ta ? "T" : "N") << (c.tb ? "T" : "N") << " " << c.m << "x"
-                               << c.n << "x" << c.k << " " << dtype_name(c.type) << " ("
-                               << mm->impl << ") gave wrong results";
+                               << c.n << "x" << c.k << " " << dtype_name(c.type) << " (" << mm->impl
+                               << ") gave wrong results";
   }
 }
 

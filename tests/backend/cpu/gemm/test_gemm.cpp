@@ -14,7 +14,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kuai/backend/cpu/gemm.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
 
 namespace kuai::cpu {
 namespace {

@@ -3,7 +3,7 @@
 // micro-kernel, the tile store that applies alpha, beta and the bias and rounds a low-precision C,
 // and the BLIS loop nest with OpenMP. The naive oracle it is tested against is
 // gemm_lowp_reference (gemm_lowp.h).
-#include "kuai/backend/cpu/gemm_packed.h"
+#include "kuai/backend/cpu/gemm/packed.h"
 
 #include <omp.h>
 
@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kuai/backend/cpu/isa.h"
 #include "kuai/core/allocator.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -461,9 +462,7 @@ void run_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, in
 
 bool packed_gemm_available() {
 #if KUAI_PACKED_GEMM
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                         __builtin_cpu_supports("f16c");
-  return ok;
+  return isa() >= Isa::kAvx2;  // the tier in force (KUAI_MAX_ISA caps it)
 #else
   return false;
 #endif

@@ -11,10 +11,15 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
 
+#include "kuai/backend/cpu/gemm/libraries.h"
+
 namespace kuai::cpu {
 
 inline const dnnl::engine& onednn_engine() {
-  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static const dnnl::engine engine = [] {
+    configure_gemm_libraries();  // oneDNN's max ISA must be set before its first use
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 

@@ -1,12 +1,12 @@
 // oneDNN matmul primitives, cached per key (see onednn_matmul.h).
-#include "kuai/backend/cpu/onednn_matmul.h"
+#include "kuai/backend/cpu/gemm/onednn.h"
 
 #include <omp.h>
 
 #include <functional>
 #include <unordered_map>
 
-#include "kuai/backend/cpu/onednn_cache.h"
+#include "kuai/backend/cpu/gemm/onednn_cache.h"
 #include "kuai/core/allocator.h"
 
 namespace kuai::cpu {

@@ -2,7 +2,7 @@
 // blocked widen-to-fp32 path over cpu::gemm (scratch bounded by a panel budget, from the tracking
 // allocator), the oneDNN low-precision matmul path with its own primitive
 // cache, the automatic choice between them and the double-accumulated reference.
-#include "kuai/backend/cpu/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 
 #include <omp.h>
 
@@ -17,9 +17,11 @@
 #include <unordered_map>
 #include <vector>
 
-#include "kuai/backend/cpu/gemm.h"
-#include "kuai/backend/cpu/gemm_packed.h"
-#include "kuai/backend/cpu/onednn_matmul.h"
+#include "kuai/backend/cpu/gemm/gemm.h"
+#include "kuai/backend/cpu/gemm/libraries.h"
+#include "kuai/backend/cpu/gemm/onednn.h"
+#include "kuai/backend/cpu/gemm/packed.h"
+#include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
@@ -206,67 +208,26 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 // ---- automatic choice ----
 
-// kAuto: oneDNN's bf16 matmul can only beat fp32 arithmetic where the CPU multiplies bf16
-// natively (AVX512-BF16 dot products, AMX tiles), running a JIT bf16 kernel at up to 2x (AVX512
-// BF16) or far more (AMX) the fp32 rate while reading half the bytes; there kAuto uses it. Below
-// avx512_core oneDNN 2.6 has no bf16 or f16 matmul at all (primitive creation fails, even the
-// reference one). There kAuto takes the packed GEMM (gemm_packed.h: widened while packed, C
-// rounded in registers) where the CPU has AVX2, FMA and F16C, else the widening path. Measured on
-// the 2-core AVX2 EPYC (OMP_NUM_THREADS=2, bench/bench_gemm_lowp.cpp, best GFLOP/s, bf16
-// operands, one run on a shared machine whose repeats differ by 5%; oneDNN bf16: unimplemented):
-//   product (M,N,K)                 fp32 gemm   widen f32/bf16 out   packed f32/bf16 out
-//   tiny qkv      4096,768,256 NT      168          166 / 160            167 / 164
-//   tiny proj     4096,256,256 NT      171          161 / 162            166 / 163
-//   tiny fc       4096,1024,256 NT     172          171 / 161            167 / 164
-//   tiny fc_proj  4096,256,1024 NT     145          139 / 139            163 / 158
-//   tiny fc dX    4096,256,1024 NN     146          117 / 124            160 / 155
-//   tiny fc dW    1024,256,4096 TN     124          106 / 108            145 / 144
-//   gpt2 qkv      1024,2304,768 NT     166          163 / 159            144 / 160
-//   gpt2 proj     1024,768,768 NT      169          149 / 162            161 / 161
-//   gpt2 fc       1024,3072,768 NT     168          160 / 161            159 / 156
-//   gpt2 fc_proj  1024,768,3072 NT     156          149 / 151            156 / 155
-//   gpt2 fc dX    1024,768,3072 NN     168          162 / 150            154 / 153
-//   gpt2 fc dW    3072,768,1024 TN     155          144 / 153            163 / 154
-//   lm_head       1024,50257,768 NT    144          165 / 164            161 / 142
-//   lm_head dX    1024,768,50257 NN    164          160 / 160            164 / 160
-//   lm_head dW    50257,768,1024 TN    161          160 / 159            169 / 160
-// The packed path wins the backward products of tiny (no widened copy of the long dY), is within
-// the noise elsewhere, and loses the lm_head logits with a bf16 C (1024 x 50257); resolved_path
-// sends such wide products to the widening path. Widening costs ~0.15 ns per element (bandwidth
-// bound). The ISA is what oneDNN itself dispatches on.
-LowpGemmPath measured_auto_path() {
+// The default path where no measurement decides (router.h): oneDNN's bf16/f16 matmul where the
+// CPU multiplies bf16 natively (AVX512-BF16 dot products, AMX tiles: a JIT bf16 kernel at 2x or
+// far more the fp32 rate, reading half the bytes); below avx512 oneDNN 2.6 has no bf16 or f16
+// matmul at all, and without native bf16 it emulates it slowly. There the packed GEMM
+// (packed.h: operands widened while packed, C rounded in registers) where the tier has AVX2,
+// else the widening path. With tuning on, the router measures the paths that can run each
+// product and takes the fastest.
+LowpGemmPath default_auto_path() {
   if (cpu_has_native_bf16()) return LowpGemmPath::kOneDNN;
   return packed_gemm_available() ? LowpGemmPath::kPacked : LowpGemmPath::kConvertFp32;
-}
-
-// kAuto for one product: the CPU's path, except that products with a very wide C (GPT-2's
-// lm_head logits, N = 50257: 115-150 GFLOP/s packed against 153-169 widened, the table above)
-// go to the widening path. A function of N only, so a product always takes the same path.
-constexpr int64_t kPackedMaxAutoN = 16384;
-
-LowpGemmPath resolved_path(int64_t N) {
-  LowpGemmPath path = lowp_gemm_path();
-  if (path != LowpGemmPath::kAuto) return path;
-  path = lowp_gemm_auto_path();
-  if (path == LowpGemmPath::kPacked && N > kPackedMaxAutoN) path = LowpGemmPath::kConvertFp32;
-  return path;
 }
 
 bool valid_operand(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
 }  // namespace
 
-bool cpu_has_native_bf16() {
-  static const bool native = [] {
-    const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-    return (isa & bf16) == bf16;  // oneDNN's ISA values are nested bit masks; AMX includes bf16
-  }();
-  return native;
-}
+bool cpu_has_native_bf16() { return onednn_has_native_bf16(); }
 
 LowpGemmPath lowp_gemm_auto_path() {
-  static const LowpGemmPath path = measured_auto_path();
+  static const LowpGemmPath path = default_auto_path();
   return path;
 }
 
@@ -280,29 +241,67 @@ void set_lowp_gemm_path(LowpGemmPath path) { g_path.store(path, std::memory_orde
 
 LowpGemmPath lowp_gemm_path() { return g_path.load(std::memory_order_relaxed); }
 
+namespace {
+
+// The paths that can run a product here, in a fixed order, and the index of the default one.
+struct LowpCandidates {
+  std::vector<GemmCandidate> list;
+  std::vector<LowpGemmPath> paths;
+  size_t fallback = 0;
+};
+
+LowpCandidates lowp_candidates(bool onednn_ok, std::function<void()> onednn,
+                               std::function<void()> packed, std::function<void()> widen) {
+  LowpCandidates c;
+  if (onednn_ok) {
+    c.list.push_back({"onednn", std::move(onednn)});
+    c.paths.push_back(LowpGemmPath::kOneDNN);
+  }
+  if (packed_gemm_available()) {
+    c.list.push_back({"packed", std::move(packed)});
+    c.paths.push_back(LowpGemmPath::kPacked);
+  }
+  c.list.push_back({"widen", std::move(widen)});
+  c.paths.push_back(LowpGemmPath::kConvertFp32);
+  const LowpGemmPath def = lowp_gemm_auto_path();
+  for (size_t i = 0; i < c.paths.size(); ++i)
+    if (c.paths[i] == def) c.fallback = i;
+  return c;
+}
+
+}  // namespace
+
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                const void* A, DType a_dtype, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
                float beta, void* C, DType c_dtype, int64_t ldc) {
   if (!valid_operand(a_dtype) || !valid_operand(b_dtype) || !valid_operand(c_dtype)) return;
   if (M <= 0 || N <= 0) return;
-  const LowpGemmPath path = resolved_path(N);
   const bool all_f32 = a_dtype == DType::kF32 && b_dtype == DType::kF32 && c_dtype == DType::kF32;
   // Degenerate products (no multiply) and pure fp32 ones need no oneDNN low-precision primitive.
-  if (path == LowpGemmPath::kPacked && packed_gemm_available()) {
+  std::shared_ptr<const OneDnnMatmul> mm;
+  if (K > 0 && alpha != 0.0f && !all_f32) {
+    mm = cached_onednn_matmul(onednn_matmul_key(trans_a, trans_b, M, N, K, alpha, a_dtype, lda,
+                                                b_dtype, ldb, beta, c_dtype, ldc));
+  }
+  auto onednn = [&] { run_onednn_matmul(*mm, A, B, C); };
+  auto packed = [&] {
     gemm_packed(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, B, b_dtype, ldb, beta, C,
                 c_dtype, ldc);
-    return;
+  };
+  auto widen = [&] {
+    gemm_convert_fp32(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, B, b_dtype, ldb, beta, C,
+                      c_dtype, ldc);
+  };
+  LowpGemmPath path = lowp_gemm_path();
+  if (path == LowpGemmPath::kAuto) {
+    const LowpCandidates c = lowp_candidates(mm != nullptr, onednn, packed, widen);
+    MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, dtype_size(c_dtype));
+    path = c.paths[route({"lowp", trans_a, trans_b, M, N, K, 1, a_dtype, b_dtype, c_dtype}, c.list,
+                         c.fallback, snapshot.save_fn(), snapshot.restore_fn())];
   }
-  if (path == LowpGemmPath::kOneDNN && K > 0 && alpha != 0.0f && !all_f32) {
-    auto mm = cached_onednn_matmul(onednn_matmul_key(trans_a, trans_b, M, N, K, alpha, a_dtype, lda,
-                                                     b_dtype, ldb, beta, c_dtype, ldc));
-    if (mm) {
-      run_onednn_matmul(*mm, A, B, C);
-      return;
-    }
-  }
-  gemm_convert_fp32(trans_a, trans_b, M, N, K, alpha, A, a_dtype, lda, B, b_dtype, ldb, beta, C,
-                    c_dtype, ldc);
+  if (path == LowpGemmPath::kPacked && packed_gemm_available()) return packed();
+  if (path == LowpGemmPath::kOneDNN && mm) return onednn();
+  widen();  // kConvertFp32, and kOneDNN where oneDNN cannot build the primitive
 }
 
 void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
@@ -312,26 +311,39 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
       !valid_operand(bias_dtype))
     return;
   if (M <= 0 || N <= 0) return;
-  const LowpGemmPath path = resolved_path(N);
-  if (path == LowpGemmPath::kOneDNN) {
-    // C pre-filled with the bias rows, then C += A B: oneDNN reads C once and rounds once.
-    const int64_t es = dtype_size(c_dtype);
-#pragma omp parallel for schedule(static) if (M * N > (1 << 16))
-    for (int64_t r = 0; r < M; ++r)
-      convert_serial(bias, bias_dtype, static_cast<char*>(C) + r * ldc * es, c_dtype, N);
-    gemm_lowp(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 1.0f, C, c_dtype,
-              ldc);
-    return;
-  }
   ScratchFloats bias32(N);
   convert_serial(bias, bias_dtype, bias32.data(), DType::kF32, N);
-  if (path == LowpGemmPath::kPacked && packed_gemm_available()) {
+  const bool all_f32 = a_dtype == DType::kF32 && b_dtype == DType::kF32 && c_dtype == DType::kF32;
+  // oneDNN: C pre-filled with the bias rows, then C += A B (oneDNN reads C once, rounds once).
+  std::shared_ptr<const OneDnnMatmul> mm;
+  if (K > 0 && !all_f32) {
+    mm = cached_onednn_matmul(onednn_matmul_key(trans_a, trans_b, M, N, K, 1.0f, a_dtype, lda,
+                                                b_dtype, ldb, 1.0f, c_dtype, ldc));
+  }
+  auto onednn = [&] {
+    const int64_t es = dtype_size(c_dtype);
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16) && !omp_in_parallel())
+    for (int64_t r = 0; r < M; ++r)
+      convert_serial(bias, bias_dtype, static_cast<char*>(C) + r * ldc * es, c_dtype, N);
+    run_onednn_matmul(*mm, A, B, C);
+  };
+  auto packed = [&] {
     gemm_packed(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 0.0f, C, c_dtype,
                 ldc, bias32.data());
-    return;
+  };
+  auto widen = [&] {
+    gemm_convert_fp32(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 0.0f, C,
+                      c_dtype, ldc, bias32.data());
+  };
+  LowpGemmPath path = lowp_gemm_path();
+  if (path == LowpGemmPath::kAuto) {
+    const LowpCandidates c = lowp_candidates(mm != nullptr, onednn, packed, widen);
+    path = c.paths[route({"lowp_bias", trans_a, trans_b, M, N, K, 1, a_dtype, b_dtype, c_dtype},
+                         c.list, c.fallback)];
   }
-  gemm_convert_fp32(trans_a, trans_b, M, N, K, 1.0f, A, a_dtype, lda, B, b_dtype, ldb, 0.0f, C,
-                    c_dtype, ldc, bias32.data());
+  if (path == LowpGemmPath::kPacked && packed_gemm_available()) return packed();
+  if (path == LowpGemmPath::kOneDNN && mm) return onednn();
+  widen();
 }
 
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

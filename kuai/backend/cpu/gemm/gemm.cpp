@@ -1,0 +1,209 @@
+// fp32 GEMM for the CPU backend: routes each product to oneDNN's matmul primitive or to OpenBLAS
+// (cblas_sgemm), whichever bench/bench_gemm.cpp measured faster for its shape class; also the
+// batched form used by attention and the double-accumulated reference the tests trust.
+#include "kuai/backend/cpu/gemm/gemm.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "kuai/backend/cpu/gemm/libraries.h"
+#include "kuai/backend/cpu/gemm/onednn.h"
+#include "kuai/backend/cpu/gemm/router.h"
+#include "kuai/core/allocator.h"
+
+namespace kuai::cpu {
+namespace {
+
+std::atomic<GemmBackend> g_backend{GemmBackend::kAuto};
+
+// gemm_batched runs products of at most this many multiply-adds (M*N*K) one per thread, in
+// parallel over the batch, when the router finds that faster than threading each product in
+// turn (it measures both); larger products always run one at a time, threaded, since one of them
+// already keeps every core busy.
+constexpr int64_t kSmallProductMacs = int64_t{512} * 512 * 512;
+
+// The fp32 oneDNN primitive for this product (oneDNN implements every fp32 matmul).
+const OneDnnMatmul& fp32_matmul(OneDnnMatmulKey key, std::shared_ptr<const OneDnnMatmul>& hold) {
+  hold = cached_onednn_matmul(key);
+  if (!hold) throw std::runtime_error("oneDNN: no fp32 matmul implementation");
+  return *hold;
+}
+
+OneDnnMatmulKey matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                           int64_t lda, int64_t ldb, float beta, int64_t ldc) {
+  return onednn_matmul_key(trans_a, trans_b, M, N, K, alpha, DType::kF32, lda, DType::kF32, ldb,
+                           beta, DType::kF32, ldc);
+}
+
+void run_openblas(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  configure_gemm_libraries();  // OpenBLAS's kernel core set to the tier in force
+  // OpenBLAS's OpenMP build runs single-threaded when called inside a parallel region.
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(M), static_cast<blasint>(N),
+              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B,
+              static_cast<blasint>(ldb), beta, C, static_cast<blasint>(ldc));
+}
+
+// C = beta * C for the degenerate products (K == 0 or alpha == 0); beta == 0 writes zeros so
+// NaN garbage in C is ignored, as BLAS does.
+void scale_c(int64_t M, int64_t N, float beta, float* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    float* row = C + i * ldc;
+    for (int64_t j = 0; j < N; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+  }
+}
+
+// True when the product does no multiply at all and has been completed by scale_c.
+bool handle_degenerate(int64_t M, int64_t N, int64_t K, float alpha, float beta, float* C,
+                       int64_t ldc) {
+  if (M <= 0 || N <= 0) return true;
+  if (K > 0 && alpha != 0.0f) return false;
+  if (beta != 1.0f) scale_c(M, N, beta, C, ldc);
+  return true;
+}
+
+}  // namespace
+
+void set_gemm_backend(GemmBackend backend) { g_backend.store(backend, std::memory_order_relaxed); }
+
+GemmBackend gemm_backend() { return g_backend.load(std::memory_order_relaxed); }
+
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (handle_degenerate(M, N, K, alpha, beta, C, ldc)) return;
+  auto onednn = [&] {
+    std::shared_ptr<const OneDnnMatmul> hold;
+    run_onednn_matmul(
+        fp32_matmul(matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc), hold), A, B,
+        C);
+  };
+  auto openblas = [&] {
+    run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+  GemmBackend backend = gemm_backend();
+  if (backend == GemmBackend::kAuto) {
+    const GemmCandidate candidates[] = {{"onednn", onednn}, {"openblas", openblas}};
+    MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, sizeof(float));
+    const size_t i = route({"gemm", trans_a, trans_b, M, N, K}, candidates, 0, snapshot.save_fn(),
+                           snapshot.restore_fn());
+    backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
+  }
+  if (backend == GemmBackend::kOpenBLAS)
+    openblas();
+  else
+    onednn();
+}
+
+void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
+               int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  auto onednn = [&] {
+    OneDnnMatmulKey key = matmul_key(trans_a, trans_b, M, N, K, 1.0f, lda, ldb, 0.0f, ldc);
+    key.bias = true;
+    std::shared_ptr<const OneDnnMatmul> hold;
+    run_onednn_matmul(fp32_matmul(key, hold), A, B, C, bias);
+  };
+  auto openblas = [&] {  // C pre-filled with the bias rows, then C += A B
+#pragma omp parallel for schedule(static) if (M * N > (1 << 16) && !omp_in_parallel())
+    for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
+    run_openblas(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
+  };
+  if (K <= 0) {  // no product: the bias rows
+    for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
+    return;
+  }
+  GemmBackend backend = gemm_backend();
+  if (backend == GemmBackend::kAuto) {
+    const GemmCandidate candidates[] = {{"onednn", onednn}, {"openblas", openblas}};
+    backend = route({"bias", trans_a, trans_b, M, N, K}, candidates, 0) == 0
+                  ? GemmBackend::kOneDNN
+                  : GemmBackend::kOpenBLAS;
+  }
+  if (backend == GemmBackend::kOpenBLAS)
+    openblas();
+  else
+    onednn();
+}
+
+void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const int64_t* a_off, const float* B, int64_t ldb,
+                  const int64_t* b_off, float beta, float* C, int64_t ldc, const int64_t* c_off,
+                  int64_t batch) {
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  // One product after another, each threaded (and routed) by gemm().
+  auto loop = [&] {
+    for (int64_t i = 0; i < batch; ++i) {
+      gemm(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
+           C + c_off[i], ldc);
+    }
+  };
+  const bool may_parallelize = batch > 1 && !omp_in_parallel() && omp_get_max_threads() > 1 &&
+                               M * N * K <= kSmallProductMacs && K > 0 && alpha != 0.0f;
+  if (!may_parallelize) {
+    loop();
+    return;
+  }
+  // One single-threaded product per thread, in parallel over the batch; the primitive is
+  // created once, outside the parallel region, and executed by every thread (each execution
+  // brings its own scratchpad: onednn.h).
+  std::shared_ptr<const OneDnnMatmul> mm;
+  auto parallel_onednn = [&] {
+    if (!mm) {
+      OneDnnMatmulKey key = matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc);
+      key.threads = 1;
+      fp32_matmul(key, mm);
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch; ++i)
+      run_onednn_matmul(*mm, A + a_off[i], B + b_off[i], C + c_off[i]);
+  };
+  auto parallel_openblas = [&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch; ++i) {
+      run_openblas(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
+                   C + c_off[i], ldc);
+    }
+  };
+  const GemmBackend forced = gemm_backend();
+  if (forced == GemmBackend::kOneDNN) return parallel_onednn();
+  if (forced == GemmBackend::kOpenBLAS) return parallel_openblas();
+  const GemmCandidate candidates[] = {
+      {"onednn", parallel_onednn}, {"openblas", parallel_openblas}, {"loop", loop}};
+  // C is read when beta != 0: calibrate only products that overwrite it (attention's).
+  const size_t i =
+      beta == 0.0f ? route({"batched", trans_a, trans_b, M, N, K, batch}, candidates, 0) : 0;
+  candidates[i].run();
+}
+
+void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double acc = 0.0;
+      for (int64_t p = 0; p < K; ++p) {
+        const double a = trans_a ? A[p * lda + i] : A[i * lda + p];
+        const double b = trans_b ? B[j * ldb + p] : B[p * ldb + j];
+        acc += a * b;
+      }
+      float* c = C + i * ldc + j;
+      const double prior = beta == 0.0f ? 0.0 : static_cast<double>(beta) * *c;
+      *c = static_cast<float>(static_cast<double>(alpha) * acc + prior);
+    }
+  }
+}
+
+}  // namespace kuai::cpu

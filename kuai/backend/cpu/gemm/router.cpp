@@ -1,0 +1,157 @@
+// The GEMM router (see router.h): cached choice, else calibration, else the default.
+#include "kuai/backend/cpu/gemm/router.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <mutex>
+
+#include "kuai/backend/cpu/gemm/tuning.h"
+
+namespace kuai::cpu {
+namespace {
+
+// Timed runs per candidate after the warm-up (which pays for oneDNN's JIT and first-touch
+// packing); the best is kept. Small products run more often so that the timing is not lost in
+// the clock's resolution: until kMinSeconds have passed, at most kMaxRuns.
+constexpr int kMinRuns = 2;
+constexpr int kMaxRuns = 50;
+constexpr double kMinSeconds = 2e-3;
+// Products below this many multiply-adds (a few microseconds) are not measured: their time is
+// mostly call overhead and clock noise, and they are no part of a training step's cost. They take
+// the default.
+constexpr double kMinCalibratedMacs = double{1 << 20};
+
+// Function-local, so that training started from a static initializer (a test's child process)
+// finds them constructed.
+struct FakeTimer {
+  std::mutex mu;
+  std::function<double(const GemmShape&, const char*)> fn;
+};
+FakeTimer& fake_timer() {
+  static FakeTimer t;
+  return t;
+}
+
+std::string key_of(const GemmShape& s) {
+  return fmt::format("{} {}{} {}x{}x{} b{} t{} {}.{}.{}", s.op, s.trans_a ? 'T' : 'N',
+                     s.trans_b ? 'T' : 'N', s.m, s.n, s.k, s.batch, omp_get_max_threads(),
+                     dtype_name(s.a), dtype_name(s.b), dtype_name(s.c));
+}
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The best time of one candidate, C restored before every run.
+double time_candidate(const GemmShape& shape, const GemmCandidate& c,
+                      const std::function<void()>& restore_c) {
+  std::function<double(const GemmShape&, const char*)> fake;
+  {
+    std::lock_guard<std::mutex> lock(fake_timer().mu);
+    fake = fake_timer().fn;
+  }
+  if (restore_c) restore_c();
+  c.run();  // warm-up
+  if (fake) return fake(shape, c.name);
+  double best = std::numeric_limits<double>::infinity();
+  const double start = seconds_now();
+  for (int r = 0; r < kMaxRuns; ++r) {
+    if (restore_c) restore_c();
+    const double t0 = seconds_now();
+    c.run();
+    best = std::min(best, seconds_now() - t0);
+    if (r + 1 >= kMinRuns && seconds_now() - start >= kMinSeconds) break;
+  }
+  return best;
+}
+
+}  // namespace
+
+size_t route(const GemmShape& shape, std::span<const GemmCandidate> candidates, size_t fallback,
+             const std::function<void()>& save_c, const std::function<void()>& restore_c) {
+  if (candidates.size() <= 1) return 0;
+  TuningCache& cache = TuningCache::get();
+  // Inside a parallel construct (active or not: a team of one still runs its products
+  // single-threaded) every product takes the default: a measured choice made for the threaded
+  // product of that shape does not apply, and kernels such as flash attention promise the same
+  // bits whatever the team size.
+  if (!cache.enabled() || omp_get_level() > 0) return fallback;
+  const std::string key = key_of(shape);
+  auto index_of = [&](const std::string& name) -> std::optional<size_t> {
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (name == candidates[i].name) return i;
+    return std::nullopt;
+  };
+  if (const auto cached = cache.find(key)) {
+    if (const auto i = index_of(*cached)) return *i;
+  }
+  if (!cache.may_calibrate() || shape.flops() / 2 < kMinCalibratedMacs) return fallback;
+  if (save_c) save_c();
+  size_t best = fallback;
+  double best_s = std::numeric_limits<double>::infinity();
+  std::string measured;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const double s = time_candidate(shape, candidates[i], restore_c);
+    measured += fmt::format("{}{} {:.1f}", measured.empty() ? "" : " ", candidates[i].name,
+                            shape.flops() / std::max(s, 1e-12) * 1e-9);
+    if (s < best_s) {  // ties keep the earlier candidate: the order is fixed
+      best_s = s;
+      best = i;
+    }
+  }
+  if (restore_c) restore_c();
+  const std::string stands = cache.record({key, candidates[best].name, measured});
+  return index_of(stands).value_or(best);
+}
+
+MatrixSnapshot::MatrixSnapshot(void* c, int64_t rows, int64_t cols, int64_t ld, size_t elem)
+    : c_(static_cast<char*>(c)),
+      rows_(rows),
+      row_bytes_(static_cast<size_t>(cols) * elem),
+      ld_bytes_(static_cast<size_t>(ld) * elem) {}
+
+std::function<void()> MatrixSnapshot::save_fn() {
+  if (c_ == nullptr) return {};
+  return [this] {
+    if (!copy_) copy_.emplace(row_bytes_ * static_cast<size_t>(rows_));
+    char* dst = static_cast<char*>(copy_->data());
+    for (int64_t r = 0; r < rows_; ++r)
+      std::memcpy(dst + r * row_bytes_, c_ + r * ld_bytes_, row_bytes_);
+  };
+}
+
+std::function<void()> MatrixSnapshot::restore_fn() {
+  if (c_ == nullptr) return {};
+  return [this] {
+    const char* src = static_cast<const char*>(copy_->data());
+    for (int64_t r = 0; r < rows_; ++r)
+      std::memcpy(c_ + r * ld_bytes_, src + r * row_bytes_, row_bytes_);
+  };
+}
+
+std::string gemm_routing_report() {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.enabled()) {
+    return "gemm      tuning off (KUAI_GEMM_TUNING=off): fp32 on oneDNN; bf16/f16 on oneDNN "
+           "where the CPU has native bf16, else the packed kernel (avx2), else widened to fp32\n";
+  }
+  std::string out = fmt::format("gemm      tuning cache {}{}\n", cache.path(),
+                                cache.may_calibrate() ? "" : " (read only: one of several ranks)");
+  const auto entries = cache.entries();
+  if (entries.empty())
+    out += "          (no product measured yet: `kuai tune` measures a step's)\n";
+  for (const TuningEntry& e : entries)
+    out += fmt::format("          {:<46} -> {:<8} ({} GFLOP/s)\n", e.key, e.choice, e.measured);
+  return out;
+}
+
+void set_calibration_timer(std::function<double(const GemmShape&, const char*)> timer) {
+  std::lock_guard<std::mutex> lock(fake_timer().mu);
+  fake_timer().fn = std::move(timer);
+}
+
+}  // namespace kuai::cpu

@@ -1,0 +1,92 @@
+// The GEMM router's measured choice (router.h, tuning.h): the fastest candidate is chosen, the
+// choice is recorded in the tuning cache file and used from then on without timing, C is left as
+// it was found, and the defaults apply where nothing is measured.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kuai/backend/cpu/gemm/router.h"
+#include "kuai/backend/cpu/gemm/tuning.h"
+
+namespace kuai::cpu {
+namespace {
+
+class RouterTest : public ::testing::Test {
+ protected:
+  void TearDown() override { set_calibration_timer({}); }
+};
+
+// A shape no other process has measured: the test's own pid in M.
+GemmShape fresh_shape(int salt) {
+  return GemmShape{"test", false, true, static_cast<int64_t>(getpid()) * 8 + salt, 512, 512};
+}
+
+TEST_F(RouterTest, TheFastestCandidateIsChosenRecordedAndThenUsedWithoutTiming) {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  int timed = 0;
+  set_calibration_timer([&](const GemmShape&, const char* name) {
+    ++timed;
+    return std::string(name) == "b" ? 1e-3 : 2e-3;  // "b" is the fast one
+  });
+  std::vector<std::string> ran;
+  const GemmCandidate candidates[] = {{"a", [&] { ran.push_back("a"); }},
+                                      {"b", [&] { ran.push_back("b"); }},
+                                      {"c", [&] { ran.push_back("c"); }}};
+  const GemmShape shape = fresh_shape(1);
+  EXPECT_EQ(route(shape, candidates, 0), 1u);
+  EXPECT_EQ(timed, 3);
+  EXPECT_EQ(ran, (std::vector<std::string>{"a", "b", "c"}));  // each warmed up once
+  // From now on the cache answers: no timing, nothing run by route().
+  ran.clear();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(route(shape, candidates, 0), 1u);
+  EXPECT_EQ(timed, 3);
+  EXPECT_TRUE(ran.empty());
+  // The file holds it, so the next process makes the same choice.
+  std::ifstream in(cache.path());
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find(std::to_string(shape.m) + "x512x512"), std::string::npos)
+      << cache.path();
+  EXPECT_NE(text.str().find("\tb\t"), std::string::npos);
+}
+
+TEST_F(RouterTest, TiesKeepTheEarlierCandidateAndParallelRegionsTakeTheDefault) {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  set_calibration_timer([](const GemmShape&, const char*) { return 1e-3; });
+  const GemmCandidate candidates[] = {{"a", [] {}}, {"b", [] {}}};
+  EXPECT_EQ(route(fresh_shape(2), candidates, 1), 0u);
+  size_t inside = 99;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    inside = route(fresh_shape(3), candidates, 1);
+  }
+  EXPECT_EQ(inside, 1u);  // not measured inside a parallel region: the default
+  EXPECT_EQ(route(fresh_shape(3), candidates, 1), 0u);  // measured at top level
+}
+
+TEST_F(RouterTest, CalibrationLeavesCAsItFoundIt) {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  std::vector<float> c = {1, 2, 3, 4, 5, 6};  // 2 x 2 inside a leading dimension of 3
+  const std::vector<float> before = c;
+  MatrixSnapshot snapshot(c.data(), 2, 2, 3, sizeof(float));
+  const GemmCandidate candidates[] = {{"a",
+                                       [&] {
+                                         c[0] += 10;
+                                         c[4] += 10;
+                                       }},
+                                      {"b", [&] { c[1] *= 3; }}};
+  route(fresh_shape(4), candidates, 0, snapshot.save_fn(), snapshot.restore_fn());
+  EXPECT_EQ(c, before);
+}
+
+}  // namespace
+}  // namespace kuai::cpu
