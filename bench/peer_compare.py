@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import statistics
+import re
 import subprocess
 import sys
 import time
@@ -264,9 +265,37 @@ def parse_args(argv):
     return args
 
 
+def machine_info(kuai, timeout):
+    """The CPU and tier from `kuai info`, and the OPENBLAS_CORETYPE the PyTorch peer needs to run
+    at its best: where OpenBLAS falls back to a generic core on this CPU, kuai reports the core it
+    selected instead (`OpenBLAS chose X (...); kuai selected Y`), and the peer gets Y too."""
+    try:
+        out = subprocess.run([kuai, "info"], capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"cpu": f"n/a ({e})", "tier": "n/a", "openblas_coretype": None}
+    fields = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(" ")
+        if key in ("cpu", "flags", "tier", "OpenBLAS", "oneDNN"):
+            fields[key] = value.strip()
+    chosen = re.search(r"kuai selected (\w+)", fields.get("OpenBLAS", ""))
+    return {
+        "cpu": fields.get("cpu", "n/a"),
+        "flags": fields.get("flags", ""),
+        "tier": fields.get("tier", "n/a"),
+        "openblas": fields.get("OpenBLAS", ""),
+        "openblas_coretype": chosen.group(1).upper() if chosen else None,
+    }
+
+
 def main(argv=None):
     args = parse_args(argv)
     kuai = os.path.abspath(args.kuai) if os.sep in args.kuai else args.kuai
+    machine = machine_info(kuai, args.timeout)
+    print(f"cpu: {machine['cpu']}")
+    print(f"flags: {machine.get('flags', '')}")
+    print(f"kuai tier: {machine['tier']}")
+    print(f"kuai OpenBLAS: {machine.get('openblas', '')}")
 
     peak, peak_note = theoretical_peak(THREADS)
     gemm, gemm_error = measure_gemm(kuai, args.timeout)
@@ -280,9 +309,16 @@ def main(argv=None):
 
     kuai_env = {"OMP_NUM_THREADS": str(THREADS)}
     torch_env = {"OMP_NUM_THREADS": str(THREADS), "OMP_WAIT_POLICY": "PASSIVE"}
+    if machine["openblas_coretype"] and "OPENBLAS_CORETYPE" not in os.environ:
+        # PyTorch's OpenBLAS misreads this CPU as kuai's did: give the peer the same core.
+        torch_env["OPENBLAS_CORETYPE"] = machine["openblas_coretype"]
+        print(f"peer: OPENBLAS_CORETYPE={machine['openblas_coretype']} (OpenBLAS falls back to a "
+              "generic core on this CPU); kuai runs with no variables set")
     report = {
         "threads": THREADS,
         "precision": args.precision,
+        "machine": machine,
+        "peer_env": torch_env,
         "peak_gflops": peak,
         "peak_note": peak_note,
         "gemm_gflops": gemm,
