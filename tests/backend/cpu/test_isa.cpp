@@ -9,6 +9,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/backend/cpu/gemm/libraries.h"
 #include "kuai/backend/cpu/isa.h"
 
@@ -51,7 +52,7 @@ TEST(Isa, OneDnnRunsAtMostTheTier) {
     EXPECT_EQ(effective & ~static_cast<unsigned>(cap), 0u)
         << "oneDNN runs " << libs.onednn_isa << " above the tier " << isa_name(isa());
   }
-  EXPECT_EQ(onednn_has_native_bf16(),
+  EXPECT_EQ(cpu_has_native_bf16(),
             isa() >= Isa::kAvx512Bf16 &&
                 (effective & static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16)) ==
                     static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16));

@@ -1,6 +1,6 @@
-// fp32 GEMM for the CPU backend: routes each product to oneDNN's matmul primitive or to OpenBLAS
-// (cblas_sgemm), whichever bench/bench_gemm.cpp measured faster for its shape class; also the
-// batched form used by attention and the double-accumulated reference the tests trust.
+// fp32 GEMM for the CPU backend: each product runs on oneDNN's matmul primitive or on OpenBLAS
+// (cblas_sgemm), as the router (router.h) chooses; also the batched form used by attention and
+// the double-accumulated reference the tests trust.
 #include "kuai/backend/cpu/gemm/gemm.h"
 
 #include <cblas.h>
@@ -9,18 +9,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
-#include <cstring>
 #include <functional>
 #include <memory>
-#include <mutex>
-#include <oneapi/dnnl/dnnl.hpp>
 #include <stdexcept>
-#include <unordered_map>
 
 #include "kuai/backend/cpu/gemm/libraries.h"
 #include "kuai/backend/cpu/gemm/onednn.h"
 #include "kuai/backend/cpu/gemm/router.h"
-#include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
 namespace {
@@ -75,6 +70,24 @@ bool handle_degenerate(int64_t M, int64_t N, int64_t K, float alpha, float beta,
   return true;
 }
 
+// Runs the product on the forced backend, else on the router's choice between the two. `snapshot`
+// keeps a C that the product reads (beta != 0) while the router measures.
+void run_routed(const GemmShape& shape, std::function<void()> onednn,
+                std::function<void()> openblas, MatrixSnapshot* snapshot = nullptr) {
+  GemmBackend backend = gemm_backend();
+  if (backend == GemmBackend::kAuto) {
+    const GemmCandidate candidates[] = {{"onednn", onednn}, {"openblas", openblas}};
+    const size_t i = snapshot != nullptr
+                         ? route(shape, candidates, 0, snapshot->save_fn(), snapshot->restore_fn())
+                         : route(shape, candidates, 0);
+    backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
+  }
+  if (backend == GemmBackend::kOpenBLAS)
+    openblas();
+  else
+    onednn();
+}
+
 }  // namespace
 
 void set_gemm_backend(GemmBackend backend) { g_backend.store(backend, std::memory_order_relaxed); }
@@ -93,18 +106,8 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   auto openblas = [&] {
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   };
-  GemmBackend backend = gemm_backend();
-  if (backend == GemmBackend::kAuto) {
-    const GemmCandidate candidates[] = {{"onednn", onednn}, {"openblas", openblas}};
-    MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, sizeof(float));
-    const size_t i = route({"gemm", trans_a, trans_b, M, N, K}, candidates, 0, snapshot.save_fn(),
-                           snapshot.restore_fn());
-    backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
-  }
-  if (backend == GemmBackend::kOpenBLAS)
-    openblas();
-  else
-    onednn();
+  MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, sizeof(float));
+  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, &snapshot);
 }
 
 void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
@@ -125,17 +128,7 @@ void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
     return;
   }
-  GemmBackend backend = gemm_backend();
-  if (backend == GemmBackend::kAuto) {
-    const GemmCandidate candidates[] = {{"onednn", onednn}, {"openblas", openblas}};
-    backend = route({"bias", trans_a, trans_b, M, N, K}, candidates, 0) == 0
-                  ? GemmBackend::kOneDNN
-                  : GemmBackend::kOpenBLAS;
-  }
-  if (backend == GemmBackend::kOpenBLAS)
-    openblas();
-  else
-    onednn();
+  run_routed({"bias", trans_a, trans_b, M, N, K}, onednn, openblas);  // C is not read
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

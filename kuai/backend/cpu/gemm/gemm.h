@@ -1,8 +1,8 @@
 // Dense fp32 matrix multiply for the CPU backend: the single entry point every matmul, linear and
 // batched matmul goes through. Row-major, BLAS-style transposes and leading dimensions. Each call
-// is routed to oneDNN's matmul primitive or to OpenBLAS, whichever measured faster for the shape
-// class on this machine (see gemm.cpp for the table and bench/bench_gemm.cpp for how it was
-// measured). gemm_reference is the naive oracle the tests compare against.
+// runs on oneDNN's matmul primitive or on OpenBLAS, whichever the router (router.h) measured
+// faster for the product's shape on this machine. gemm_reference is the naive oracle the tests
+// compare against.
 #pragma once
 
 #include <cstdint>

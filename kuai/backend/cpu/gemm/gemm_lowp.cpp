@@ -12,9 +12,7 @@
 #include <cstddef>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
-#include <unordered_map>
 #include <vector>
 
 #include "kuai/backend/cpu/gemm/gemm.h"
@@ -22,6 +20,7 @@
 #include "kuai/backend/cpu/gemm/onednn.h"
 #include "kuai/backend/cpu/gemm/packed.h"
 #include "kuai/backend/cpu/gemm/router.h"
+#include "kuai/backend/cpu/isa.h"
 #include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
@@ -224,7 +223,16 @@ bool valid_operand(DType t) { return t == DType::kF32 || t == DType::kBF16 || t 
 
 }  // namespace
 
-bool cpu_has_native_bf16() { return onednn_has_native_bf16(); }
+bool cpu_has_native_bf16() {
+  static const bool native = [] {
+    configure_gemm_libraries();  // oneDNN's max ISA first
+    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+    // oneDNN's ISA values are nested bit masks; AMX includes bf16.
+    return isa() >= Isa::kAvx512Bf16 && (effective & bf16) == bf16;
+  }();
+  return native;
+}
 
 LowpGemmPath lowp_gemm_auto_path() {
   static const LowpGemmPath path = default_auto_path();

@@ -1,10 +1,11 @@
 // Mixed-precision matrix multiply for the CPU backend: operands stored as bf16, f16 or f32, the
 // product always accumulated in fp32, C written as f32 or rounded (nearest even) to bf16/f16.
-// Two implementations: widen the operands to fp32 block by block (bounded scratch, accounted by
-// kuai::Allocator) and run the fast fp32 gemm (gemm.h) on each block, or hand the low-precision
-// operands to oneDNN's bf16/f16 matmul, which is only fast on CPUs with native bf16 arithmetic
-// (AVX512-BF16, AMX). kAuto chooses between them; see gemm_lowp.cpp for the measurements behind
-// the choice. gemm_lowp_reference is the naive oracle the tests compare against.
+// Three implementations: widen the operands to fp32 block by block (bounded scratch, accounted by
+// kuai::Allocator) and run the fast fp32 gemm (gemm.h) on each block; widen them while packing
+// (packed.h); or hand the low-precision operands to oneDNN's bf16/f16 matmul, which is only fast
+// on CPUs with native bf16 arithmetic (AVX512-BF16, AMX). kAuto lets the router (router.h)
+// measure which is fastest for each product here. gemm_lowp_reference is the naive oracle the
+// tests compare against.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,7 @@
 namespace kuai::cpu {
 
 enum class LowpGemmPath {
-  kAuto,         // kOneDNN on CPUs with native bf16 arithmetic, else kConvertFp32
+  kAuto,         // measured per product by the router; lowp_gemm_auto_path() where nothing is
   kConvertFp32,  // widen A, B (and a low-precision C) panel by panel to bounded fp32 scratch,
                  // cpu::gemm per block, round C back once if low precision
   kOneDNN,       // oneDNN matmul on the low-precision operands (falls back to kConvertFp32 for
@@ -41,7 +42,8 @@ int64_t lowp_gemm_panel_budget();  // the budget in force, in floats
 // The path kAuto resolves to on this CPU.
 LowpGemmPath lowp_gemm_auto_path();
 
-// True when the running CPU has native bf16 dot products (oneDNN sees avx512_core_bf16 or AMX).
+// True when the tier in force (isa.h) has native bf16 dot products and oneDNN runs them
+// (its effective ISA includes avx512_core_bf16 or AMX).
 bool cpu_has_native_bf16();
 
 // C(M,N) = alpha * op(A)(M,K) @ op(B)(K,N) + beta * C, all row-major, transposes and leading

@@ -142,15 +142,4 @@ const GemmLibraries& gemm_libraries() {
 
 void configure_gemm_libraries() { gemm_libraries(); }
 
-bool onednn_has_native_bf16() {
-  configure_gemm_libraries();
-  static const bool native = [] {
-    const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
-    const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
-    // oneDNN's ISA values are nested bit masks; AMX includes bf16.
-    return isa() >= Isa::kAvx512Bf16 && (effective & bf16) == bf16;
-  }();
-  return native;
-}
-
 }  // namespace kuai::cpu

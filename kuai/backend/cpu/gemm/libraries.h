@@ -33,8 +33,4 @@ const GemmLibraries& gemm_libraries();  // configures first
 // The tier an OpenBLAS x86-64 kernel core needs ("Haswell" -> avx2, "Prescott" -> baseline).
 Isa openblas_core_isa(std::string_view core);
 
-// True when oneDNN's effective ISA includes native bf16 dot products (avx512_core_bf16 or AMX)
-// and the tier in force allows them.
-bool onednn_has_native_bf16();
-
 }  // namespace kuai::cpu

@@ -2,7 +2,6 @@
 #include "kuai/backend/cpu/gemm/tuning.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 #include <unistd.h>
 
 #include <cstdlib>
