@@ -7,6 +7,7 @@
 
 #include "kuai/amp/autocast.h"
 #include "kuai/amp/grad_scaler.h"
+#include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
@@ -113,8 +114,15 @@ TEST(Autocast, LowPrecisionKernelsRoundOnce) {
     expect_rounded_once(sum(x, 0), sum(f32(x), 0), t, "sum");
     Tensor q = cast(randn({2, 3, 19, 8}, 10), t), k = cast(randn({2, 3, 19, 8}, 11), t),
            v = cast(randn({2, 3, 19, 8}, 12), t);
-    expect_rounded_once(scaled_dot_product_attention(q, k, v, true),
-                        scaled_dot_product_attention(f32(q), f32(k), f32(v), true), t, "attention");
+    // Where the CPU multiplies bf16 natively, the probabilities are rounded to bf16 before p v
+    // (as FlashAttention does: cpu::gemm_lowp_round_a), so y is the rounding of exactly that.
+    Tensor ref = scaled_dot_product_attention(f32(q), f32(k), f32(v), true);
+    if (cpu::lowp_rounds_a(t)) {
+      const Tensor p = softmax(matmul(f32(q), transpose(f32(k), 2, 3)), 1.0f / std::sqrt(8.0f),
+                               /*causal=*/true);
+      ref = matmul(f32(cast(p, t)), f32(v));
+    }
+    expect_rounded_once(scaled_dot_product_attention(q, k, v, true), ref, t, "attention");
     // Cross-entropy on low-precision logits: fp32 arithmetic, so the loss equals the fp32 one
     // on the same (widened) logits to fp32 accuracy, and the gradient is rounded once.
     Tensor logits = cast(randn({37, 300}, 13, 3.0f), t);

@@ -5,7 +5,7 @@ forward and backward of the tiny GPT of tests/golden/tiny_gpt.safetensors.
 Run by hand with Debian's torch, after make_golden.py (CI never runs it; the fixture is
 committed):
 
-    /usr/bin/python3 tests/golden/make_golden_amp.py
+    /usr/bin/python3 tests/golden/make_golden_amp.py [--native-only]
 
 Model, configuration and the safetensors reader/writer are make_golden.py's (imported). The
 parameters, idx and targets are read from tiny_gpt.safetensors, so both fixtures describe the
@@ -89,6 +89,13 @@ import make_golden as mg  # noqa: E402  (model, CONFIG, safetensors reader/write
 torch_gpt = mg.torch_gpt
 SOURCE = mg.OUTPUT  # tests/golden/tiny_gpt.safetensors
 OUTPUT = os.path.join(HERE, "tiny_gpt_amp.safetensors")
+# The float64 model of kuai's policy on CPUs that multiply bf16 natively (AVX512-BF16, AMX):
+# attention's probabilities are rounded to bf16 before p v, and its score gradient ds before
+# ds k and ds^T q, so that every product runs bf16 x bf16 (emulate(..., "kuai_native")).
+# emu_native.logits, emu_native.loss, emu_native.grad.<name> (F32). A float64 computation from
+# tiny_gpt.safetensors' weights and batch only, so `--native-only` writes it on any machine
+# without touching the PyTorch-bf16 fixture (whose torch results depend on the CPU).
+NATIVE_OUTPUT = os.path.join(HERE, "tiny_gpt_amp_native.safetensors")
 
 
 class DtypeLog(TorchDispatchMode):
@@ -199,9 +206,32 @@ class KuaiAttention(torch.autograd.Function):
         return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ dy, None
 
 
+class KuaiNativeAttention(torch.autograd.Function):
+    """KuaiAttention where the CPU multiplies bf16 natively (cpu::gemm_lowp_round_a): y from the
+    rounded (and saved) p; ds rounded before ds k and ds^T q. Everything else as KuaiAttention."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        T = q.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        s = (q @ k.transpose(-2, -1) * scale).masked_fill(~mask, float("-inf"))
+        pb = bf16(torch.softmax(s, dim=-1))
+        ctx.save_for_backward(q, k, v, pb)
+        ctx.scale = scale
+        return bf16(pb @ v)
+
+    @staticmethod
+    def backward(ctx, dy):
+        q, k, v, p = ctx.saved_tensors
+        dp = dy @ v.transpose(-2, -1)
+        ds = bf16(ctx.scale * p * (dp - (p * dp).sum(-1, keepdim=True)))
+        return ds @ k, ds.transpose(-2, -1) @ q, p.transpose(-2, -1) @ dy, None
+
+
 def emulate(params, idx, targets, c, policy):
     """One forward/backward of the GPT in float64 with policy's bf16 roundings: "torch" (PyTorch
-    1.13 CPU autocast, as observed), "kuai" (kuai's AutocastGuard) or "none" (plain float64,
+    1.13 CPU autocast, as observed), "kuai" (kuai's AutocastGuard), "kuai_native" (the same on a
+    CPU with native bf16) or "none" (plain float64,
     checked against torch_gpt.GPT in float64). Returns logits, loss, {name: grad}."""
     r = (lambda x: x) if policy == "none" else R.apply
     P = {n: t.detach().double().requires_grad_() for n, t in params.items()}
@@ -224,6 +254,8 @@ def emulate(params, idx, targets, c, policy):
         q, k, v = (t.view(B, T, H, hd).transpose(1, 2) for t in (q, k, v))
         if policy == "kuai":
             y = KuaiAttention.apply(q, k, v, 1.0 / hd**0.5)
+        elif policy == "kuai_native":
+            y = KuaiNativeAttention.apply(q, k, v, 1.0 / hd**0.5)
         else:
             s = r(r(q @ k.transpose(-2, -1)) * (1.0 / hd**0.5)).masked_fill(~mask, float("-inf"))
             p = torch.softmax(s, dim=-1) if policy == "none" else SoftmaxSavedBf16.apply(s)
@@ -254,12 +286,31 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+def write_native_emulation(src, c, names):
+    """NATIVE_OUTPUT: kuai's policy on a native-bf16 CPU, emulated in float64."""
+    params = {n: src[f"param.{n}"] for n in names}
+    idx, targets = src["idx"].long(), src["targets"].long()
+    logits, loss, grads = emulate(params, idx, targets, c, "kuai_native")
+    out = [("emu_native.logits", logits.float()), ("emu_native.loss", loss.float())]
+    out += [(f"emu_native.grad.{n}", grads[n].float()) for n in names]
+    out += [("loss_fp32", src["loss"])]
+    metadata = {k: str(v) for k, v in c.items()}
+    metadata["source"] = os.path.basename(SOURCE)
+    metadata["policy"] = "kuai bf16 autocast, native bf16 (probabilities and ds rounded)"
+    mg.write_safetensors(NATIVE_OUTPUT, out, metadata)
+    print(f"wrote {NATIVE_OUTPUT} ({os.path.getsize(NATIVE_OUTPUT)} bytes, {len(out)} tensors)")
+
+
 def main():
     torch.set_num_threads(1)  # one thread: a fixed reduction order
     c = mg.CONFIG
     src, src_meta = mg.read_safetensors(SOURCE)
     for k, v in c.items():
         assert src_meta[k] == str(v), f"{SOURCE} was written with {k}={src_meta[k]}, not {v}"
+    if "--native-only" in sys.argv[1:]:
+        names = [n[len("param."):] for n in src if n.startswith("param.")]
+        write_native_emulation(src, c, names)
+        return
     model = torch_gpt.GPT(c["vocab_size"], c["n_layer"], c["n_head"], c["d_model"], c["seq_len"])
     names = [n for n, _ in model.named_parameters()]
     with torch.no_grad():
@@ -307,6 +358,7 @@ def main():
         assert back[n].dtype == t.dtype and torch.equal(back[n], t), n
 
     print(f"wrote {OUTPUT} ({os.path.getsize(OUTPUT)} bytes, {len(out)} tensors)")
+    write_native_emulation(src, c, names)
     print(f"loss: torch-bf16 {loss16.item():.7f} fp32 {loss32.item():.7f} f64 {loss64.item():.7f}"
           f" emu-torch {emu_torch[1].item():.7f} emu-kuai {emu_kuai[1].item():.7f}")
     print("relative Frobenius distance to float64:")

@@ -21,13 +21,18 @@ void* at(void* base, DType t, int64_t ld, int64_t r, int64_t c = 0) {
   return static_cast<char*>(base) + (r * ld + c) * dtype_size(t);
 }
 
-// C = alpha op(A) op(B), beta 0: the fp32 gemm when all three are fp32, else gemm_lowp.
+// C = alpha op(A) op(B), beta 0: the fp32 gemm when all three are fp32, else gemm_lowp; an fp32
+// A (probabilities, their gradient) against bf16 B is rounded to bf16 where the CPU multiplies
+// bf16 natively (gemm_lowp_round_a), so every product of a bf16 head runs on the native units.
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
              DType at_, int64_t lda, const void* B, DType bt, int64_t ldb, void* C, DType ct,
              int64_t ldc) {
   if (at_ == DType::kF32 && bt == DType::kF32 && ct == DType::kF32) {
     gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B),
          ldb, 0.0f, static_cast<float*>(C), ldc);
+  } else if (at_ == DType::kF32) {
+    gemm_lowp_round_a(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, B, bt, ldb, 0.0f,
+                      C, ct, ldc);
   } else {
     gemm_lowp(ta, tb, M, N, K, alpha, A, at_, lda, B, bt, ldb, 0.0f, C, ct, ldc);
   }

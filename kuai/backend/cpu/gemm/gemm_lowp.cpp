@@ -354,6 +354,24 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   widen();
 }
 
+bool lowp_rounds_a(DType b_dtype) { return b_dtype == DType::kBF16 && cpu_has_native_bf16(); }
+
+void gemm_lowp_round_a(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float* A, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
+                       float beta, void* C, DType c_dtype, int64_t ldc) {
+  if (!lowp_rounds_a(b_dtype) || M <= 0 || N <= 0 || K <= 0) {
+    gemm_lowp(trans_a, trans_b, M, N, K, alpha, A, DType::kF32, lda, B, b_dtype, ldb, beta, C,
+              c_dtype, ldc);
+    return;
+  }
+  // op(A) is (M, K): stored (M, K) rows, or (K, M) rows when transposed; copied densely.
+  const int64_t rows = trans_a ? K : M, cols = trans_a ? M : K;
+  ScratchBytes a16(static_cast<size_t>(rows * cols) * sizeof(uint16_t));
+  convert_matrix(A, DType::kF32, lda, a16.data(), DType::kBF16, cols, rows, cols);
+  gemm_lowp(trans_a, trans_b, M, N, K, alpha, a16.data(), DType::kBF16, cols, B, b_dtype, ldb, beta,
+            C, c_dtype, ldc);
+}
+
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                              DType a_dtype, int64_t lda, DType b_dtype, int64_t ldb, DType c_dtype,
                              int64_t ldc) {

@@ -60,6 +60,18 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     DType a_dtype, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
                     const void* bias, DType bias_dtype, void* C, DType c_dtype, int64_t ldc);
 
+// For products whose A is an fp32 intermediate and whose B is stored in bf16 (attention's
+// probabilities and their gradient times v, k, q or dy): where the tier has native bf16
+// (cpu_has_native_bf16()), op(A) is rounded to bf16 (nearest even) first, as FlashAttention
+// rounds its probabilities, so that the product runs bf16 x bf16 on the native units (AVX512-BF16
+// dot products, AMX tiles) instead of widening B to fp32; elsewhere, and for any other B dtype,
+// it is gemm_lowp itself. The rounded copy comes from the tracking allocator for the call.
+void gemm_lowp_round_a(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                       const float* A, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
+                       float beta, void* C, DType c_dtype, int64_t ldc);
+// True when gemm_lowp_round_a rounds A for a B of this dtype on this CPU and tier.
+bool lowp_rounds_a(DType b_dtype);
+
 // oneDNN's implementation name for this product ("brg:avx512_core_amx", "ref:any", ...), or ""
 // when oneDNN cannot build the primitive (kOneDNN then falls back to kConvertFp32).
 std::string lowp_onednn_impl(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,

@@ -432,3 +432,56 @@ TEST_F(GemmLowpTest, ReportsOneDnnImplementation) {
 
 }  // namespace
 }  // namespace kuai::cpu
+
+namespace kuai::cpu {
+namespace {
+
+// gemm_lowp_round_a: an fp32 A against a bf16 B is the product of A rounded to bf16 where the CPU
+// multiplies bf16 natively (and then measurably not the product of the unrounded A), else the
+// mixed product itself; every transpose, odd shapes, beta 0 and 1.
+TEST_F(GemmLowpTest, RoundAIsTheProductOfTheRoundedAWhereBf16IsNative) {
+  const bool rounds = lowp_rounds_a(DType::kBF16);
+  EXPECT_FALSE(lowp_rounds_a(DType::kF16));
+  EXPECT_EQ(rounds, cpu_has_native_bf16());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  for (const Shape& s : {Shape{33, 17, 70, 0}, Shape{64, 64, 64, 3}, Shape{7, 40, 129, 1}}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const int64_t lda = (ta ? s.m : s.k) + s.pad, ldb = (tb ? s.k : s.n) + s.pad, ldc = s.n;
+      std::vector<float> a(static_cast<size_t>((ta ? s.k : s.m) * lda)), b32;
+      for (float& x : a) x = dist(rng);  // fp32 values, mostly not bf16 ones
+      std::vector<float> a_rounded(a.size());
+      std::vector<uint16_t> tmp(a.size());
+      convert(a.data(), DType::kF32, tmp.data(), DType::kBF16, static_cast<int64_t>(a.size()));
+      convert(tmp.data(), DType::kBF16, a_rounded.data(), DType::kF32,
+              static_cast<int64_t>(a.size()));
+      const auto b = random_matrix((tb ? s.n : s.k) * ldb, DType::kBF16, 7, &b32);
+      for (float beta : {0.0f, 1.0f}) {
+        std::vector<float> got(static_cast<size_t>(s.m * ldc), 0.25f);
+        std::vector<float> want_rounded = got, want_plain = got;
+        gemm_lowp_round_a(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), DType::kBF16, ldb,
+                          beta, got.data(), DType::kF32, ldc);
+        gemm_lowp_reference(ta, tb, s.m, s.n, s.k, 1.0f, a_rounded.data(), DType::kF32, lda,
+                            b.data(), DType::kBF16, ldb, beta, want_rounded.data(), DType::kF32,
+                            ldc);
+        gemm_lowp_reference(ta, tb, s.m, s.n, s.k, 1.0f, a.data(), DType::kF32, lda, b.data(),
+                            DType::kBF16, ldb, beta, want_plain.data(), DType::kF32, ldc);
+        const std::vector<float>& want = rounds ? want_rounded : want_plain;
+        // |a b| <= 1 per term: the magnitude bound of check() is at most K (+ |beta c|).
+        const double tol = kTolPerSqrtK * std::sqrt(static_cast<double>(s.k)) * (s.k + 1);
+        double off_plain = 0.0;
+        for (size_t i = 0; i < got.size(); ++i) {
+          ASSERT_LE(std::abs(got[i] - want[i]), tol)
+              << (ta ? "T" : "N") << (tb ? "T" : "N") << " " << s.m << "x" << s.n << "x" << s.k
+              << " beta " << beta << " element " << i << (rounds ? " (A rounded)" : "");
+          off_plain = std::max(off_plain, static_cast<double>(std::abs(got[i] - want_plain[i])));
+        }
+        if (rounds) EXPECT_GT(off_plain, tol) << "A was not rounded to bf16";
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace kuai::cpu
