@@ -116,13 +116,19 @@ TEST(Autocast, LowPrecisionKernelsRoundOnce) {
            v = cast(randn({2, 3, 19, 8}, 12), t);
     // Where the CPU multiplies bf16 natively, the probabilities are rounded to bf16 before p v
     // (as FlashAttention does: cpu::gemm_lowp_round_a), so y is the rounding of exactly that.
-    Tensor ref = scaled_dot_product_attention(f32(q), f32(k), f32(v), true);
-    if (cpu::lowp_rounds_a(t)) {
-      const Tensor p = softmax(matmul(f32(q), transpose(f32(k), 2, 3)), 1.0f / std::sqrt(8.0f),
-                               /*causal=*/true);
-      ref = matmul(f32(cast(p, t)), f32(v));
+    // Both policies, whatever the CPU: the tier's, then rounding forced on.
+    for (bool force : {false, true}) {
+      if (force) cpu::set_lowp_rounds_a(true);
+      Tensor ref = scaled_dot_product_attention(f32(q), f32(k), f32(v), true);
+      if (cpu::lowp_rounds_a(t)) {
+        const Tensor p = softmax(matmul(f32(q), transpose(f32(k), 2, 3)), 1.0f / std::sqrt(8.0f),
+                                 /*causal=*/true);
+        ref = matmul(f32(cast(p, t)), f32(v));
+      }
+      const Tensor got = scaled_dot_product_attention(q, k, v, true);
+      cpu::reset_lowp_rounds_a();
+      expect_rounded_once(got, ref, t, force ? "attention (probabilities rounded)" : "attention");
     }
-    expect_rounded_once(scaled_dot_product_attention(q, k, v, true), ref, t, "attention");
     // Cross-entropy on low-precision logits: fp32 arithmetic, so the loss equals the fp32 one
     // on the same (widened) logits to fp32 accuracy, and the gradient is rounded once.
     Tensor logits = cast(randn({37, 300}, 13, 3.0f), t);

@@ -141,7 +141,14 @@ Result run(const Fixtures& f, bool bf16) {
   return r;
 }
 
-TEST(GptGoldenAmp, Bf16ForwardBackwardMatchesPyTorchAutocast) {
+// Both of kuai's bf16 attention policies, each against its own float64 model and PyTorch: the
+// one of CPUs without AMX, and the one that rounds attention's probabilities and ds to bf16
+// (cpu::gemm_lowp_round_a, the amx tier's), forced on any CPU.
+void check_policy(bool round_attention) {
+  cpu::set_lowp_rounds_a(round_attention);
+  struct Reset {
+    ~Reset() { cpu::reset_lowp_rounds_a(); }
+  } reset;
   Fixtures f;
   // The two fixtures must describe the same weights: the amp script recomputed the fp32 loss.
   ASSERT_EQ(f.amp_f32("loss_fp32"), f.t32("loss").to_vector<float>())
@@ -202,6 +209,10 @@ TEST(GptGoldenAmp, Bf16ForwardBackwardMatchesPyTorchAutocast) {
   ::testing::Test::RecordProperty("worst_vs_torch_over_e_t", std::to_string(worst_vs_torch));
   ::testing::Test::RecordProperty("worst_vs_emu", std::to_string(worst_vs_emu));
 }
+
+TEST(GptGoldenAmp, Bf16ForwardBackwardMatchesPyTorchAutocast) { check_policy(false); }
+
+TEST(GptGoldenAmp, Bf16WithRoundedAttentionMatchesPyTorchAndItsPolicy) { check_policy(true); }
 
 }  // namespace
 }  // namespace kuai

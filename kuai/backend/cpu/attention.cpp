@@ -22,8 +22,8 @@ void* at(void* base, DType t, int64_t ld, int64_t r, int64_t c = 0) {
 }
 
 // C = alpha op(A) op(B), beta 0: the fp32 gemm when all three are fp32, else gemm_lowp; an fp32
-// A (probabilities, their gradient) against bf16 B is rounded to bf16 where the CPU multiplies
-// bf16 natively (gemm_lowp_round_a), so every product of a bf16 head runs on the native units.
+// A (probabilities, their gradient) against bf16 B is rounded to bf16 where bf16 products are
+// much faster (gemm_lowp_round_a), so every product of a bf16 head runs on the native units.
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
              DType at_, int64_t lda, const void* B, DType bt, int64_t ldb, void* C, DType ct,
              int64_t ldc) {

@@ -95,10 +95,10 @@ void* row(void* base, DType t, int64_t ld, int64_t r) {
 
 // C (fp32, M x N) = alpha op(A) op(B) + beta C on the calling thread. fp32 operands go to
 // cpu::gemm (its library kernels measured 10-15% faster than the packed GEMM on these block
-// products). bf16 blocks go to the native bf16 units where the CPU has them (gemm_lowp; an fp32
-// probability or gradient block is rounded to bf16 first, as FlashAttention does:
-// gemm_lowp_round_a); other bf16/f16 ones to the packed GEMM, which widens them while it packs,
-// or where the CPU lacks it to gemm_lowp.
+// products). bf16 blocks go to the native bf16 units where they are much faster (the amx tier:
+// gemm_lowp; an fp32 probability or gradient block is rounded to bf16 first, as FlashAttention
+// does: gemm_lowp_round_a); other bf16/f16 ones to the packed GEMM, which widens them while it
+// packs, or where the CPU lacks it to gemm_lowp.
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
              DType at, int64_t lda, const void* B, DType bt, int64_t ldb, float beta, float* C,
              int64_t ldc) {

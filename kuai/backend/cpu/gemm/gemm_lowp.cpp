@@ -354,7 +354,20 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
   widen();
 }
 
-bool lowp_rounds_a(DType b_dtype) { return b_dtype == DType::kBF16 && cpu_has_native_bf16(); }
+namespace {
+// -1: the tier decides; 0 / 1: forced by set_lowp_rounds_a.
+std::atomic<int> g_round_a{-1};
+}  // namespace
+
+bool lowp_rounds_a(DType b_dtype) {
+  if (b_dtype != DType::kBF16) return false;
+  const int forced = g_round_a.load(std::memory_order_relaxed);
+  if (forced >= 0) return forced == 1;
+  return isa() >= Isa::kAmx && cpu_has_native_bf16();
+}
+
+void set_lowp_rounds_a(bool on) { g_round_a.store(on ? 1 : 0, std::memory_order_relaxed); }
+void reset_lowp_rounds_a() { g_round_a.store(-1, std::memory_order_relaxed); }
 
 void gemm_lowp_round_a(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float* A, int64_t lda, const void* B, DType b_dtype, int64_t ldb,

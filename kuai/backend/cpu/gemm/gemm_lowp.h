@@ -61,16 +61,26 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
                     const void* bias, DType bias_dtype, void* C, DType c_dtype, int64_t ldc);
 
 // For products whose A is an fp32 intermediate and whose B is stored in bf16 (attention's
-// probabilities and their gradient times v, k, q or dy): where the tier has native bf16
-// (cpu_has_native_bf16()), op(A) is rounded to bf16 (nearest even) first, as FlashAttention
-// rounds its probabilities, so that the product runs bf16 x bf16 on the native units (AVX512-BF16
-// dot products, AMX tiles) instead of widening B to fp32; elsewhere, and for any other B dtype,
-// it is gemm_lowp itself. The rounded copy comes from the tracking allocator for the call.
+// probabilities and their gradient times v, k, q or dy): where bf16 products are much faster
+// than fp32 ones, op(A) is rounded to bf16 (nearest even) first, as FlashAttention rounds its
+// probabilities, so that the product runs bf16 x bf16 on the native units instead of widening B
+// to fp32; elsewhere, and for any other B dtype, it is gemm_lowp itself. The rounded copy comes
+// from the tracking allocator for the call.
+//
+// "Much faster" is the amx tier (AMX tiles: ~5x the fp32 rate). With AVX512-BF16 dot products
+// alone, oneDNN 2.6's bf16 matmul ran at 80-86 GFLOP/s against 280 for fp32 on an Emerald Rapids
+// VM without AMX (2 threads, the tiny model's products, `kuai tune`), so rounding would cost
+// accuracy and time there. The rounding changes results, so it follows the tier, never a timing.
 void gemm_lowp_round_a(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                        const float* A, int64_t lda, const void* B, DType b_dtype, int64_t ldb,
                        float beta, void* C, DType c_dtype, int64_t ldc);
 // True when gemm_lowp_round_a rounds A for a B of this dtype on this CPU and tier.
 bool lowp_rounds_a(DType b_dtype);
+// Testing hook: force the rounding on or off on any CPU (the product then runs bf16 x bf16 on
+// whatever gemm_lowp picks, with the same numbers as on AMX up to fp32 summation order); reset
+// restores the tier's choice.
+void set_lowp_rounds_a(bool on);
+void reset_lowp_rounds_a();
 
 // oneDNN's implementation name for this product ("brg:avx512_core_amx", "ref:any", ...), or ""
 // when oneDNN cannot build the primitive (kOneDNN then falls back to kConvertFp32).

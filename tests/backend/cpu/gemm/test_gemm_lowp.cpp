@@ -19,6 +19,7 @@
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/backend/cpu/gemm/packed.h"
+#include "kuai/backend/cpu/isa.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
 
@@ -104,6 +105,7 @@ class GemmLowpTest : public ::testing::Test {
     set_lowp_gemm_panel_budget(0);
     set_packed_gemm_blocking({});
     set_gemm_backend(GemmBackend::kAuto);
+    reset_lowp_rounds_a();
   }
 };
 
@@ -436,13 +438,22 @@ TEST_F(GemmLowpTest, ReportsOneDnnImplementation) {
 namespace kuai::cpu {
 namespace {
 
-// gemm_lowp_round_a: an fp32 A against a bf16 B is the product of A rounded to bf16 where the CPU
-// multiplies bf16 natively (and then measurably not the product of the unrounded A), else the
-// mixed product itself; every transpose, odd shapes, beta 0 and 1.
+// gemm_lowp_round_a: an fp32 A against a bf16 B is the product of A rounded to bf16 where the
+// rounding is on (the amx tier, or forced; and then measurably not the product of the unrounded
+// A), else the mixed product itself; every transpose, odd shapes, beta 0 and 1.
+void check_round_a(bool rounds);
+
 TEST_F(GemmLowpTest, RoundAIsTheProductOfTheRoundedAWhereBf16IsNative) {
-  const bool rounds = lowp_rounds_a(DType::kBF16);
   EXPECT_FALSE(lowp_rounds_a(DType::kF16));
-  EXPECT_EQ(rounds, cpu_has_native_bf16());
+  EXPECT_EQ(lowp_rounds_a(DType::kBF16), isa() >= Isa::kAmx && cpu_has_native_bf16());
+  for (int forced : {-1, 0, 1}) {  // the tier's choice, then off and on whatever the CPU
+    if (forced >= 0) set_lowp_rounds_a(forced == 1);
+    check_round_a(lowp_rounds_a(DType::kBF16));
+  }
+  reset_lowp_rounds_a();
+}
+
+void check_round_a(bool rounds) {
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   for (const Shape& s : {Shape{33, 17, 70, 0}, Shape{64, 64, 64, 3}, Shape{7, 40, 129, 1}}) {
