@@ -18,7 +18,6 @@
 
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
-#include "kuai/backend/cpu/gemm/packed.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/vec_math.h"
 #include "kuai/core/allocator.h"
@@ -95,24 +94,19 @@ void* row(void* base, DType t, int64_t ld, int64_t r) {
 
 // C (fp32, M x N) = alpha op(A) op(B) + beta C on the calling thread. fp32 operands go to
 // cpu::gemm (its library kernels measured 10-15% faster than the packed GEMM on these block
-// products). bf16 blocks go to the native bf16 units where they are much faster (the amx tier:
-// gemm_lowp; an fp32 probability or gradient block is rounded to bf16 first, as FlashAttention
-// does: gemm_lowp_round_a); other bf16/f16 ones to the packed GEMM, which widens them while it
-// packs, or where the CPU lacks it to gemm_lowp.
+// products). bf16/f16 blocks go to gemm_lowp, whose default path inside this parallel region
+// follows the tier (gemm_lowp.cpp: AMX tiles, AVX-512 fp32 after widening, or the packed AVX2
+// kernel); where bf16 products are much faster (amx), an fp32 probability or gradient block is
+// rounded to bf16 first, as FlashAttention does (gemm_lowp_round_a).
 void product(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const void* A,
              DType at, int64_t lda, const void* B, DType bt, int64_t ldb, float beta, float* C,
              int64_t ldc) {
-  const bool packed = packed_gemm_available();
   if (at == DType::kF32 && bt == DType::kF32)
     gemm(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, static_cast<const float*>(B),
          ldb, beta, C, ldc);
-  else if (lowp_rounds_a(bt) && at == DType::kF32)
+  else if (at == DType::kF32)
     gemm_lowp_round_a(ta, tb, M, N, K, alpha, static_cast<const float*>(A), lda, B, bt, ldb, beta,
                       C, DType::kF32, ldc);
-  else if (lowp_rounds_a(bt) && at == bt)
-    gemm_lowp(ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, DType::kF32, ldc);
-  else if (packed)
-    gemm_packed(ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, DType::kF32, ldc);
   else
     gemm_lowp(ta, tb, M, N, K, alpha, A, at, lda, B, bt, ldb, beta, C, DType::kF32, ldc);
 }

@@ -207,15 +207,19 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
 
 // ---- automatic choice ----
 
-// The default path where no measurement decides (router.h): oneDNN's bf16/f16 matmul where the
-// CPU multiplies bf16 natively (AVX512-BF16 dot products, AMX tiles: a JIT bf16 kernel at 2x or
-// far more the fp32 rate, reading half the bytes); below avx512 oneDNN 2.6 has no bf16 or f16
-// matmul at all, and without native bf16 it emulates it slowly. There the packed GEMM
-// (packed.h: operands widened while packed, C rounded in registers) where the tier has AVX2,
-// else the widening path. With tuning on, the router measures the paths that can run each
-// product and takes the fastest.
+// The default path where no measurement decides (router.h: mostly the per-thread products of
+// attention heads and blocks inside parallel regions; also small products and tuning off):
+// - amx: oneDNN's bf16 matmul on AMX tiles, several times the fp32 rate.
+// - avx2 up to avx512_bf16: the packed GEMM (packed.h: operands widened while packed, C rounded
+//   in registers), which needs no scratch copy per call. On an Emerald Rapids VM without AMX
+//   (avx512_bf16), bf16 training of the tiny model spent 495-520 ms in attention per 5 steps
+//   with it, 540-550 with oneDNN's bf16 matmul (AVX512-BF16 dot products: 81 GFLOP/s on one
+//   thread against 128-145 for fp32 there) and 670 widening (which wins large top-level
+//   products there, 135-139 GFLOP/s: the router measures those). oneDNN 2.6 has no bf16 matmul
+//   below avx512.
+// - baseline: widening.
 LowpGemmPath default_auto_path() {
-  if (cpu_has_native_bf16()) return LowpGemmPath::kOneDNN;
+  if (isa() >= Isa::kAmx && cpu_has_native_bf16()) return LowpGemmPath::kOneDNN;
   return packed_gemm_available() ? LowpGemmPath::kPacked : LowpGemmPath::kConvertFp32;
 }
 

@@ -137,7 +137,7 @@ std::string gemm_routing_report() {
   TuningCache& cache = TuningCache::get();
   if (!cache.enabled()) {
     return "gemm      tuning off (KUAI_GEMM_TUNING=off): fp32 on oneDNN; bf16/f16 on oneDNN "
-           "where the CPU has native bf16, else the packed kernel (avx2), else widened to fp32\n";
+           "on AMX, else the packed kernel (avx2), else widened to fp32\n";
   }
   std::string out = fmt::format("gemm      tuning cache {}{}\n", cache.path(),
                                 cache.may_calibrate() ? "" : " (read only: one of several ranks)");

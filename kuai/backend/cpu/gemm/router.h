@@ -10,8 +10,8 @@
 // bits. The default applies inside parallel constructs (per-thread products: attention's heads,
 // flash attention's blocks), to products too small to time (under 2^20 multiply-adds), and where
 // nothing is cached and nothing may be measured (tuning off; under mpirun, where ranks must
-// agree): oneDNN for fp32 and, for low precision, oneDNN where the CPU has native bf16, else the
-// packed kernel (AVX2), else widening.
+// agree): oneDNN for fp32 and, for low precision, oneDNN on AMX, else the packed kernel (AVX2),
+// else widening (gemm_lowp.cpp says why).
 #pragma once
 
 #include <cstdint>

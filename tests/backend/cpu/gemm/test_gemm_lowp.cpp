@@ -427,7 +427,8 @@ TEST_F(GemmLowpTest, ReportsOneDnnImplementation) {
   RecordProperty("onednn_f16_impl", f16);
   fmt::print("native bf16: {}; auto path: {}; oneDNN bf16 impl: '{}'; f16 impl: '{}'\n",
              cpu_has_native_bf16(), path_label(lowp_gemm_auto_path()), bf16, f16);
-  EXPECT_EQ(lowp_gemm_auto_path(), cpu_has_native_bf16()     ? LowpGemmPath::kOneDNN
+  EXPECT_EQ(lowp_gemm_auto_path(), isa() >= Isa::kAmx && cpu_has_native_bf16()
+                                       ? LowpGemmPath::kOneDNN
                                    : packed_gemm_available() ? LowpGemmPath::kPacked
                                                              : LowpGemmPath::kConvertFp32);
 }
