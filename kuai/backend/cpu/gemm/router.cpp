@@ -8,18 +8,20 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <vector>
 
 #include "kuai/backend/cpu/gemm/tuning.h"
 
 namespace kuai::cpu {
 namespace {
 
-// Timed runs per candidate after the warm-up (which pays for oneDNN's JIT and first-touch
-// packing); the best is kept. Small products run more often so that the timing is not lost in
-// the clock's resolution: until kMinSeconds have passed, at most kMaxRuns.
-constexpr int kMinRuns = 2;
-constexpr int kMaxRuns = 50;
-constexpr double kMinSeconds = 2e-3;
+// After one warm-up run each (which pays for oneDNN's JIT and first-touch packing), the
+// candidates run in turn, A B C A B C ..., so that a machine getting busier or quieter affects
+// them alike; each keeps its best time. At least kMinRounds rounds, and more until kMinSeconds
+// have passed (small products), at most kMaxRounds.
+constexpr int kMinRounds = 3;
+constexpr int kMaxRounds = 50;
+constexpr double kMinSeconds = 20e-3;
 // Products below this many multiply-adds (a few microseconds) are not measured: their time is
 // mostly call overhead and clock noise, and they are no part of a training step's cost. They take
 // the default.
@@ -46,25 +48,31 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// The best time of one candidate, C restored before every run.
-double time_candidate(const GemmShape& shape, const GemmCandidate& c,
-                      const std::function<void()>& restore_c) {
+// The best time of each candidate, C restored before every run.
+std::vector<double> time_candidates(const GemmShape& shape,
+                                    std::span<const GemmCandidate> candidates,
+                                    const std::function<void()>& restore_c) {
   std::function<double(const GemmShape&, const char*)> fake;
   {
     std::lock_guard<std::mutex> lock(fake_timer().mu);
     fake = fake_timer().fn;
   }
-  if (restore_c) restore_c();
-  c.run();  // warm-up
-  if (fake) return fake(shape, c.name);
-  double best = std::numeric_limits<double>::infinity();
-  const double start = seconds_now();
-  for (int r = 0; r < kMaxRuns; ++r) {
+  std::vector<double> best(candidates.size(), std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < candidates.size(); ++i) {
     if (restore_c) restore_c();
-    const double t0 = seconds_now();
-    c.run();
-    best = std::min(best, seconds_now() - t0);
-    if (r + 1 >= kMinRuns && seconds_now() - start >= kMinSeconds) break;
+    candidates[i].run();  // warm-up
+    if (fake) best[i] = fake(shape, candidates[i].name);
+  }
+  if (fake) return best;
+  const double start = seconds_now();
+  for (int r = 0; r < kMaxRounds; ++r) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (restore_c) restore_c();
+      const double t0 = seconds_now();
+      candidates[i].run();
+      best[i] = std::min(best[i], seconds_now() - t0);
+    }
+    if (r + 1 >= kMinRounds && seconds_now() - start >= kMinSeconds) break;
   }
   return best;
 }
@@ -94,8 +102,9 @@ size_t route(const GemmShape& shape, std::span<const GemmCandidate> candidates, 
   size_t best = fallback;
   double best_s = std::numeric_limits<double>::infinity();
   std::string measured;
+  const std::vector<double> times = time_candidates(shape, candidates, restore_c);
   for (size_t i = 0; i < candidates.size(); ++i) {
-    const double s = time_candidate(shape, candidates[i], restore_c);
+    const double s = times[i];
     measured += fmt::format("{}{} {:.1f}", measured.empty() ? "" : " ", candidates[i].name,
                             shape.flops() / std::max(s, 1e-12) * 1e-9);
     if (s < best_s) {  // ties keep the earlier candidate: the order is fixed
