@@ -107,11 +107,12 @@ GemmLibraries configure() {
   const Isa loaded = openblas_core_isa(libs.openblas_loaded_core);
   if (user_core != nullptr) {
     libs.openblas_note = std::string("OPENBLAS_CORETYPE=") + user_core + " set by the user";
-  } else if (loaded != tier) {
+  } else if (loaded != tier && !(tier == Isa::kAmx && loaded == Isa::kAvx512Bf16)) {
+    // (Cooperlake is the best core an OpenBLAS without an AMX one has for the amx tier.)
     const char* want = core_for(tier);
-    const std::string why = loaded < tier
-                                ? "a fallback below this CPU's tier " + std::string(isa_name(tier))
-                                : "above the tier in force " + std::string(isa_name(tier));
+    const std::string why =
+        loaded < tier ? "a fallback below the tier in force " + std::string(isa_name(tier))
+                      : "above the tier in force " + std::string(isa_name(tier));
     if (select_openblas_core(want)) {
       libs.openblas_note = "OpenBLAS chose " + libs.openblas_loaded_core + " (" + why +
                            "); kuai selected " + openblas_get_corename();
