@@ -41,6 +41,14 @@ CONFIGS = {
     "deep": dict(vocab_size=256, n_layer=8, n_head=4, d_model=128, seq_len=512, batch_size=8,
                  steps=6),
 }
+# KUAI_MAX_ISA tier -> (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) for the peer.
+PEER_CAPS = {
+    "baseline": ("default", "SSE41"),
+    "avx2": ("avx2", "AVX2"),
+    "avx512": ("avx512", "AVX512_CORE"),
+    "avx512_bf16": ("avx512", "AVX512_CORE_BF16"),
+    "amx": ("avx512", "AVX512_CORE_AMX"),
+}
 RESULT_KEYS = ("tokens_per_s", "step_ms_median", "peak_rss_mib", "final_loss")
 
 FLOPS_FORMULA = (
@@ -309,6 +317,13 @@ def main(argv=None):
 
     kuai_env = {"OMP_NUM_THREADS": str(THREADS)}
     torch_env = {"OMP_NUM_THREADS": str(THREADS), "OMP_WAIT_POLICY": "PASSIVE"}
+    cap = os.environ.get("KUAI_MAX_ISA", "").lower()
+    if cap in PEER_CAPS:
+        # kuai runs capped at a lower tier: cap the peer the same way (ATen's kernels, its oneDNN).
+        aten, onednn = PEER_CAPS[cap]
+        torch_env.update({"ATEN_CPU_CAPABILITY": aten, "ONEDNN_MAX_CPU_ISA": onednn,
+                          "DNNL_MAX_CPU_ISA": onednn})
+        print(f"peer: KUAI_MAX_ISA={cap}, so ATEN_CPU_CAPABILITY={aten} ONEDNN_MAX_CPU_ISA={onednn}")
     if machine["openblas_coretype"] and "OPENBLAS_CORETYPE" not in os.environ:
         # PyTorch's OpenBLAS misreads this CPU as kuai's did: give the peer the same core.
         torch_env["OPENBLAS_CORETYPE"] = machine["openblas_coretype"]
