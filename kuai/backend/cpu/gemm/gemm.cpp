@@ -83,9 +83,9 @@ void run_routed(const GemmShape& shape, std::function<void()> onednn,
     backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
   }
   if (backend == GemmBackend::kOpenBLAS)
-    openblas();
+    run_profiled(shape, "openblas", openblas);
   else
-    onednn();
+    run_profiled(shape, "onednn", onednn);
 }
 
 }  // namespace
@@ -176,9 +176,9 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   const GemmCandidate candidates[] = {
       {"onednn", parallel_onednn}, {"openblas", parallel_openblas}, {"loop", loop}};
   // C is read when beta != 0: calibrate only products that overwrite it (attention's).
-  const size_t i =
-      beta == 0.0f ? route({"batched", trans_a, trans_b, M, N, K, batch}, candidates, 0) : 0;
-  candidates[i].run();
+  const GemmShape shape{"batched", trans_a, trans_b, M, N, K, batch};
+  const size_t i = beta == 0.0f ? route(shape, candidates, 0) : 0;
+  run_profiled(shape, candidates[i].name, candidates[i].run);
 }
 
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -311,9 +311,11 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     path = c.paths[route({"lowp", trans_a, trans_b, M, N, K, 1, a_dtype, b_dtype, c_dtype}, c.list,
                          c.fallback, snapshot.save_fn(), snapshot.restore_fn())];
   }
-  if (path == LowpGemmPath::kPacked && packed_gemm_available()) return packed();
-  if (path == LowpGemmPath::kOneDNN && mm) return onednn();
-  widen();  // kConvertFp32, and kOneDNN where oneDNN cannot build the primitive
+  const GemmShape shape{"lowp", trans_a, trans_b, M, N, K, 1, a_dtype, b_dtype, c_dtype};
+  if (path == LowpGemmPath::kPacked && packed_gemm_available())
+    return run_profiled(shape, "packed", packed);
+  if (path == LowpGemmPath::kOneDNN && mm) return run_profiled(shape, "onednn", onednn);
+  run_profiled(shape, "widen", widen);  // kConvertFp32, and kOneDNN where oneDNN cannot build it
 }
 
 void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const void* A,
@@ -353,9 +355,11 @@ void gemm_lowp_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K,
     path = c.paths[route({"lowp_bias", trans_a, trans_b, M, N, K, 1, a_dtype, b_dtype, c_dtype},
                          c.list, c.fallback)];
   }
-  if (path == LowpGemmPath::kPacked && packed_gemm_available()) return packed();
-  if (path == LowpGemmPath::kOneDNN && mm) return onednn();
-  widen();
+  const GemmShape shape{"lowp_bias", trans_a, trans_b, M, N, K, 1, a_dtype, b_dtype, c_dtype};
+  if (path == LowpGemmPath::kPacked && packed_gemm_available())
+    return run_profiled(shape, "packed", packed);
+  if (path == LowpGemmPath::kOneDNN && mm) return run_profiled(shape, "onednn", onednn);
+  run_profiled(shape, "widen", widen);
 }
 
 namespace {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/gemm/tuning.h"
+#include "kuai/core/profiler.h"
 
 namespace kuai::cpu {
 namespace {
@@ -78,6 +79,17 @@ std::vector<double> time_candidates(const GemmShape& shape,
 }
 
 }  // namespace
+
+void run_profiled(const GemmShape& shape, const char* impl, const std::function<void()>& fn) {
+  if (!profiler::enabled() || omp_get_level() > 0) return fn();
+  const double t0 = seconds_now();
+  fn();
+  const double ms = (seconds_now() - t0) * 1e3;
+  profiler::record(fmt::format("{} {}{} {}x{}x{}{} {}", shape.op, shape.trans_a ? 'T' : 'N',
+                               shape.trans_b ? 'T' : 'N', shape.m, shape.n, shape.k,
+                               shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl),
+                   ms, shape.flops());
+}
 
 size_t route(const GemmShape& shape, std::span<const GemmCandidate> candidates, size_t fallback,
              const std::function<void()>& save_c, const std::function<void()>& restore_c) {

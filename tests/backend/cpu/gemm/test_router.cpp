@@ -10,8 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/backend/cpu/gemm/tuning.h"
+#include "kuai/core/profiler.h"
 
 namespace kuai::cpu {
 namespace {
@@ -86,6 +88,42 @@ TEST_F(RouterTest, CalibrationLeavesCAsItFoundIt) {
                                       {"b", [&] { c[1] *= 3; }}};
   route(fresh_shape(4), candidates, 0, snapshot.save_fn(), snapshot.restore_fn());
   EXPECT_EQ(c, before);
+}
+
+// KUAI_PROFILE's GEMM rows: a product run at top level is one row named by its shape and the
+// implementation that ran it, with its GFLOP/s; products inside a parallel region are not timed.
+TEST(GemmProfile, ProductsAreRowsWithShapeImplementationAndRate) {
+  const bool was_on = profiler::enabled();
+  profiler::reset();
+  profiler::enable(true);
+  const int64_t n = 96;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n, 0.0f);
+  gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+#pragma omp parallel num_threads(2)
+  {
+    std::vector<float> local(n * n, 0.0f);
+    gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, local.data(), n);
+  }
+  profiler::enable(was_on);
+  const std::string report = profiler::report();
+  profiler::reset();
+  EXPECT_FLOAT_EQ(c[0], 0.5f * n);
+  std::istringstream lines(report);
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    if (line.rfind("gemm ", 0) != 0) continue;
+    ++rows;
+    EXPECT_EQ(line.rfind("gemm NT 96x96x96 ", 0), 0u) << line;  // never the NN of the threads
+    EXPECT_TRUE(line.find("onednn") != std::string::npos ||
+                line.find("openblas") != std::string::npos)
+        << line;
+    std::istringstream fields(line.substr(line.rfind(' ') + 1));
+    double gflops = 0;
+    fields >> gflops;
+    EXPECT_GT(gflops, 0.0) << line;
+  }
+  EXPECT_EQ(rows, 1) << report;
 }
 
 }  // namespace
