@@ -17,6 +17,7 @@
 #include "kuai/nn/optimize.h"
 #include "kuai/train/checkpoint.h"
 #include "kuai/train/config.h"
+#include "kuai/train/run_lock.h"
 #include "kuai/train/trainer.h"
 
 namespace {
@@ -93,14 +94,24 @@ int train_command(const std::vector<std::string>& args) {
       overrides.push_back(args[i]);
   }
   kuai::train::TrainOptions opts;
+  // One writer per run directory (run_lock.h): rank 0 locks it before anything there is read.
+  const bool lock_owner = kuai::dist::launch_rank() == 0;
+  kuai::train::RunLock read_lock, write_lock;
   if (!resume.empty()) {
     // The run continues with the checkpoint's own config; overrides may change e.g. train.steps.
     if (!config_path.empty())
       throw std::invalid_argument("--resume takes the checkpoint's config; drop --config");
+    if (lock_owner)
+      read_lock = kuai::train::RunLock::acquire(kuai::train::run_directory_of(resume));
     opts.resume = kuai::train::resolve_checkpoint(resume);
     config_path = opts.resume + "/config.toml";
   }
   const kuai::train::TrainConfig cfg = kuai::train::load_config(config_path, overrides);
+  // The directory this run writes (its config's run.dir/run.name), when it is another one.
+  const std::filesystem::path out_dir = std::filesystem::path(cfg.run_dir) / cfg.run_name;
+  if (lock_owner && !(read_lock.held() && std::filesystem::exists(out_dir) &&
+                      std::filesystem::equivalent(out_dir, read_lock.dir())))
+    write_lock = kuai::train::RunLock::acquire(out_dir.string());
   opts.terminal = isatty(STDOUT_FILENO) == 1;
   opts.stop = kuai::train::install_sigint_stop();
   // Under mpirun: MPI_COMM_WORLD, rank 0 reports (see TrainOptions::group).
@@ -156,25 +167,41 @@ int sample_command(const std::vector<std::string>& args) {
   }
   if (so.max_new_tokens < 0 || so.temperature < 0 || so.top_k < 0)
     throw std::invalid_argument("--tokens, --temperature and --top_k must not be negative");
+  // A run is read without its lock (run_lock.h): its export, renamed into place when complete,
+  // or, while it is still training and has none, the committed checkpoint `latest` names.
+  std::unique_ptr<kuai::nn::GPT> model;
   if (weights.empty()) {
     if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
       run = "runs/" + run;
     weights = run + "/model.safetensors";
-    if (!std::filesystem::is_regular_file(weights))
-      throw std::invalid_argument(fmt::format(
-          "{}: no trained model here (no model.safetensors; run `kuai train` first)", run));
+    if (!std::filesystem::is_regular_file(weights)) {
+      if (!std::filesystem::is_regular_file(run + "/latest"))
+        throw std::invalid_argument(fmt::format(
+            "{}: no trained model here (no model.safetensors and no checkpoint; run `kuai "
+            "train` first)",
+            run));
+      kuai::train::CommittedModel latest = kuai::train::read_latest_model(run);
+      std::cerr << fmt::format(
+          "kuai sample: {} has no model.safetensors yet; sampling {} (step {})\n", run, latest.path,
+          latest.step);
+      model = std::move(latest.model);
+      if (tokenizer_kind.empty())
+        tokenizer_kind = model->config().vocab_size <= 256 ? "byte" : "gpt2";
+    }
   }
-  // The export carries its model shape and tokenizer; loading checks every tensor's checksum.
-  const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
-  kuai::nn::GPT model(info.model, 0);
-  kuai::io::load_weights(weights, model);
-  kuai::optimize(model, kuai::nn::parse_attention_impl(attention));
-  if (tokenizer_kind.empty()) tokenizer_kind = info.tokenizer;
+  if (!model) {
+    // The export carries its model shape and tokenizer; loading checks every tensor's checksum.
+    const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
+    model = std::make_unique<kuai::nn::GPT>(info.model, 0);
+    kuai::io::load_weights(weights, *model);
+    if (tokenizer_kind.empty()) tokenizer_kind = info.tokenizer;
+  }
+  kuai::optimize(*model, kuai::nn::parse_attention_impl(attention));
   const auto tok = kuai::data::make_tokenizer(tokenizer_kind, bpe_dir);
   const std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty()) throw std::invalid_argument("--prompt is empty");
   std::cout << prompt << std::flush;
-  kuai::nn::generate(model, ids, so, [&](int32_t id) {
+  kuai::nn::generate(*model, ids, so, [&](int32_t id) {
     std::cout << tok->decode(std::vector<int32_t>{id}) << std::flush;
   });
   std::cout << std::endl;
@@ -223,6 +250,10 @@ int main(int argc, char** argv) {
     if (command == "tune") return tune_command(args);
     std::cerr << "kuai: unknown command '" << command << "'\n" << kUsage;
     return 2;
+  } catch (const kuai::train::RunDirectoryInUse& e) {
+    // Before MPI is up: under mpirun, this rank's exit status ends the job's other ranks.
+    std::cerr << "kuai " << command << ": " << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "kuai " << command << ": " << e.what() << "\n";
     kuai::dist::abort_run(1);  // under mpirun: end the other ranks too, never leave them waiting

@@ -92,6 +92,12 @@ bool launched_by_mpi() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
+int launch_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"})
+    if (const char* v = std::getenv(var); v != nullptr && *v != '\0') return std::atoi(v);
+  return 0;
+}
+
 std::shared_ptr<ProcessGroup> default_process_group(const ProcessGroupOptions& options) {
   if (launched_by_mpi()) {
     if (!mpi_compiled())

@@ -94,6 +94,9 @@ std::shared_ptr<ProcessGroup> single_process_group();
 // launcher: OMPI_COMM_WORLD_SIZE or PMI_SIZE is set).
 bool mpi_compiled();
 bool launched_by_mpi();
+// This process's rank as the launcher announces it (OMPI_COMM_WORLD_RANK or PMI_RANK), readable
+// before MPI is initialised; 0 when not launched by MPI.
+int launch_rank();
 
 // MPI_COMM_WORLD, MPI initialised on first use (one group per process; later calls return it).
 // Throws when the build has no MPI.

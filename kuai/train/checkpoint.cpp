@@ -24,6 +24,7 @@
 #include "kuai/dist/zero.h"
 #include "kuai/io/checksum.h"
 #include "kuai/io/safetensors.h"
+#include "kuai/train/config.h"
 
 namespace kuai::train {
 
@@ -444,7 +445,12 @@ void Checkpointer::put_in_place(const Snapshot& s, const std::vector<FileRecord>
   for (const std::string& dir : all) {
     if (excess <= 0) break;
     if (dir == final_dir) continue;
-    fs::remove_all(dir, ec);
+    // Renamed away first (one atomic step), so that a reader without the lock finds a checkpoint
+    // whole or not at all; the Checkpointer's constructor removes a .old a kill left behind.
+    const std::string doomed = dir + ".old";
+    fs::remove_all(doomed, ec);
+    fs::rename(dir, doomed, ec);
+    fs::remove_all(ec ? dir : doomed, ec);
     --excess;
   }
   std::lock_guard<std::mutex> lock(mu_);
@@ -611,13 +617,37 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& opt) 
   restore_checkpoint(c, model, optimizer_shard(model, opt));
 }
 
-void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShard& opt) {
+void restore_model(const Checkpoint& c, nn::GPT& model) {
   const io::SafetensorsFile mf = io::SafetensorsFile::open(c.path + "/" + kModelFile);
   const auto params = model.named_parameters();
   if (mf.entries().size() != params.size())
     throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", mf.path(),
                                          mf.entries().size(), params.size()));
   for (const auto& [name, p] : params) load_entry(mf, name, p);
+}
+
+CommittedModel read_latest_model(const std::string& run_dir, int attempts) {
+  for (int attempt = 1;; ++attempt) {
+    const std::string dir = resolve_checkpoint(run_dir);
+    try {
+      const Checkpoint c = read_checkpoint(dir);
+      const TrainConfig cfg = load_config_text(c.state.config_toml, dir + "/" + kConfigFile);
+      CommittedModel out;
+      out.path = dir;
+      out.step = c.state.step;
+      out.model = std::make_unique<nn::GPT>(cfg.model, 0);
+      restore_model(c, *out.model);
+      return out;
+    } catch (const std::exception&) {
+      // Pruned under us (renamed away, then removed): the trainer has a newer one; read again.
+      if (fs::exists(dir) || attempt >= attempts) throw;
+    }
+  }
+}
+
+void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShard& opt) {
+  const auto params = model.named_parameters();
+  restore_model(c, model);
 
   // Every stored piece of every optimizer file, by (moment, parameter), checked against the model.
   std::map<std::string, Tensor> by_name(params.begin(), params.end());

@@ -153,6 +153,21 @@ Checkpoint read_checkpoint(const std::string& dir);
 void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, const OptimizerShard& opt);
 void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, optim::AdamW& opt);
 
+// Loads only the model tensors of a verified checkpoint (strict names, shapes, dtypes).
+void restore_model(const Checkpoint& ckpt, nn::GPT& model);
+
+// For readers that take no lock (kuai sample --run beside a trainer that saves and prunes; see
+// run_lock.h): the model of the newest committed checkpoint of `run_dir`, verified and loaded.
+// Pruning renames a checkpoint away before removing it, so a reader finds it whole or not at all;
+// when the checkpoint `latest` named is gone by the time it is read, `latest` is read again, up to
+// `attempts` times. Any other failure (a corrupt file) is thrown as it is.
+struct CommittedModel {
+  std::string path;  // the ckpt-<step> directory it came from
+  int64_t step = 0;
+  std::unique_ptr<nn::GPT> model;
+};
+CommittedModel read_latest_model(const std::string& run_dir, int attempts = 8);
+
 // The checkpoint directories of a run, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 
