@@ -20,6 +20,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "kuai/io/checksum.h"
 #include "kuai/optim/adamw.h"
@@ -234,6 +235,12 @@ TEST(RunLock, ASecondTrainerIsRefusedEveryTimeAndEveryRestartAfterAKillResumes) 
         resume ? std::vector<std::string>{"train", "--resume", run.string()} : config;
     Child first = spawn_kuai(args, root / fmt_name("first", round));
     ASSERT_GT(first.pid, 0);
+    struct Reap {  // a failed ASSERT returns early: never leave the trainer running
+      pid_t& pid;
+      ~Reap() {
+        if (pid > 0 && kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
+      }
+    } reap{first.pid};
     // It holds the lock (its pid in the lock file) and has saved at least once.
     const std::string pid_line = "pid " + std::to_string(first.pid) + "\n";
     bool ready = false;
@@ -261,9 +268,10 @@ TEST(RunLock, ASecondTrainerIsRefusedEveryTimeAndEveryRestartAfterAKillResumes) 
     EXPECT_EQ(hashes(run), before) << "a refused trainer changed the run directory";
     kill(first.pid, SIGKILL);
     EXPECT_EQ(wait_exit(first.pid), 128 + SIGKILL);
+    const pid_t killed = std::exchange(first.pid, -1);
     if (resume) {
       const std::string said = read_text(first.out);
-      EXPECT_NE(said.find("resumed from"), std::string::npos) << said;
+      EXPECT_NE(said.find("resumed from"), std::string::npos) << killed << ": " << said;
     }
   }
 }
