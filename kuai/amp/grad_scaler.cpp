@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::amp {
@@ -26,7 +27,8 @@ float read_flag(const Tensor& found_inf, const char* who) {
                                 (found_inf.defined() ? found_inf.str() : "an undefined tensor"));
   if (found_inf.device() != kCPU)
     throw std::runtime_error(std::string(who) + " has no CUDA implementation in this build");
-  return found_inf.contiguous().data<float>()[0];  // the host read (free on the CPU device)
+  count_host_read();  // the host read (free on the CPU device, a sync on a GPU)
+  return found_inf.contiguous().data<float>()[0];
 }
 
 }  // namespace

@@ -166,7 +166,18 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
   }
 }
 
+namespace {
+thread_local int t_backward_depth = 0;
+struct BackwardScope {
+  BackwardScope() { ++t_backward_depth; }
+  ~BackwardScope() { --t_backward_depth; }
+};
+}  // namespace
+
+bool backward_in_progress() { return t_backward_depth > 0; }
+
 void backward(const Tensor& root, const Tensor& grad_output) {
+  BackwardScope in_backward;
   if (!root.requires_grad())
     throw std::invalid_argument("backward: tensor does not require grad: " + root.str());
   Tensor grad = grad_output;

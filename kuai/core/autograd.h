@@ -59,4 +59,8 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
 
 void backward(const Tensor& root, const Tensor& grad_output);
 
+// Whether this thread is inside backward() (its grad-ready hooks run there): what the process
+// group reads to count the communication launched while backward still runs (DDP's overlap).
+bool backward_in_progress();
+
 }  // namespace kuai::autograd

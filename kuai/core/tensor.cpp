@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "kuai/core/autograd.h"
+#include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 
 namespace kuai {
@@ -140,6 +141,7 @@ Tensor Tensor::clone() const { return kuai::clone(*this); }
 
 float Tensor::item() const {
   if (numel() != 1) throw std::invalid_argument("item: expected one element, got " + str());
+  count_host_read();
   float v = 0;
   convert(raw_data(), dtype(), &v, DType::kF32, 1);
   return v;

@@ -109,7 +109,7 @@ class Tensor {
   Tensor contiguous() const;
   Tensor to(DType dtype) const;
   Tensor clone() const;
-  float item() const;  // the one element, as float
+  float item() const;  // the one element, as float: a host read (host_reads.h)
   template <typename T>
   std::vector<T> to_vector() const;  // a contiguous copy of the elements (same dtype)
 

@@ -104,7 +104,8 @@ class MpiProcessGroup final : public ProcessGroup {
     const MPI_Datatype type = dt == DType::kF32 ? MPI_FLOAT : half_type_;
     const MPI_Op mop = dt == DType::kF32 ? MPI_SUM : dt == DType::kBF16 ? bf16_sum_ : f16_sum_;
     return enqueue(
-        fmt::format("all_reduce of {} {}", t.numel(), dtype_name(dt)), t.nbytes(),
+        fmt::format("all_reduce of {} {}", t.numel(), dtype_name(dt)),
+        {Collective::kAllReduce, t.nbytes(), t.nbytes()},
         [=, this](MPI_Request* r) {
           if (before) before();
           return MPI_Iallreduce(MPI_IN_PLACE, p, n, type, mop, comm_, r);
@@ -126,7 +127,8 @@ class MpiProcessGroup final : public ProcessGroup {
     const float* src = in.data<float>();
     float* dst = out.data<float>();
     return enqueue(
-        fmt::format("reduce_scatter of {} fp32", in.numel()), in.nbytes(),
+        fmt::format("reduce_scatter of {} fp32", in.numel()),
+        {Collective::kReduceScatter, in.nbytes(), out.nbytes()},
         [=, this](MPI_Request* r) {
           return MPI_Ireduce_scatter_block(src, dst, n, MPI_FLOAT, MPI_SUM, comm_, r);
         },
@@ -146,7 +148,7 @@ class MpiProcessGroup final : public ProcessGroup {
     const void* src = in.raw_data();
     void* dst = out.raw_data();
     return enqueue(fmt::format("all_gather of {} {}", in.numel(), dtype_name(in.dtype())),
-                   in.nbytes(), [=, this](MPI_Request* r) {
+                   {Collective::kAllGather, in.nbytes(), out.nbytes()}, [=, this](MPI_Request* r) {
                      return MPI_Iallgather(src, bytes, MPI_BYTE, dst, bytes, MPI_BYTE, comm_, r);
                    });
   }
@@ -159,12 +161,14 @@ class MpiProcessGroup final : public ProcessGroup {
     void* p = t.raw_data();
     return enqueue(
         fmt::format("broadcast of {} {} from rank {}", t.numel(), dtype_name(t.dtype()), root),
-        rank_ == root ? t.nbytes() : 0,
+        {Collective::kBroadcast, rank_ == root ? t.nbytes() : 0, rank_ == root ? 0 : t.nbytes()},
         [=, this](MPI_Request* r) { return MPI_Ibcast(p, bytes, MPI_BYTE, root, comm_, r); });
   }
 
   void barrier() override {
-    enqueue("barrier", 0, [this](MPI_Request* r) { return MPI_Ibarrier(comm_, r); })->wait();
+    enqueue("barrier", {Collective::kBarrier, 0, 0}, [this](MPI_Request* r) {
+      return MPI_Ibarrier(comm_, r);
+    })->wait();
   }
 
  private:
@@ -221,15 +225,19 @@ class MpiProcessGroup final : public ProcessGroup {
     half_sum(DType::kF16, in, inout, *len);
   }
 
-  std::shared_ptr<Work> enqueue(std::string what, int64_t bytes,
+  struct Launch {
+    Collective kind;
+    int64_t sent, received;
+  };
+  std::shared_ptr<Work> enqueue(std::string what, Launch launch,
                                 std::function<int(MPI_Request*)> start,
                                 std::function<void()> after = {}) {
     auto work = std::make_shared<Work>(std::move(what));
+    record_launch(launch.kind, launch.sent, launch.received);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) throw std::logic_error("process group: used after shutdown");
       queue_.push_back({work, std::move(start), std::move(after)});
-      bytes_sent_ += bytes;
     }
     cv_.notify_one();
     return work;

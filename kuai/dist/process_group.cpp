@@ -6,6 +6,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kuai/core/autograd.h"
+
 namespace kuai::dist {
 
 void Work::wait() {
@@ -54,6 +56,7 @@ class SingleProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp, std::function<void()> before,
                                    std::function<void()> after) override {
     check_reducible(t, "all_reduce", true);
+    record_launch(Collective::kAllReduce, t.nbytes(), t.nbytes());
     if (before) before();
     if (after) after();
     return done("all_reduce");
@@ -63,6 +66,7 @@ class SingleProcessGroup final : public ProcessGroup {
     check_reducible(out, "reduce_scatter", false);
     if (in.numel() != out.numel())
       throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
+    record_launch(Collective::kReduceScatter, in.nbytes(), out.nbytes());
     std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));
     return done("reduce_scatter");
   }
@@ -72,14 +76,16 @@ class SingleProcessGroup final : public ProcessGroup {
       throw std::invalid_argument(
           "all_gather: in and out must be contiguous, of one dtype, out holding size() * "
           "in.numel() elements");
+    record_launch(Collective::kAllGather, in.nbytes(), out.nbytes());
     std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));
     return done("all_gather");
   }
-  std::shared_ptr<Work> broadcast(const Tensor&, int root) override {
+  std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {
     if (root != 0) throw std::invalid_argument("broadcast: root out of range");
+    record_launch(Collective::kBroadcast, t.nbytes(), 0);
     return done("broadcast");
   }
-  void barrier() override {}
+  void barrier() override { record_launch(Collective::kBarrier, 0, 0); }
 };
 
 }  // namespace
@@ -90,6 +96,33 @@ std::shared_ptr<ProcessGroup> single_process_group() {
 
 bool launched_by_mpi() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+void ProcessGroup::record_launch(Collective kind, int64_t sent, int64_t received) {
+  const bool in_backward = autograd::backward_in_progress();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  CollectiveStats& s = stats_[static_cast<int>(kind)];
+  s.calls++;
+  s.bytes_sent += sent;
+  s.bytes_received += received;
+  if (in_backward) s.bytes_sent_in_backward += sent;
+}
+
+ProcessGroup::CollectiveStats ProcessGroup::stats(Collective kind) const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_[static_cast<int>(kind)];
+}
+
+ProcessGroup::CollectiveStats ProcessGroup::total_stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  CollectiveStats t;
+  for (const CollectiveStats& s : stats_) {
+    t.calls += s.calls;
+    t.bytes_sent += s.bytes_sent;
+    t.bytes_received += s.bytes_received;
+    t.bytes_sent_in_backward += s.bytes_sent_in_backward;
+  }
+  return t;
 }
 
 int launch_rank() {

@@ -77,15 +77,35 @@ class ProcessGroup {
   // Returns when every rank has called it (within the timeout).
   virtual void barrier() = 0;
 
-  // Bytes this rank has handed to collectives so far (the payload, not the wire protocol's).
-  int64_t bytes_sent() const { return bytes_sent_; }
+  // What this rank has launched so far, per kind of collective, counted when each is called:
+  // calls, payload bytes it sends and receives (all_reduce: its tensor both ways; reduce_scatter:
+  // in out, out back; all_gather: in out, out back; broadcast: the root sends, the others
+  // receive), and the bytes sent by collectives launched while backward was still running on the
+  // calling thread (DDP's overlap). Payload in the dtype handed over, so gradient compression
+  // shows as the halved payload it is; the wire protocol's own traffic is MPI's.
+  struct CollectiveStats {
+    int64_t calls = 0;
+    int64_t bytes_sent = 0;
+    int64_t bytes_received = 0;
+    int64_t bytes_sent_in_backward = 0;
+  };
+  enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
+  static constexpr int kNumCollectives = 5;
+  CollectiveStats stats(Collective kind) const;
+  CollectiveStats total_stats() const;  // all kinds together
+  // Bytes this rank has handed to collectives so far: total_stats().bytes_sent.
+  int64_t bytes_sent() const { return total_stats().bytes_sent; }
 
  protected:
+  // Called by each collective on the caller's thread as it is launched.
+  void record_launch(Collective kind, int64_t sent, int64_t received);
   // Throws std::invalid_argument unless t is contiguous and fp32 (or bf16/f16 where
   // low_precision is allowed): the tensors the reductions accept.
   static void check_reducible(const Tensor& t, const char* op, bool low_precision);
 
-  int64_t bytes_sent_ = 0;
+ private:
+  mutable std::mutex stats_mu_;
+  CollectiveStats stats_[kNumCollectives];
 };
 
 std::shared_ptr<ProcessGroup> single_process_group();

@@ -20,6 +20,7 @@
 #include "kuai/amp/grad_scaler.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
+#include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/profiler.h"
 #include "kuai/data/batch_source.h"
@@ -64,8 +65,10 @@ double learning_rate(const TrainConfig& cfg, int64_t step) {
 
 std::string result_line(const TrainResult& r) {
   return fmt::format(
-      "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f}",
-      r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss);
+      "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
+      "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f}",
+      r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
+      r.comm_mib_per_step, r.overlap);
 }
 
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
@@ -397,6 +400,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const double tokens_per_step = static_cast<double>(B * T * k * world);  // over all ranks
   using ms = std::chrono::duration<double, std::milli>;
   bool stop_agreed = false;
+  // The measured counters of the steps (TrainResult::host_reads_per_step, ...).
+  using Collective = dist::ProcessGroup::Collective;
+  int64_t steps_counted = 0, reads_in_steps = 0, sent_in_steps = 0;
+  int64_t reduced_in_steps = 0, reduced_in_backward = 0;
   for (int64_t step = result.start_step; step < cfg.steps; ++step) {
     // ZeRO on several ranks: the checkpoint saved after the previous step is put in place now
     // (a collective; its files were written meanwhile).
@@ -412,6 +419,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       break;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    const int64_t reads0 = host_reads_this_thread();
+    const dist::ProcessGroup::CollectiveStats all0 = group->total_stats(),
+                                              ar0 = group->stats(Collective::kAllReduce),
+                                              rs0 = group->stats(Collective::kReduceScatter);
     const double lr = learning_rate(cfg, step);
     opt.set_lr(static_cast<float>(lr));
     double wait_ms = 0.0, data_ms = 0.0;
@@ -469,12 +480,23 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       opt.zero_grad();
     if (shared_work) {
       shared_work->wait();
+      count_host_read();
       stop_agreed = shared.data<float>()[1] > 0.0f;
       loss = scale(narrow(shared, 0, 0, 1), 1.0f / static_cast<float>(world));
       loss = reshape(loss, {});
     }
     if (cfg.sync_every_step) (void)loss.item();  // the habit technique 10 removes
     const double step_ms = ms(std::chrono::steady_clock::now() - t0).count();
+    {
+      const auto ar = group->stats(Collective::kAllReduce);
+      const auto rs = group->stats(Collective::kReduceScatter);
+      ++steps_counted;
+      reads_in_steps += host_reads_this_thread() - reads0;
+      sent_in_steps += group->total_stats().bytes_sent - all0.bytes_sent;
+      reduced_in_steps += ar.bytes_sent - ar0.bytes_sent + rs.bytes_sent - rs0.bytes_sent;
+      reduced_in_backward += ar.bytes_sent_in_backward - ar0.bytes_sent_in_backward +
+                             rs.bytes_sent_in_backward - rs0.bytes_sent_in_backward;
+    }
     if (profiler::enabled()) {
       profiler::record("[step] data", data_ms);
       profiler::record("[step] forward+backward", ms(t_fb - t0).count() - data_ms);
@@ -516,6 +538,14 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     m.wall_time = now_s();
     ring.push(std::move(m));
     if (opts.after_step) opts.after_step(step + 1);
+  }
+  if (steps_counted > 0) {
+    const double n = static_cast<double>(steps_counted);
+    result.host_reads_per_step = static_cast<double>(reads_in_steps) / n;
+    result.comm_mib_per_step = static_cast<double>(sent_in_steps) / n / (1 << 20);
+    result.overlap = reduced_in_steps > 0 ? static_cast<double>(reduced_in_backward) /
+                                                static_cast<double>(reduced_in_steps)
+                                          : 0.0;
   }
   if (ckpt) {
     try {

@@ -38,6 +38,13 @@ struct TrainResult {
   std::string run_path;             // runs/<name>, empty when no run directory was written
   int64_t start_step = 0;           // > 0 when resumed
   int64_t comm_bytes_per_step = 0;  // gradient bytes this rank all-reduces per step (DDP)
+  // Measured over the steps (each step from its start to its update; not evaluation, saves or
+  // the logger): host reads made by the training thread per step (core/host_reads.h), MiB this
+  // rank handed to collectives per step, and the share of its all_reduce / reduce_scatter bytes
+  // launched while backward was still running (DDP's overlap; 0 alone).
+  double host_reads_per_step = 0;
+  double comm_mib_per_step = 0;
+  double overlap = 0;
   int64_t checkpoints_saved = 0;
   int64_t save_failures = 0;
   std::string save_error;               // the last failed save's message

@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "kuai/core/allocator.h"
+#include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
 #include "kuai/data/token_file.h"
@@ -164,6 +166,45 @@ TEST(Trainer, StopRequestEndsAfterTheCurrentStep) {
   EXPECT_TRUE(r.interrupted);
   EXPECT_EQ(r.steps_done, 0);
   EXPECT_NE(out.str().find("interrupted: stopped cleanly after step 0"), std::string::npos);
+}
+
+// Technique 10, counted: Tensor::item() is a host read on its own thread only; fp32 and bf16
+// steps make none (the metrics stay on the device for the logger thread), and the per-step
+// .item() habit that `train.sync_every_step` reproduces shows as one per step. The RESULT line
+// carries the measured fields.
+TEST(HostReads, ItemCountsOnTheCallingThreadOnly) {
+  const Tensor t = full({}, 3.0f);
+  const int64_t mine = host_reads_this_thread(), total = host_reads_total();
+  EXPECT_EQ(t.item(), 3.0f);
+  EXPECT_EQ(host_reads_this_thread(), mine + 1);
+  EXPECT_GE(host_reads_total(), total + 1);
+  int64_t other = -1;
+  std::thread([&] { other = host_reads_this_thread(); }).join();
+  EXPECT_EQ(other, 0);
+}
+
+TEST(HostReads, Fp32AndBf16StepsReadNothingOnTheHost) {
+  for (const std::string precision : {"fp32", "bf16"}) {
+    for (const bool sync_every_step : {false, true}) {
+      const TrainConfig c = load_config(
+          "", {"--model.n_layer=1", "--model.d_model=16", "--model.n_head=2", "--model.seq_len=8",
+               "--train.batch_size=2", "--train.steps=6", "--train.log_every=2",
+               "--data.source=synthetic", "--train.precision=" + precision,
+               std::string("--log.sync_every_step=") + (sync_every_step ? "true" : "false")});
+      TrainOptions o;
+      o.write_run_dir = false;
+      std::ostringstream out;
+      const TrainResult r = run_training(c, out, o);
+      EXPECT_EQ(r.host_reads_per_step, sync_every_step ? 1.0 : 0.0)
+          << precision << " sync_every_step " << sync_every_step;
+      EXPECT_EQ(r.comm_mib_per_step, 0.0);  // one process: no collective
+      const std::string line = result_line(r);
+      EXPECT_NE(line.find(sync_every_step ? " host_reads_per_step=1 " : " host_reads_per_step=0 "),
+                std::string::npos)
+          << line;
+      EXPECT_NE(line.find(" comm_mib_per_step=0.000 overlap=0.000"), std::string::npos) << line;
+    }
+  }
 }
 
 }  // namespace
