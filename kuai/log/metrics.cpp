@@ -45,6 +45,7 @@ LoggedStep MetricRing::convert(const StepMetrics& m) {
   s.wall_time = m.wall_time;
   // The one place a device value becomes a host number. On the CPU device this is a load; on an
   // accelerator it waits for the step that produced the value, which finished `lag` steps ago.
+  if (m.ready) m.ready();
   for (const auto& [name, t] : m.device) s.values.emplace_back(name, t.item());
   for (const auto& kv : m.host) s.values.push_back(kv);
   return s;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,6 +30,9 @@ struct StepMetrics {
   std::vector<std::pair<std::string, Tensor>> device;
   // Values the host already knows (learning rate, step time, data wait, ...).
   std::vector<std::pair<std::string, double>> host;
+  // When set, called on the logger thread before the device values are read: it waits for
+  // whatever still writes them (the all-reduce that averages the loss over ranks).
+  std::function<void()> ready;
 };
 
 // The same step with every value a number: what sinks receive.

@@ -87,7 +87,7 @@ void run_arm(Arm& arm, const AblationOptions& o, const std::string& technique,
     std::vector<double> waits(r.data_wait_ms.begin() + skip, r.data_wait_ms.end());
     figure = median(waits);
   } else if (technique == "metrics") {
-    figure = arm.cfg.sync_every_step ? 1.0 : 0.0;  // host reads in the step loop per step
+    figure = r.host_reads_per_step;  // counted by the trainer (core/host_reads.h)
   }
   arm.figures.push_back(figure);
   progress << fmt::format("  {:<28} round {}: median step {:.1f} ms\n", arm.stats.label,

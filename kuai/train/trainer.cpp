@@ -400,6 +400,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const double tokens_per_step = static_cast<double>(B * T * k * world);  // over all ranks
   using ms = std::chrono::duration<double, std::milli>;
   bool stop_agreed = false;
+  Tensor stop_flag;  // several ranks: the stop request, in host memory
+  std::shared_ptr<dist::Work> stop_work;
   // The measured counters of the steps (TrainResult::host_reads_per_step, ...).
   using Collective = dist::ProcessGroup::Collective;
   int64_t steps_counted = 0, reads_in_steps = 0, sent_in_steps = 0;
@@ -413,6 +415,11 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
     // With several ranks, the stop request agreed on in the previous step (every rank stops at
     // the same step); alone, this process's own.
+    if (stop_work) {
+      stop_work->wait();  // queued a step ago: complete
+      stop_work.reset();
+      stop_agreed = stop_flag.data<float>()[0] > 0.0f;  // host memory, not a device read
+    }
     if (world > 1 ? stop_agreed : opts.stop && opts.stop->load()) {
       result.interrupted = true;
       if (ckpt && step > result.start_step) save_checkpoint(step);
@@ -448,15 +455,19 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       autograd::NoGradGuard no_grad;
       loss = scale(loss, 1.0f / static_cast<float>(k));
     }
-    // The logged loss is the mean over ranks, and every rank learns whether any was asked to
-    // stop: one small all-reduce queued behind the gradient buckets, waited for after the update.
-    Tensor shared;
-    std::shared_ptr<dist::Work> shared_work;
+    // Several ranks: the logged loss is the mean over ranks, averaged by an all-reduce queued
+    // behind the gradient buckets that the logger thread waits for before it reads the loss; and
+    // every rank learns whether any was asked to stop through a flag in host memory (never a
+    // device value), all-reduced now and read at the start of the next step, when it has long
+    // completed. Neither blocks the step nor reads a device value.
+    std::shared_ptr<dist::Work> loss_work;
     if (world > 1) {
       autograd::NoGradGuard no_grad;
-      const bool stop_here = opts.stop && opts.stop->load();
-      shared = contiguous(cat({reshape(loss, {1}), full({1}, stop_here ? 1.0f : 0.0f)}, 0));
-      shared_work = group->all_reduce(shared, dist::ReduceOp::kSum);
+      loss = contiguous(reshape(loss, {1}));
+      loss_work = group->all_reduce(loss, dist::ReduceOp::kAvg);
+      loss = reshape(loss, {});
+      stop_flag = full({1}, opts.stop && opts.stop->load() ? 1.0f : 0.0f, DType::kF32, kCPU);
+      stop_work = group->all_reduce(stop_flag, dist::ReduceOp::kSum);
     }
     // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
     // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
@@ -478,14 +489,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       ddp->zero_grad();  // the gradients stay views into the buckets
     else
       opt.zero_grad();
-    if (shared_work) {
-      shared_work->wait();
-      count_host_read();
-      stop_agreed = shared.data<float>()[1] > 0.0f;
-      loss = scale(narrow(shared, 0, 0, 1), 1.0f / static_cast<float>(world));
-      loss = reshape(loss, {});
+    if (cfg.sync_every_step) {  // the habit technique 10 removes
+      if (loss_work) loss_work->wait();
+      (void)loss.item();
     }
-    if (cfg.sync_every_step) (void)loss.item();  // the habit technique 10 removes
     const double step_ms = ms(std::chrono::steady_clock::now() - t0).count();
     {
       const auto ar = group->stats(Collective::kAllReduce);
@@ -510,6 +517,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     log::StepMetrics m;
     m.step = step + 1;
     m.device = {{"loss", loss}, {"grad_norm", norm}};
+    if (loss_work) m.ready = [loss_work] { loss_work->wait(); };
     m.host = {{"lr", lr},
               {"step_ms", step_ms},
               {"data_wait_ms", wait_ms},
@@ -539,6 +547,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     ring.push(std::move(m));
     if (opts.after_step) opts.after_step(step + 1);
   }
+  if (stop_work) stop_work->wait();  // the last step's flag: every queued collective completes
   if (steps_counted > 0) {
     const double n = static_cast<double>(steps_counted);
     result.host_reads_per_step = static_cast<double>(reads_in_steps) / n;

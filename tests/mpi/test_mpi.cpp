@@ -274,6 +274,33 @@ TEST(MpiTrainer, TwoRanksTrainLikeOneProcessWithTheDoubleBatch) {
   }
 }
 
+// The trainer's counters on 2 ranks: no host read in a step in fp32 and bf16 (the loss is
+// averaged by an all-reduce the logger waits for, the stop flag lives in host memory); the
+// payload per step measured, halved by fp16 compression (all but the loss and the stop
+// flag, 8 bytes); overlap near 1 with overlap on, 0 off.
+TEST(MpiTrainer, CountersShowNoHostReadsHalvedPayloadAndOverlap) {
+  auto pg = group();
+  auto run = [&](const std::vector<std::string>& extra) {
+    train::TrainOptions o;
+    o.write_run_dir = false;
+    o.group = pg;
+    std::ostringstream out;
+    return train::run_training(train::load_config("", small_run(extra)), out, o);
+  };
+  const train::TrainResult fp32 = run({"--train.steps=5"});
+  const train::TrainResult bf16 = run({"--train.steps=5", "--train.precision=bf16"});
+  const train::TrainResult half = run({"--train.steps=5", "--dist.compression=fp16"});
+  const train::TrainResult off = run({"--train.steps=5", "--dist.overlap=false"});
+  EXPECT_EQ(fp32.host_reads_per_step, 0.0);
+  EXPECT_EQ(bf16.host_reads_per_step, 0.0);
+  EXPECT_EQ(half.host_reads_per_step, 0.0);
+  ASSERT_GT(fp32.comm_mib_per_step, 0.0);
+  EXPECT_NEAR(half.comm_mib_per_step / fp32.comm_mib_per_step, 0.5, 0.01);
+  EXPECT_EQ(off.comm_mib_per_step, fp32.comm_mib_per_step);
+  EXPECT_GT(fp32.overlap, 0.99);  // every bucket from a hook; the loss and stop flag after
+  EXPECT_EQ(off.overlap, 0.0);
+}
+
 // Compression: the averaged gradients through fp16 / bf16 on the wire against the fp32 average,
 // relative L2 error per tensor within fp16's 2^-10 and bf16's 2^-7 (two roundings of values
 // below 1: measured well inside); half the bytes; error feedback keeps the residual.
