@@ -20,13 +20,17 @@ namespace {
 bool usable_scale(float x) { return std::isfinite(x) && x >= FLT_MIN; }
 
 // found_inf as the scaler hands it out: a one-element float32 tensor on the CPU device.
-float read_flag(const Tensor& found_inf, const char* who) {
+void check_flag(const Tensor& found_inf, const char* who) {
   if (!found_inf.defined() || found_inf.dtype() != DType::kF32 || found_inf.numel() != 1)
     throw std::invalid_argument(std::string(who) +
                                 ": found_inf must be a one-element float32 tensor, got " +
                                 (found_inf.defined() ? found_inf.str() : "an undefined tensor"));
   if (found_inf.device() != kCPU)
     throw std::runtime_error(std::string(who) + " has no CUDA implementation in this build");
+}
+
+float read_flag(const Tensor& found_inf, const char* who) {
+  check_flag(found_inf, who);
   count_host_read();  // the host read (free on the CPU device, a sync on a GPU)
   return found_inf.contiguous().data<float>()[0];
 }
@@ -34,7 +38,9 @@ float read_flag(const Tensor& found_inf, const char* who) {
 }  // namespace
 
 GradScaler::GradScaler(const GradScalerOptions& options)
-    : opt_(options), scale_(options.init_scale) {
+    : opt_(options),
+      scale_(full({}, options.enabled ? options.init_scale : 1.0f)),
+      tracker_(zeros({}, DType::kI64)) {
   if (!usable_scale(opt_.init_scale))
     throw std::invalid_argument("GradScaler: init_scale must be finite and >= 2^-126, got " +
                                 std::to_string(opt_.init_scale));
@@ -90,7 +96,8 @@ void GradScaler::apply_unscale(const std::vector<Tensor>& grads, const Tensor& f
   unscaled_ = true;
   // Powers of two (the defaults) give an exact reciprocal; otherwise rounded once, as PyTorch's
   // scale.double().reciprocal().float().
-  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
+  // Read where the unscaling runs (the device), not by the host.
+  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_.data<float>()[0]));
   for (const Tensor& g : grads)
     cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, found_inf.data<float>());
 }
@@ -111,33 +118,49 @@ Tensor GradScaler::unscale_grads_(const std::vector<Tensor>& grads) {
   return found_inf;
 }
 
+float GradScaler::scale() const {
+  if (!opt_.enabled) return 1.0f;
+  return scale_.item();  // counted
+}
+
+int64_t GradScaler::growth_tracker() const {
+  count_host_read();
+  return tracker_.data<int64_t>()[0];
+}
+
+void GradScaler::step_on_device(optim::Optimizer& opt, const Tensor& found_inf,
+                                const Tensor& grad_factor) {
+  const Tensor factor = grad_factor.defined() ? grad_factor : full({}, 1.0f);
+  if (!opt_.enabled) return opt.step(factor);
+  check_flag(found_inf, "GradScaler::step");
+  opt.step(factor, found_inf);
+}
+
 bool GradScaler::step(optim::Optimizer& opt, const Tensor& found_inf, const Tensor& grad_factor) {
-  if (opt_.enabled && read_flag(found_inf, "GradScaler::step") != 0.0f) return false;  // NaN too
-  if (grad_factor.defined())
-    opt.step(grad_factor);
-  else
-    opt.step(1.0f);
-  return true;
+  step_on_device(opt, found_inf, grad_factor);
+  return !opt_.enabled || read_flag(found_inf, "GradScaler::step") == 0.0f;  // NaN: skipped
 }
 
 void GradScaler::update(const Tensor& found_inf) {
   if (!opt_.enabled) return;
-  update(read_flag(found_inf, "GradScaler::update") != 0.0f);
-}
-
-void GradScaler::update(bool found_inf) {
-  if (!opt_.enabled) return;
+  check_flag(found_inf, "GradScaler::update");
   unscaled_ = false;
-  if (found_inf) {
-    scale_ = std::max(scale_ * opt_.backoff_factor, FLT_MIN);
-    tracker_ = 0;
+  // The update kernel: the flag, the scale and the tracker are all read and written where they
+  // live (the CPU device here); the host learns nothing.
+  float& scale = scale_.data<float>()[0];
+  int64_t& tracker = tracker_.data<int64_t>()[0];
+  if (found_inf.contiguous().data<float>()[0] != 0.0f) {  // NaN too
+    scale = std::max(scale * opt_.backoff_factor, FLT_MIN);
+    tracker = 0;
     return;
   }
-  if (++tracker_ < opt_.growth_interval) return;
-  const float s = scale_ * opt_.growth_factor;
-  if (std::isfinite(s)) scale_ = s;
-  tracker_ = 0;
+  if (++tracker < opt_.growth_interval) return;
+  const float grown = scale * opt_.growth_factor;
+  if (std::isfinite(grown)) scale = grown;
+  tracker = 0;
 }
+
+void GradScaler::update(bool found_inf) { update(full({}, found_inf ? 1.0f : 0.0f)); }
 
 void GradScaler::load_state(const GradScalerState& state) {
   if (!usable_scale(state.scale))
@@ -146,8 +169,8 @@ void GradScaler::load_state(const GradScalerState& state) {
   if (state.growth_tracker < 0)
     throw std::invalid_argument("GradScaler::load_state: growth_tracker must be >= 0, got " +
                                 std::to_string(state.growth_tracker));
-  scale_ = state.scale;
-  tracker_ = state.growth_tracker;
+  scale_.data<float>()[0] = state.scale;
+  tracker_.data<int64_t>()[0] = state.growth_tracker;
   unscaled_ = false;
 }
 

@@ -1,14 +1,16 @@
 // Dynamic loss scaling for fp16 mixed-precision training, with the semantics of PyTorch's
 // torch.amp.GradScaler. fp16 has 5 exponent bits: gradients below ~6e-8 flush to zero. The
-// trainer multiplies the loss by scale() before backward, so the gradients are scale× larger and
-// stay representable; unscale_() divides them back in one fused pass that also looks for inf/NaN
-// (an fp16 overflow). step() then runs the optimizer only if none was found, and update() adapts
-// the scale: halve it after an overflow, double it after growth_interval clean steps in a row.
+// trainer multiplies the loss by the scale before backward, so the gradients are scale× larger
+// and stay representable; unscale_() divides them back in one fused pass that also looks for
+// inf/NaN (an fp16 overflow). step() then runs the optimizer only if none was found, and update()
+// adapts the scale: halve it after an overflow, double it after growth_interval clean steps in a
+// row. The scale, the tracker and the overflow flag stay on the device throughout: a step reads
+// none of them on the host.
 //
-//   scaled loss:  backward(scale(loss, scaler.scale()))        (every micro-batch)
+//   scaled loss:  backward(mul(loss, scaler.scale_tensor()))   (every micro-batch)
 //   per step:     Tensor inf = scaler.unscale_(params);        (after all-reduce, see below)
 //                 Tensor c = optim::clip_coefficient(optim::grad_norm_tensor(params), clip);
-//                 scaler.step(opt, inf, c); scaler.update(inf); opt.zero_grad();
+//                 scaler.step_on_device(opt, inf, c); scaler.update(inf); opt.zero_grad();
 //
 // PyTorch equivalence: scale() = get_scale(), unscale_ = unscale_ (grads *= 1/scale, found_inf
 // via _amp_foreach_non_finite_check_and_unscale_), step = step (skipped when found_inf != 0),
@@ -59,9 +61,15 @@ class GradScaler {
   explicit GradScaler(const GradScalerOptions& options = {});
 
   bool enabled() const { return opt_.enabled; }
-  // The factor to multiply the loss by before backward (1 when disabled).
-  float scale() const { return opt_.enabled ? scale_ : 1.0f; }
-  int64_t growth_tracker() const { return tracker_; }
+  // The scale and the growth tracker live on the device, where unscale_, step and update read and
+  // change them, so a training step never reads them on the host (technique 10). scale_tensor():
+  // the factor to multiply the loss by before backward, a one-element fp32 tensor that update()
+  // changes in place (1 when disabled); copy it to keep the value of a step.
+  const Tensor& scale_tensor() const { return scale_; }
+  // The same read on the host: a host read each (core/host_reads.h), for tests, checkpoints and
+  // reports, not for the step loop.
+  float scale() const;
+  int64_t growth_tracker() const;
 
   // One fused pass over every defined .grad of params (fp32 leaves; undefined grads skipped):
   // grad *= 1/scale in place, and a check for inf/NaN. Returns found_inf, a one-element fp32
@@ -76,23 +84,26 @@ class GradScaler {
   // across ranks (ZeroAdamW::found_inf_across_ranks) before step() and update().
   Tensor unscale_grads_(const std::vector<Tensor>& grads);
 
-  // Runs opt.step(grad_factor) (the clip factor; undefined means 1) only if found_inf is 0, and
-  // returns whether it stepped. A skipped step touches nothing: parameters, optimizer moments and
-  // the optimizer's step count stay as they were. Reading found_inf is a host read, the one per
-  // step the fp16 scaler needs (PyTorch's step makes the same .item() call); on the CPU device it
-  // is a load from memory and costs nothing. Disabled: always steps.
+  // Runs opt.step(grad_factor, found_inf) (the clip factor; undefined means 1): the optimizer
+  // skips itself on the device when found_inf is not 0, as PyTorch's fused Adam does, so nothing
+  // is read on the host. A skipped step touches nothing: parameters, optimizer moments and the
+  // optimizer's step count stay as they were. Disabled: always steps.
+  void step_on_device(optim::Optimizer& opt, const Tensor& found_inf,
+                      const Tensor& grad_factor = Tensor());
+  // The same, then returns whether it stepped: one host read of found_inf (PyTorch's step makes
+  // the same .item() call). For callers that want the answer; the trainer does not.
   bool step(optim::Optimizer& opt, const Tensor& found_inf, const Tensor& grad_factor = Tensor());
 
-  // Adapts the scale after step(): on inf/NaN scale *= backoff_factor and the growth tracker
-  // resets; otherwise the tracker counts up and at growth_interval scale *= growth_factor and the
-  // tracker resets. The scale stays finite and positive in fp32: growth that would overflow to
-  // inf is refused (as in PyTorch's _amp_update_scale_; the tracker still resets), and backoff
-  // stops at the smallest normal float (2^-126; PyTorch would reach 0 after ~150 backoffs in a
-  // row and then divide by zero). Disabled: no-op.
+  // Adapts the scale after step(), on the device: on inf/NaN scale *= backoff_factor and the
+  // growth tracker resets; otherwise the tracker counts up and at growth_interval scale *=
+  // growth_factor and the tracker resets. The scale stays finite and positive in fp32: growth
+  // that would overflow to inf is refused (as in PyTorch's _amp_update_scale_; the tracker still
+  // resets), and backoff stops at the smallest normal float (2^-126; PyTorch would reach 0 after
+  // ~150 backoffs in a row and then divide by zero). Disabled: no-op.
   void update(const Tensor& found_inf);
   void update(bool found_inf);
 
-  GradScalerState state() const { return {scale_, tracker_}; }
+  GradScalerState state() const { return {scale(), growth_tracker()}; }  // host reads
   // Throws std::invalid_argument on a scale that is not finite and >= 2^-126 (the options'
   // init_scale likewise) or on a negative tracker.
   void load_state(const GradScalerState& state);
@@ -102,8 +113,8 @@ class GradScaler {
   void apply_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf);
 
   GradScalerOptions opt_;
-  float scale_;
-  int64_t tracker_ = 0;
+  Tensor scale_;           // (1) fp32, on the device
+  Tensor tracker_;         // (1) int64, on the device
   bool unscaled_ = false;  // unscale_ ran since the last update()
 };
 

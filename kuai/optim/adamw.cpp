@@ -25,6 +25,15 @@ void Optimizer::step(const Tensor& grad_scale) {
   step(grad_scale.contiguous().data<float>()[0]);
 }
 
+void Optimizer::step(const Tensor& grad_scale, const Tensor& skip_if) {
+  if (skip_if.device() != kCPU || skip_if.dtype() != DType::kF32 || skip_if.numel() != 1)
+    throw std::invalid_argument("Optimizer::step: skip_if must be a one-element float32 CPU " +
+                                std::string("tensor, got ") + skip_if.str());
+  // As for grad_scale: the update, on the CPU device, reads the flag from its own memory.
+  if (skip_if.contiguous().data<float>()[0] != 0.0f) return;  // NaN too: skipped
+  step(grad_scale);
+}
+
 cpu::AdamWParams adamw_params(const AdamWOptions& o, float lr, int64_t step, float grad_scale) {
   const double t = static_cast<double>(step);
   cpu::AdamWParams hp{};

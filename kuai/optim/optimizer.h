@@ -25,6 +25,12 @@ class Optimizer {
   // grad_scale as a one-element device tensor (a clip factor computed on the device): the update
   // reads it where it runs, so the host never waits for it.
   void step(const Tensor& grad_scale);
+  // The same, skipped entirely (parameters, moments and the step count untouched) when the
+  // one-element fp32 device flag `skip_if` is not 0: the fp16 scaler's found_inf, read by the
+  // update where it runs, so the host never reads it (PyTorch's fused Adam takes found_inf the
+  // same way). On the CPU device the update runs here; a CUDA optimizer would take the flag into
+  // its kernel, with its step count on the device.
+  void step(const Tensor& grad_scale, const Tensor& skip_if);
   void zero_grad();  // gradients to none
   void set_lr(float lr) { lr_ = lr; }
   float lr() const { return lr_; }

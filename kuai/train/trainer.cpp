@@ -87,6 +87,13 @@ Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, 
   return loss.detach();
 }
 
+Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y,
+                        const Tensor& loss_scale) {
+  Tensor loss = model.loss(x, y);
+  mul(loss, loss_scale).backward();
+  return loss.detach();
+}
+
 namespace {
 
 std::atomic<bool> g_stop{false};
@@ -438,13 +445,21 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     // step; the guard ends (and drops the casts) before the optimizer updates the weights.
     std::optional<amp::AutocastGuard> amp;
     if (compute != DType::kF32) amp.emplace(true, compute);
+    // fp16: the loss factor scale / k stays on the device (computed before autocast: fp32).
+    Tensor loss_factor;
+    if (scaler.enabled()) {
+      autograd::NoGradGuard no_grad;
+      loss_factor = scale(scaler.scale_tensor(), 1.0f / static_cast<float>(k));
+    }
     for (int64_t micro = 0; micro < k; ++micro) {
       const auto td = std::chrono::steady_clock::now();
       data::Batch batch = loader.next();
       wait_ms += loader.last_wait_ms();
       data_ms += ms(std::chrono::steady_clock::now() - td).count();
       if (ddp) ddp->prepare_backward(micro + 1 == k);  // no_sync until the last micro-batch
-      Tensor l = forward_backward(model, batch.x, batch.y, scaler.scale() / static_cast<float>(k));
+      Tensor l = loss_factor.defined()
+                     ? forward_backward(model, batch.x, batch.y, loss_factor)
+                     : forward_backward(model, batch.x, batch.y, 1.0f / static_cast<float>(k));
       autograd::NoGradGuard no_grad;
       loss = loss.defined() ? add(loss, l) : l;  // summed on the device
     }
@@ -482,8 +497,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     else
       found_inf = scaler.unscale_grads_({});
     const Tensor norm = sharded_grads ? zero->grad_norm_tensor() : optim::grad_norm_tensor(params);
-    const float scale_used = scaler.scale();
-    scaler.step(opt, found_inf, optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
+    Tensor scale_used;  // fp16: the scale of this step, kept for the logger (update changes it)
+    if (scaler.enabled()) {
+      autograd::NoGradGuard no_grad;
+      scale_used = clone(scaler.scale_tensor());
+    }
+    scaler.step_on_device(opt, found_inf,
+                          optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
     scaler.update(found_inf);
     if (ddp)
       ddp->zero_grad();  // the gradients stay views into the buckets
@@ -522,7 +542,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
               {"step_ms", step_ms},
               {"data_wait_ms", wait_ms},
               {"tokens_per_s", tokens_per_step / (step_ms / 1000.0)}};
-    if (scaler.enabled()) m.host.emplace_back("loss_scale", scale_used);
+    if (scale_used.defined()) m.device.emplace_back("loss_scale", scale_used);
     const bool last = step + 1 == cfg.steps;
     if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
       m.device.emplace_back(

@@ -75,6 +75,10 @@ double learning_rate(const TrainConfig& cfg, int64_t step);
 // One micro-batch: forward, loss * loss_scale, backward (gradients add into .grad). Returns the
 // unscaled mean loss, detached, as a device tensor: not read on the host.
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale);
+// The same with the factor a one-element device tensor (the fp16 scaler's scale / k): the
+// multiply runs on the device, so the host never reads the scale.
+Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y,
+                        const Tensor& loss_scale);
 
 TrainResult run_training(const TrainConfig& cfg, std::ostream& log,
                          const TrainOptions& options = {});

@@ -274,7 +274,7 @@ TEST(MpiTrainer, TwoRanksTrainLikeOneProcessWithTheDoubleBatch) {
   }
 }
 
-// The trainer's counters on 2 ranks: no host read in a step in fp32 and bf16 (the loss is
+// The trainer's counters on 2 ranks: no host read in a step in fp32, bf16 and fp16 (the loss is
 // averaged by an all-reduce the logger waits for, the stop flag lives in host memory); the
 // payload per step measured, halved by fp16 compression (all but the loss and the stop
 // flag, 8 bytes); overlap near 1 with overlap on, 0 off.
@@ -289,10 +289,12 @@ TEST(MpiTrainer, CountersShowNoHostReadsHalvedPayloadAndOverlap) {
   };
   const train::TrainResult fp32 = run({"--train.steps=5"});
   const train::TrainResult bf16 = run({"--train.steps=5", "--train.precision=bf16"});
+  const train::TrainResult fp16 = run({"--train.steps=5", "--train.precision=fp16"});
   const train::TrainResult half = run({"--train.steps=5", "--dist.compression=fp16"});
   const train::TrainResult off = run({"--train.steps=5", "--dist.overlap=false"});
   EXPECT_EQ(fp32.host_reads_per_step, 0.0);
   EXPECT_EQ(bf16.host_reads_per_step, 0.0);
+  EXPECT_EQ(fp16.host_reads_per_step, 0.0);  // the scaler decides and updates on the device
   EXPECT_EQ(half.host_reads_per_step, 0.0);
   ASSERT_GT(fp32.comm_mib_per_step, 0.0);
   EXPECT_NEAR(half.comm_mib_per_step / fp32.comm_mib_per_step, 0.5, 0.01);

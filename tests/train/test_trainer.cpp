@@ -168,9 +168,9 @@ TEST(Trainer, StopRequestEndsAfterTheCurrentStep) {
   EXPECT_NE(out.str().find("interrupted: stopped cleanly after step 0"), std::string::npos);
 }
 
-// Technique 10, counted: Tensor::item() is a host read on its own thread only; fp32 and bf16
-// steps make none (the metrics stay on the device for the logger thread), and the per-step
-// .item() habit that `train.sync_every_step` reproduces shows as one per step. The RESULT line
+// Technique 10, counted: Tensor::item() is a host read on its own thread only; fp32, bf16 and
+// fp16 steps make none (the metrics and the fp16 scale stay on the device), and the per-step
+// .item() habit that `log.sync_every_step` reproduces shows as one per step. The RESULT line
 // carries the measured fields.
 TEST(HostReads, ItemCountsOnTheCallingThreadOnly) {
   const Tensor t = full({}, 3.0f);
@@ -183,8 +183,8 @@ TEST(HostReads, ItemCountsOnTheCallingThreadOnly) {
   EXPECT_EQ(other, 0);
 }
 
-TEST(HostReads, Fp32AndBf16StepsReadNothingOnTheHost) {
-  for (const std::string precision : {"fp32", "bf16"}) {
+TEST(HostReads, Fp32Bf16AndFp16StepsReadNothingOnTheHost) {
+  for (const std::string precision : {"fp32", "bf16", "fp16"}) {
     for (const bool sync_every_step : {false, true}) {
       const TrainConfig c = load_config(
           "", {"--model.n_layer=1", "--model.d_model=16", "--model.n_head=2", "--model.seq_len=8",
