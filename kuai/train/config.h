@@ -41,6 +41,9 @@ struct TrainConfig {
   int64_t accum_steps = 1;  // micro-batches per optimizer step (technique 3)
   // "fp32" | "bf16" | "fp16": autocast compute dtype (technique 1); fp16 adds a loss scaler.
   std::string precision = "fp32";
+  // fp16's dynamic loss scale (GradScaler's init_scale and growth_interval, PyTorch's defaults).
+  double loss_scale = 65536.0;
+  int64_t loss_scale_growth_interval = 2000;
   int64_t eval_every = 100;  // 0: no evaluation
   int64_t eval_batches = 8;
   // [data]

@@ -285,6 +285,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   // fp16 needs a dynamic loss scale; fp32 and bf16 run the same calls with it disabled.
   amp::GradScalerOptions sopt;
   sopt.enabled = compute == DType::kF16;
+  sopt.init_scale = static_cast<float>(cfg.loss_scale);
+  sopt.growth_interval = cfg.loss_scale_growth_interval;
   amp::GradScaler scaler(sopt);
 
   TrainResult result;

@@ -64,6 +64,10 @@ void expect_resume_is_bit_exact(const std::string& precision) {
   std::vector<std::string> args = small_run(dir.string(), "full");
   args.push_back("--checkpoint.save_every=4");
   args.push_back("--train.precision=" + precision);
+  // fp16: the scale doubles after every clean step until the gradients overflow, then halves and
+  // the step is skipped, so it is far from its initial value when saved, and a resume that
+  // restarted it would skip other steps than the uninterrupted run.
+  if (precision == "fp16") args.push_back("--train.loss_scale_growth_interval=1");
   std::ostringstream out;
   const TrainResult full = run_training(load_config("", args), out);
   ASSERT_EQ(full.losses.size(), 10u);
@@ -87,7 +91,7 @@ void expect_resume_is_bit_exact(const std::string& precision) {
   const Checkpoint saved = read_checkpoint((cut_dir / "ckpt-6").string());
   EXPECT_EQ(saved.state.loss_scale.has_value(), precision == "fp16");
   if (saved.state.loss_scale) {
-    EXPECT_GT(saved.state.loss_scale->scale, 0.0f);
+    EXPECT_NE(saved.state.loss_scale->scale, 65536.0f) << "the scale never moved before the save";
   }
 
   TrainOptions r;
