@@ -592,6 +592,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
 
   for (const log::LoggedStep& s : ring.history()) {
     result.losses.push_back(static_cast<float>(s.get("loss")));
+    result.grad_norms.push_back(static_cast<float>(s.get("grad_norm")));
     if (s.has("val_loss")) result.val_losses.emplace_back(s.step, float(s.get("val_loss")));
   }
   std::vector<double> timed(result.step_ms.begin() + (result.step_ms.size() > 1 ? 1 : 0),

@@ -23,6 +23,7 @@ namespace kuai::train {
 
 struct TrainResult {
   std::vector<float> losses;                          // per optimizer step
+  std::vector<float> grad_norms;                      // per optimizer step, before clipping
   std::vector<std::pair<int64_t, float>> val_losses;  // (step, held-out loss)
   std::vector<double> step_ms;                        // per step, host wall time
   std::vector<double> data_wait_ms;                   // per step: time blocked on the loader

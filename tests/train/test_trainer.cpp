@@ -106,6 +106,39 @@ std::string periodic_corpus(int64_t n) {
   return path;
 }
 
+// The same through the trainer's own loop (loader, loss / k, the step once per k micro-batches):
+// batch b with k micro-batches trains like batch k*b, step after step (losses within the
+// regrouping tolerance over 6 AdamW steps, with 2 loader workers).
+TEST(Accumulation, TheTrainersLoopEqualsOneBatchOfKTimesB) {
+  const std::string corpus = periodic_corpus(8000);
+  auto losses = [&](int64_t batch, int64_t k) {
+    const TrainConfig c =
+        load_config("", {"--model.n_layer=1", "--model.d_model=32", "--model.n_head=2",
+                         "--model.seq_len=16", "--train.batch_size=" + std::to_string(batch),
+                         "--train.accum_steps=" + std::to_string(k), "--train.steps=6",
+                         "--train.eval_every=0", "--train.log_every=1", "--train.warmup_steps=0",
+                         "--train.lr=3e-3", "--data.workers=2", "--data.path=" + corpus});
+    TrainOptions o;
+    o.write_run_dir = false;
+    std::ostringstream out;
+    return run_training(c, out, o);
+  };
+  // Losses and the gradient norms (AdamW and clipping would hide gradients k times too large).
+  const TrainResult one = losses(8, 1);
+  ASSERT_EQ(one.losses.size(), 6u);
+  ASSERT_EQ(one.grad_norms.size(), 6u);
+  for (int64_t k : {2, 4}) {
+    const TrainResult acc = losses(8 / k, k);
+    ASSERT_EQ(acc.losses.size(), one.losses.size());
+    for (size_t i = 0; i < one.losses.size(); ++i) {
+      EXPECT_NEAR(acc.losses[i], one.losses[i], 1e-6 + 1e-5 * std::fabs(one.losses[i]))
+          << "k " << k << " step " << i + 1;
+      EXPECT_NEAR(acc.grad_norms[i], one.grad_norms[i], 1e-6 + 1e-5 * std::fabs(one.grad_norms[i]))
+          << "k " << k << " step " << i + 1;
+    }
+  }
+}
+
 TEST(Trainer, RunDirectoryHoldsConfigMetricsEventsAndWeights) {
   const auto dir = std::filesystem::temp_directory_path() / "kuai_runs_test";
   std::filesystem::remove_all(dir);
