@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -210,20 +211,36 @@ TEST(DataLoader, WorkerErrorNamesWorkerAndMessage) {
       std::runtime_error);
 }
 
+// Each destruction within 2 s (a generous bound for a sanitizer build on a busy machine; the
+// slow case would take its 60 s delay if shutdown did not interrupt it).
 TEST(DataLoader, DestroysPromptlyWhateverTheConsumerDid) {
   auto src = std::make_shared<IndexSource>();
-  { DataLoader never_started(src, {4, 2, 0}); }
+  auto seconds_to_destroy = [](std::optional<DataLoader>& loader) {
+    const auto t0 = Clock::now();
+    loader.reset();
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  constexpr double kBound = 2.0;
   {
-    DataLoader blocked(src, {4, 2, 0});  // workers fill every slot, then wait for a free one
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    std::optional<DataLoader> never_started(std::in_place, src, LoaderOptions{4, 2, 0});
+    EXPECT_LT(seconds_to_destroy(never_started), kBound);
   }
   {
-    DataLoader mid_stream(src, {2, 2, 0});
-    for (int i = 0; i < 3; ++i) mid_stream.next();
+    // Workers fill every slot, then wait for a free one.
+    std::optional<DataLoader> blocked(std::in_place, src, LoaderOptions{4, 2, 0});
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_LT(seconds_to_destroy(blocked), kBound);
+  }
+  {
+    std::optional<DataLoader> mid_stream(std::in_place, src, LoaderOptions{2, 2, 0});
+    for (int i = 0; i < 3; ++i) mid_stream->next();
+    EXPECT_LT(seconds_to_destroy(mid_stream), kBound);
   }
   {
     // Workers sit in a long artificial delay; shutdown interrupts it.
-    DataLoader slow(src, {2, 1, 60000});
+    std::optional<DataLoader> slow(std::in_place, src, LoaderOptions{2, 1, 60000});
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_LT(seconds_to_destroy(slow), kBound);
   }
 }
 

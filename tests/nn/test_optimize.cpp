@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <set>
 #include <sstream>
+#include <string>
 
 #include "kuai/amp/autocast.h"
 #include "kuai/core/ops.h"
+#include "kuai/core/profiler.h"
 #include "kuai/core/rng.h"
 #include "kuai/nn/optimize.h"
 #include "kuai/train/config.h"
@@ -86,6 +89,33 @@ TEST(Optimize, FlashGPTGivesTheNaiveLossAndGradients) {
     for (size_t i = 0; i < naive.grads.size(); ++i)
       EXPECT_LE(scaled_error(flash.grads[i], naive.grads[i]), 1e-4) << "T " << T << " param " << i;
   }
+}
+
+// Which kernels ran, from the dispatch-point profile: after optimize() the step runs the flash
+// primitives forward and backward and never the naive ones (equal numbers alone would also hold
+// if the swap did nothing).
+TEST(Optimize, TheSwappedModelRunsTheFlashKernels) {
+  const bool was_on = profiler::enabled();
+  auto ops_of = [](nn::AttentionImpl impl) {
+    profiler::reset();
+    profiler::enable(true);
+    run(impl, 70, DType::kF32);
+    profiler::enable(false);
+    std::set<std::string> ops;
+    std::istringstream lines(profiler::report());
+    std::string line;
+    std::getline(lines, line);  // header
+    while (std::getline(lines, line)) ops.insert(line.substr(0, line.find(' ')));
+    profiler::reset();
+    return ops;
+  };
+  const std::set<std::string> flash = ops_of(nn::AttentionImpl::kFlash);
+  const std::set<std::string> naive = ops_of(nn::AttentionImpl::kNaive);
+  profiler::enable(was_on);
+  EXPECT_TRUE(flash.count("flash_attention") && flash.count("flash_attention_backward"));
+  EXPECT_FALSE(flash.count("attention") || flash.count("attention_backward"));
+  EXPECT_TRUE(naive.count("attention") && naive.count("attention_backward"));
+  EXPECT_FALSE(naive.count("flash_attention") || naive.count("flash_attention_backward"));
 }
 
 TEST(Optimize, AutoTakesFlashFromTheMeasuredLength) {
