@@ -29,16 +29,20 @@ struct Key {
 }
 
 int64_t as_int(const std::string& key, const toml::node& n, int64_t lo, int64_t hi) {
+  // The type first: toml++ converts a float node to an integer by a cast, undefined for a value
+  // out of int64's range (the config fuzzer found `d_model = 1666666666666666666666666666.5`).
+  if (!n.is_integer()) fail(key, fmt::format("must be an integer in [{}, {}]", lo, hi));
   auto v = n.value<int64_t>();
-  if (!n.is_integer() || !v) fail(key, fmt::format("must be an integer in [{}, {}]", lo, hi));
+  if (!v) fail(key, fmt::format("must be an integer in [{}, {}]", lo, hi));
   if (*v < lo || *v > hi) fail(key, fmt::format("= {} is out of range [{}, {}]", *v, lo, hi));
   return *v;
 }
 
 double as_float(const std::string& key, const toml::node& n, double lo, double hi) {
-  auto v = n.value<double>();
-  if (!(n.is_floating_point() || n.is_integer()) || !v)
+  if (!(n.is_floating_point() || n.is_integer()))
     fail(key, fmt::format("must be a number in [{}, {}]", lo, hi));
+  auto v = n.value<double>();
+  if (!v) fail(key, fmt::format("must be a number in [{}, {}]", lo, hi));
   if (!(*v >= lo && *v <= hi)) fail(key, fmt::format("= {} is out of range [{}, {}]", *v, lo, hi));
   return *v;
 }

@@ -98,6 +98,13 @@ TEST(Config, ErrorsNameTheKey) {
                 .find("dist.compression = \"bf16\" is not combined with dist.zero = 2"),
             std::string::npos);
   EXPECT_EQ(error_of("", {"--dist.zero=1", "--dist.compression=bf16"}), "");
+  // A float where an integer belongs, even one beyond int64 (the fuzzer's find: converting it
+  // was undefined behaviour before the type was checked).
+  EXPECT_NE(error_of("[model]\nd_model = 1666666666666666666666666666.5\n", {})
+                .find("model.d_model must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--model.n_layer=2.0"}).find("model.n_layer must be an integer"),
+            std::string::npos);
 }
 
 TEST(Config, RunNameDefaultsToTheConfigStem) {
