@@ -38,7 +38,8 @@ double median_ms(int reps, const std::function<void()>& f) {
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  const size_t n = t.size();
+  return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
 }
 
 // The machine's fp32 GEMM ceiling: the best median over a square 2048^3 product and the

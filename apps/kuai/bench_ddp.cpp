@@ -6,7 +6,7 @@
 //     live tensor memory and RSS of a rank,
 // each with the same per-rank batch, so 2 ranks process twice the tokens per step. Scaling
 // efficiency = tokens/s of 2 ranks / (2 x tokens/s of 1 rank). Reported: median step time and
-// tokens/s over rounds, bytes all-reduced per step, peak RSS.
+// tokens/s over rounds, MiB handed to collectives per step (the trainer's count), peak RSS.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -36,10 +36,12 @@ struct Arm {
   double unsharded_mib = -1;
 };
 
+// The median: the middle value, or the mean of the two middle ones (with 2 rounds, not the best).
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 std::string self_path() {
@@ -89,11 +91,10 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
     const size_t u = out.find("(unsharded: ", z);
     if (u != std::string::npos) a.unsharded_mib = std::stod(out.substr(u + 12));
   }
-  const size_t d = out.find(" MiB all-reduced per step");
-  if (d != std::string::npos) {
-    const size_t start = out.rfind(' ', d - 1);
-    a.comm_mib = std::stod(out.substr(start + 1, d - start - 1));
-  }
+  // The payload rank 0 handed to collectives per step, as the trainer counted it (all-reduce,
+  // or ZeRO-2's reduce-scatter and all-gather): measured, not computed from the config.
+  const size_t d = out.find(" comm_mib_per_step=", at);
+  if (d != std::string::npos) a.comm_mib = std::stod(out.substr(d + 19));
   return true;
 }
 
@@ -131,7 +132,10 @@ int run_ddp_bench(const std::vector<std::string>& args) {
   for (const std::string& s : base) std::cerr << " " << s;
   std::cerr << "`\n";
   for (int64_t r = 0; r < rounds; ++r) {
-    for (Arm& a : arms) {
+    // ABBA: the arms in order in even rounds, reversed in odd ones, so that no arm always runs
+    // first (or last) on a machine that warms up or gets busier.
+    for (size_t j = 0; j < arms.size(); ++j) {
+      Arm& a = arms[r % 2 == 0 ? j : arms.size() - 1 - j];
       std::string err;
       if (!run_arm(a, base, &err))
         throw std::runtime_error("bench ddp: the run '" + a.label + "' failed:\n" + err);
@@ -140,7 +144,7 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     }
   }
   const double one = median(arms[0].tokens_per_s);
-  std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB reduced per step | "
+  std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB sent per step (measured) | "
                "peak live tensors MiB (rank 0) | peak RSS MiB (rank 0) | AdamW state MiB per "
                "rank |\n"
                "|---|---|---|---|---|---|---|---|\n";
@@ -153,7 +157,7 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     std::cout << fmt::format(
         "| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} | {:.0f} | {} |\n", a.label, median(a.step_ms),
         tps, a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
-        a.ranks > 1 ? fmt::format("{:.1f}", a.comm_mib) : "—", median(a.live_mib),
+        a.ranks > 1 ? fmt::format("{:.3f}", a.comm_mib) : "—", median(a.live_mib),
         median(a.rss_mib),
         a.state_mib >= 0 ? fmt::format("{:.1f} (unsharded {:.1f})", a.state_mib, a.unsharded_mib)
                          : "all");
