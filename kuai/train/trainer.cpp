@@ -306,7 +306,6 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     loader_start = c.state.loader;
     if (!opts.quiet) out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step);
   }
-  if (ddp) result.comm_bytes_per_step = ddp->bytes_per_sync();
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;
   if (!opts.quiet) {

@@ -36,9 +36,8 @@ struct TrainResult {
   float final_loss = 0;
   int64_t steps_done = 0;
   bool interrupted = false;
-  std::string run_path;             // runs/<name>, empty when no run directory was written
-  int64_t start_step = 0;           // > 0 when resumed
-  int64_t comm_bytes_per_step = 0;  // gradient bytes this rank all-reduces per step (DDP)
+  std::string run_path;    // runs/<name>, empty when no run directory was written
+  int64_t start_step = 0;  // > 0 when resumed
   // Measured over the steps (each step from its start to its update; not evaluation, saves or
   // the logger): host reads made by the training thread per step (core/host_reads.h), MiB this
   // rank handed to collectives per step, and the share of its all_reduce / reduce_scatter bytes
