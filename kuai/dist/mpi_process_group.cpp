@@ -7,14 +7,25 @@
 //      long all-reduce leaves the cores to backward) until it completes or its deadline passes.
 // At the deadline the arrival messages that never came name the ranks that did not reach the
 // collective; the rank prints that and calls MPI_Abort, which ends every rank of the run.
+// A rank that dies or exits without reaching a collective (killed, crashed, _exit) makes mpirun
+// send SIGTERM to the others, and SIGKILL a second later. With more than one rank the group
+// catches SIGTERM: the handler only sets a flag; this thread sees it within a poll, lets the
+// in-flight arrival messages land (up to 200 ms), names the ranks that never reached the
+// collective it waits on, and ends the process with SIGTERM's default action. When no
+// collective is queued it waits up to 600 ms for the next one (training goes on meanwhile), else
+// says that it had none in flight.
 // Averages are sums divided by the world size afterwards. bf16 and f16 tensors travel as 2-byte
 // elements with reduction ops of our own (each pairwise sum in fp32, rounded once).
 #include <fmt/format.h>
 
 #include <cstdint>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <deque>
 #include <functional>
@@ -36,6 +47,11 @@ namespace kuai::dist {
 bool mpi_compiled() { return true; }
 
 namespace {
+
+// Set by the SIGTERM handler (async-signal-safe: a lock-free atomic store and nothing else).
+std::atomic<bool> g_terminating{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void on_sigterm(int) { g_terminating.store(true, std::memory_order_relaxed); }
 
 std::string mpi_error(int rc) {
   char text[MPI_MAX_ERROR_STRING];
@@ -66,6 +82,13 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Type_commit(&half_type_);
     MPI_Op_create(&MpiProcessGroup::bf16_sum, /*commute=*/1, &bf16_sum_);
     MPI_Op_create(&MpiProcessGroup::f16_sum, /*commute=*/1, &f16_sum_);
+    if (size_ > 1) {
+      struct sigaction sa = {};
+      sa.sa_handler = on_sigterm;
+      sigemptyset(&sa.sa_mask);
+      sa.sa_flags = SA_RESTART;
+      sigaction(SIGTERM, &sa, nullptr);
+    }
     thread_ = std::thread([this] { loop(); });
   }
 
@@ -244,11 +267,21 @@ class MpiProcessGroup final : public ProcessGroup {
   }
 
   void loop() {
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point idle_since{};  // since SIGTERM came with nothing queued
     for (;;) {
       Task task;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        while (!stop_ && queue_.empty()) {
+          cv_.wait_for(lock, std::chrono::milliseconds(50));
+          if (!g_terminating.load(std::memory_order_relaxed) || !queue_.empty()) continue;
+          if (idle_since == Clock::time_point{}) idle_since = Clock::now();
+          if (Clock::now() - idle_since > std::chrono::milliseconds(600)) {
+            lock.unlock();
+            terminated_idle();
+          }
+        }
         if (queue_.empty()) return;  // stop requested and nothing left
         task = std::move(queue_.front());
         queue_.pop_front();
@@ -280,6 +313,7 @@ class MpiProcessGroup final : public ProcessGroup {
     for (int64_t polls = 0; rc == MPI_SUCCESS && !flag; ++polls) {
       rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS || flag) break;
+      if (g_terminating.load(std::memory_order_relaxed)) terminated(task, seq, req, notes, arrived);
       if (polls < 1000) continue;
       if (Clock::now() > deadline) timed_out(task, seq, notes, arrived);
       if (Clock::now() - t0 < std::chrono::milliseconds(2))
@@ -296,8 +330,9 @@ class MpiProcessGroup final : public ProcessGroup {
     task.work->finish();
   }
 
-  [[noreturn]] void timed_out(const Task& task, int64_t seq, std::vector<MPI_Request>& notes,
-                              const std::vector<int64_t>& arrived) {
+  // The ranks whose arrival message for collective #seq has not come ("" when all did).
+  std::string missing_ranks(int64_t seq, std::vector<MPI_Request>& notes,
+                            const std::vector<int64_t>& arrived) {
     std::string missing;
     size_t k = 0;
     for (int p = 0; p < size_; ++p) {
@@ -307,6 +342,54 @@ class MpiProcessGroup final : public ProcessGroup {
       k += 2;
       if (!got || arrived[p] != seq) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
     }
+    return missing;
+  }
+
+  // SIGTERM while waiting on collective #seq: the launcher is ending the run, almost always
+  // because another rank died or exited. Name the ranks that never reached this collective.
+  [[noreturn]] void terminated(const Task& task, int64_t seq, MPI_Request& req,
+                               std::vector<MPI_Request>& notes,
+                               const std::vector<int64_t>& arrived) {
+    std::string missing;
+    const auto t0 = std::chrono::steady_clock::now();
+    int done = 0;
+    do {  // arrival messages already on their way land within microseconds
+      missing = missing_ranks(seq, notes, arrived);
+      if (missing.empty()) break;
+      if (!done) MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200));
+    std::fprintf(stderr,
+                 "kuai: rank %d of %d: the launcher is ending the run (SIGTERM) while this rank "
+                 "waits in collective #%lld (%s); %s\n",
+                 rank_, size_, static_cast<long long>(seq), task.work->what().c_str(),
+                 missing.empty()
+                     ? "every rank reached it"
+                     : fmt::format("rank{} {} never reached it: {} exited or died",
+                                   missing.find(',') == std::string::npos ? "" : "s", missing,
+                                   missing.find(',') == std::string::npos ? "it" : "they")
+                           .c_str());
+    die_by_sigterm();
+  }
+
+  [[noreturn]] void terminated_idle() {
+    std::fprintf(stderr,
+                 "kuai: rank %d of %d: the launcher is ending the run (SIGTERM); this rank had no "
+                 "collective in flight (the last was #%lld)\n",
+                 rank_, size_, static_cast<long long>(seq_));
+    die_by_sigterm();
+  }
+
+  [[noreturn]] static void die_by_sigterm() {
+    std::fflush(stderr);
+    std::signal(SIGTERM, SIG_DFL);
+    std::raise(SIGTERM);  // the whole process ends as the launcher asked
+    _exit(143);
+  }
+
+  [[noreturn]] void timed_out(const Task& task, int64_t seq, std::vector<MPI_Request>& notes,
+                              const std::vector<int64_t>& arrived) {
+    const std::string missing = missing_ranks(seq, notes, arrived);
     std::fprintf(
         stderr,
         "kuai: rank %d of %d: collective #%lld (%s) did not complete within %.0f s; "

@@ -8,7 +8,9 @@
 //   - an unused parameter is an error on every rank, not a hang.
 // Two more modes are separate ctest cases that must end the run with a message:
 //   --timeout-demo  rank 1 never reaches a collective; rank 0 names it and aborts the run;
-//   --kill-demo     rank 1 is killed (SIGKILL) mid-training; mpirun ends rank 0.
+//   --kill-demo     rank 1 is killed (SIGKILL) mid-training; when mpirun ends rank 0, rank 0
+//                   names rank 1 as the one that never reached the collective it waits on;
+//   --exit-demo     the same with rank 1 exiting (_exit(3)) instead.
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
@@ -693,13 +695,18 @@ int timeout_demo() {
   return 0;  // not reached on rank 0
 }
 
-// --kill-demo: DDP training; rank 1 dies at step 3.
-int kill_demo() {
+// --kill-demo / --exit-demo: DDP training; rank 1 dies at step 3 (SIGKILL), or exits there
+// without a collective and without finalising (_exit, as a crash in a library would). Rank 0,
+// waiting for it in the step's first all-reduce, names it when mpirun ends the run.
+int kill_demo(bool exit_instead) {
   auto pg = mpi_process_group({30.0});
   nn::GPT model(small(), 8);
   DistributedDataParallel ddp(model, pg);
   for (int64_t step = 0; step < 1000; ++step) {
-    if (pg->rank() == 1 && step == 3) std::raise(SIGKILL);
+    if (pg->rank() == 1 && step == 3) {
+      if (exit_instead) std::_Exit(3);
+      std::raise(SIGKILL);
+    }
     const Batch g = global_batch(step, 8);
     ddp.zero_grad();
     ddp.prepare_backward(true);
@@ -716,7 +723,8 @@ int kill_demo() {
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--timeout-demo") == 0) return kuai::dist::timeout_demo();
-    if (std::strcmp(argv[i], "--kill-demo") == 0) return kuai::dist::kill_demo();
+    if (std::strcmp(argv[i], "--kill-demo") == 0) return kuai::dist::kill_demo(false);
+    if (std::strcmp(argv[i], "--exit-demo") == 0) return kuai::dist::kill_demo(true);
   }
   auto pg = kuai::dist::mpi_process_group({60.0});
   if (pg->rank() != 0) GTEST_FLAG_SET(brief, true);  // before Init: the printer reads it there
