@@ -139,30 +139,42 @@ TEST(DDP, ShardedGradientsOnOneRankTrainLikePlainAdamW) {
   EXPECT_EQ(zero.shard_size(), zero.num_elements());  // one rank holds everything
 }
 
+// DDP over the whole GPT plus one parameter the loss never touches: the error names that one
+// parameter and no other; with find_unused it is averaged as zero and every GPT gradient is the
+// plain model's bit for bit.
 TEST(DDP, AnUnusedParameterIsNamedOrAveragedAsZero) {
-  nn::GPT model(small(), 4);
+  nn::GPT model(small(), 4), plain(small(), 4);
   Tensor extra = zeros({5});
   extra.requires_grad_();
-  // A module with one parameter the loss never touches.
   struct WithExtra : nn::Module {
-    WithExtra(nn::GPT& m, Tensor e) : gpt(m) { register_parameter("unused.weight", e); }
-    nn::GPT& gpt;
+    WithExtra(Tensor e) { register_parameter("unused.weight", e); }
+  };
+  struct Both : nn::Module {  // the GPT (not owned) and the extra parameter
+    Both(nn::GPT& g, Tensor e) {
+      register_module("gpt", std::shared_ptr<nn::GPT>(&g, [](nn::GPT*) {}));
+      register_module("extra", std::make_shared<WithExtra>(e));
+    }
   };
   Generator g(8, 0);
   const Tensor x = g.randint({2, 16}, 0, 61), y = g.randint({2, 16}, 0, 61);
+  plain.loss(x, y).backward();
   {
-    WithExtra m(model, extra);
+    Both m(model, extra);
     DistributedDataParallel ddp(m, single_process_group());
+    ASSERT_EQ(ddp.bytes_per_sync(), (model.num_parameters() + 5) * 4);  // the GPT is wrapped
     ddp.prepare_backward(true);
     model.loss(x, y).backward();
     try {
       ddp.finish_backward();
       FAIL() << "expected an error";
     } catch (const std::runtime_error& e) {
-      EXPECT_NE(std::string(e.what()).find("unused.weight"), std::string::npos) << e.what();
+      const std::string what = e.what();
+      EXPECT_NE(what.find("parameter extra.unused.weight received no gradient"), std::string::npos)
+          << what;
+      EXPECT_EQ(what.find("gpt."), std::string::npos) << "only the unused one is named: " << what;
     }
   }
-  WithExtra m(model, extra);
+  Both m(model, extra);
   DDPOptions o;
   o.find_unused = true;
   DistributedDataParallel ddp(m, single_process_group(), o);
@@ -171,6 +183,7 @@ TEST(DDP, AnUnusedParameterIsNamedOrAveragedAsZero) {
   model.loss(x, y).backward();
   ddp.finish_backward();
   EXPECT_EQ(extra.grad().to_vector<float>(), std::vector<float>(5, 0.0f));
+  EXPECT_EQ(grads_of(model), grads_of(plain));
 }
 
 }  // namespace

@@ -214,28 +214,64 @@ TEST(MpiDDP, OverlapLaunchesDuringBackwardAndGivesTheSameGradients) {
   EXPECT_EQ(off.in_backward, 0);
 }
 
+// The GPT plus one extra parameter (5 floats) that rank 1's loss never uses, or no rank's.
+struct GptAndExtra : nn::Module {
+  explicit GptAndExtra(nn::GPT& g) : extra(zeros({5})) {
+    extra.requires_grad_();
+    struct Holder : nn::Module {
+      explicit Holder(Tensor e) { register_parameter("weight", e); }
+    };
+    register_module("gpt", std::shared_ptr<nn::GPT>(&g, [](nn::GPT*) {}));
+    register_module("extra", std::make_shared<Holder>(extra));
+  }
+  Tensor extra;
+};
+
 TEST(MpiDDP, AnUnusedParameterIsAnErrorOnEveryRank) {
   nn::GPT model(small(), 7);
-  Tensor extra = zeros({3});
-  extra.requires_grad_();
-  struct WithExtra : nn::Module {
-    WithExtra(Tensor e) { register_parameter("unused.weight", e); }
-  };
-  struct Both : nn::Module {
-    Both(nn::GPT& g, Tensor e) {
-      gpt = std::shared_ptr<nn::GPT>(&g, [](nn::GPT*) {});
-      register_module("gpt", gpt);
-      register_module("extra", std::make_shared<WithExtra>(e));
-    }
-    std::shared_ptr<nn::GPT> gpt;
-  } m(model, extra);
+  GptAndExtra m(model);
   DistributedDataParallel ddp(m, group());
   const Batch g = global_batch(1, 8);
   ddp.zero_grad();
   ddp.prepare_backward(true);
   model.loss(rows_of(g.x, 0, 4), rows_of(g.y, 0, 4)).backward();
-  EXPECT_THROW(ddp.finish_backward(), std::runtime_error);
+  try {
+    ddp.finish_backward();
+    ADD_FAILURE() << "expected an error on rank " << group()->rank();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("extra.weight"), std::string::npos) << e.what();
+  }
   group()->barrier();  // both ranks got here: nothing hangs
+}
+
+// find_unused on 2 ranks, the extra parameter used by rank 0's loss only (its sum times 1):
+// rank 1 contributes zero for it, so both ranks hold the average (1 + 0) / 2 = 0.5 in each
+// element, and the GPT's gradients are the 2-rank average as without the extra parameter.
+TEST(MpiDDP, FindUnusedAveragesAParameterOneRankDidNotUseAsZeroThere) {
+  nn::GPT model(small(), 7), reference(small(), 7);
+  GptAndExtra m(model);
+  DDPOptions o;
+  o.find_unused = true;
+  DistributedDataParallel ddp(m, group(), o);
+  DistributedDataParallel ref_ddp(reference, group());
+  const Batch g = global_batch(2, 8);
+  const Tensor x = rows_of(g.x, group()->rank() * 4, 4), y = rows_of(g.y, group()->rank() * 4, 4);
+  for (int step = 0; step < 2; ++step) {  // twice: the skipped parameter's state resets
+    ddp.zero_grad();
+    ddp.prepare_backward(true);
+    Tensor loss = model.loss(x, y);
+    if (group()->rank() == 0) loss = add(loss, sum(m.extra));
+    loss.backward();
+    ddp.finish_backward();
+    EXPECT_EQ(m.extra.grad().to_vector<float>(), std::vector<float>(5, 0.5f)) << "step " << step;
+  }
+  ref_ddp.zero_grad();
+  ref_ddp.prepare_backward(true);
+  reference.loss(x, y).backward();
+  ref_ddp.finish_backward();
+  const auto a = model.parameters(), b = reference.parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i].grad().to_vector<float>(), b[i].grad().to_vector<float>()) << "param " << i;
 }
 
 // The trainer on 2 ranks of batch b against one process (this rank, with a single-process group)
