@@ -21,6 +21,8 @@ build: setup
 build-asan: setup
 	@cmake -S . -B $(BUILD_SAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKUAI_SANITIZE=address,undefined >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS) --target kuai_tests
+	@if grep -q '^KUAI_MPIRUN:FILEPATH=/' $(BUILD_SAN)/CMakeCache.txt; then \
+	  cmake --build $(BUILD_SAN) -j $(JOBS) --target kuai_mpi_tests; fi
 
 build-tsan: setup
 	@cmake -S . -B $(BUILD_TSAN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKUAI_SANITIZE=thread >/dev/null
@@ -36,6 +38,13 @@ test: build build-asan build-tsan
 	cd $(BUILD) && ctest --output-on-failure -j 1
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  OMP_NUM_THREADS=2 ./kuai_tests --gtest_brief=1
+# The multi-rank tests under ASan+UBSan too: 2 ranks, OpenMPI's own allocations suppressed
+# (tests/mpi/lsan.supp; full unwinding so a leak is matched by every frame of its stack).
+	if [ -x $(BUILD_SAN)/kuai_mpi_tests ]; then cd $(BUILD_SAN) && \
+	  ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/mpi/lsan.supp:print_suppressions=0 \
+	  mpirun --allow-run-as-root --oversubscribe -np 2 -x ASAN_OPTIONS -x UBSAN_OPTIONS \
+	    -x LSAN_OPTIONS -x OMP_NUM_THREADS=1 ./kuai_mpi_tests --gtest_brief=1; fi
 	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 \
 	  ./kuai_tests --gtest_brief=1 --gtest_filter='$(TSAN_TESTS)'
 	@$(MAKE) --no-print-directory fuzz
