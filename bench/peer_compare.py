@@ -217,7 +217,7 @@ def print_table(name, cfg, k, t, steps, rounds):
     print(
         f"\n== {name}: V={cfg['vocab_size']} L={cfg['n_layer']} H={cfg['n_head']} "
         f"C={cfg['d_model']} T={cfg['seq_len']} B={cfg['batch_size']}, {steps} steps/run "
-        f"(median excludes step 0), {rounds} rounds A/B, {THREADS} threads"
+        f"(median excludes step 0), {rounds} rounds ABBA, {THREADS} threads"
     )
     print(
         f"   N(non-embedding + lm_head) = {non_embedding_params_with_lm_head(cfg):,}  "
@@ -344,11 +344,14 @@ def main(argv=None):
         cfg = CONFIGS[name]
         steps = args.steps or cfg["steps"]
         kuai_runs, torch_runs = [], []
+        arms = [
+            ("kuai", kuai_command(kuai, cfg, steps, args.precision), kuai_env, kuai_runs),
+            ("torch", torch_command(cfg, steps, args.precision), torch_env, torch_runs),
+        ]
         for r in range(args.rounds):
-            for label, cmd, env, runs in (
-                ("kuai", kuai_command(kuai, cfg, steps, args.precision), kuai_env, kuai_runs),
-                ("torch", torch_command(cfg, steps, args.precision), torch_env, torch_runs),
-            ):
+            # ABBA: kuai first in even rounds, PyTorch first in odd ones, so that neither always
+            # runs on a cold (or a warmed-up) machine.
+            for label, cmd, env, runs in arms if r % 2 == 0 else arms[::-1]:
                 result, error, wall = run(cmd, env, args.timeout)
                 runs.append(result)
                 status = (

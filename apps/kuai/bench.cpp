@@ -28,6 +28,15 @@
 namespace kuai::app {
 namespace {
 
+// "Intel(R) Xeon(R) ... (family 6 model 207), tier avx512_bf16, 2 threads": the chart's title.
+std::string machine_line() {
+  const cpu::CpuId& id = cpu::cpu_id();
+  return fmt::format("{} (family {} model {}), tier {}{}, {} threads", id.model_name, id.family,
+                     id.model, cpu::isa_name(cpu::isa()),
+                     cpu::max_isa_request().empty() ? "" : " (capped by KUAI_MAX_ISA)",
+                     omp_get_max_threads());
+}
+
 double median_ms(int reps, const std::function<void()>& f) {
   std::vector<double> t;
   f();  // warm up
@@ -190,7 +199,7 @@ int run_ablation_bench(const std::vector<std::string>& args) {
   if (ck) std::cout << (rows.empty() ? "" : "\n") << train::checkpoint_markdown(*ck);
   for (const auto& [path, text] :
        {std::pair{json_path, train::ablation_json(rows, base, o, ck ? &*ck : nullptr)},
-        std::pair{svg_path, train::ablation_svg(rows)}}) {
+        std::pair{svg_path, train::ablation_svg(rows, machine_line())}}) {
     const std::filesystem::path p(path);
     if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
     std::ofstream f(p);

@@ -124,8 +124,8 @@ int run_ddp_bench(const std::vector<std::string>& args) {
       {"2 ranks x 1 thread, overlap off", 2, {"--dist.overlap=false"}},
       {"2 ranks, fp16 compression", 2, {"--dist.compression=fp16"}},
       {"2 ranks, bf16 compression", 2, {"--dist.compression=bf16"}},
-      {"2 ranks, ZeRO-1", 2, {"--dist.zero=1"}},
-      {"2 ranks, ZeRO-2", 2, {"--dist.zero=2"}},
+      {"2 ranks, ZeRO-1 (all-reduce, all-gather)", 2, {"--dist.zero=1"}},
+      {"2 ranks, ZeRO-2 (reduce-scatter, all-gather)", 2, {"--dist.zero=2"}},
   };
   std::cerr << fmt::format("bench ddp: {} rounds of {} arms; each run `kuai train", rounds,
                            arms.size());

@@ -23,6 +23,18 @@ double AblationRow::speedup() const {
   return on.step_ms_median > 0 ? off.step_ms_median / on.step_ms_median : 0.0;
 }
 
+double AblationRow::speedup_lo() const {
+  return on.step_ms_max > 0 ? off.step_ms_min / on.step_ms_max : 0.0;
+}
+
+double AblationRow::speedup_hi() const {
+  return on.step_ms_min > 0 ? off.step_ms_max / on.step_ms_min : 0.0;
+}
+
+bool AblationRow::within_noise() const {
+  return off.step_ms_min <= on.step_ms_max && on.step_ms_min <= off.step_ms_max;
+}
+
 double AblationRow::memory_ratio() const {
   return off.peak_alloc_mib > 0 ? on.peak_alloc_mib / off.peak_alloc_mib : 0.0;
 }
@@ -90,14 +102,21 @@ void run_arm(Arm& arm, const AblationOptions& o, const std::string& technique,
     figure = r.host_reads_per_step;  // counted by the trainer (core/host_reads.h)
   }
   arm.figures.push_back(figure);
+  arm.stats.round_ms.push_back(
+      median(std::vector<double>(r.step_ms.begin() + skip, r.step_ms.end())));
   progress << fmt::format("  {:<28} round {}: median step {:.1f} ms\n", arm.stats.label,
-                          arm.figures.size(),
-                          median(std::vector<double>(r.step_ms.begin() + skip, r.step_ms.end())));
+                          arm.figures.size(), arm.stats.round_ms.back());
   progress.flush();
 }
 
 void finish(Arm& arm, double tokens_per_step) {
+  arm.stats.config = arm.cfg;
   arm.stats.step_ms_median = median(arm.stats.step_ms);
+  const auto [lo, hi] = std::minmax_element(arm.stats.round_ms.begin(), arm.stats.round_ms.end());
+  if (lo != arm.stats.round_ms.end()) {
+    arm.stats.step_ms_min = *lo;
+    arm.stats.step_ms_max = *hi;
+  }
   arm.stats.tokens_per_s =
       arm.stats.step_ms_median > 0 ? tokens_per_step / (arm.stats.step_ms_median / 1e3) : 0;
   arm.stats.figure = median(arm.figures);
@@ -138,6 +157,9 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     extra.push_back(fp16);
     row.figure_name = "allocator peak MiB";
     row.claim = "mixed precision trains 1.5-2x faster in about half the activation memory";
+    row.claim_speedup_lo = 1.5;
+    row.claim_speedup_hi = 2.0;
+    row.claim_memory_lo = row.claim_memory_hi = 0.5;
   } else if (technique == "accumulation") {
     if (q.batch_size % kAccum != 0)
       throw std::invalid_argument(fmt::format(
@@ -149,6 +171,8 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     on.stats.label = fmt::format("{} x micro-batch {}", kAccum, on.cfg.batch_size);
     row.figure_name = "allocator peak MiB";
     row.claim = fmt::format("same effective batch in about 1/{} of the activation memory", kAccum);
+    row.claim_speedup_lo = row.claim_speedup_hi = 1.0;
+    row.claim_memory_lo = row.claim_memory_hi = 1.0 / kAccum;
   } else if (technique == "prefetch") {
     // Calibrate the slow loader: half a step of the instant loader's median.
     Arm calib{{}, q, {}};
@@ -179,21 +203,25 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     row.claim =
         "FlashAttention: 2-4x faster attention, 10-20x less attention memory at T 2k-4k "
         "(GPU papers)";
-  } else {  // metrics
+    row.claim_speedup_lo = 2.0;  // of attention alone: an upper bound for the whole step
+    row.claim_speedup_hi = 4.0;
+  } else {  // metrics: the same log_every in both arms; only the per-step read differs
     off.cfg.sync_every_step = true;
-    off.cfg.log_every = 1;
     on.cfg.sync_every_step = false;
-    on.cfg.log_every = 100;
-    off.stats.label = "host read every step";
-    on.stats.label = "device ring, read 100 steps later";
+    off.stats.label = "loss.item() every step";
+    on.stats.label = "device ring, read by the logger";
     row.figure_name = "host reads in the step loop per step";
     row.claim = "no per-step .item(): the step loop never waits for the device";
   }
 
+  // ABBA across rounds: off, on, references; then references, on, off; ...
+  std::vector<Arm*> order = {&off, &on};
+  for (Arm& e : extra) order.push_back(&e);
   for (int64_t r = 0; r < o.rounds; ++r) {
-    run_arm(off, o, technique, progress);
-    run_arm(on, o, technique, progress);
-    for (Arm& e : extra) run_arm(e, o, technique, progress);
+    if (r % 2 == 0)
+      for (Arm* a : order) run_arm(*a, o, technique, progress);
+    else
+      for (auto a = order.rbegin(); a != order.rend(); ++a) run_arm(**a, o, technique, progress);
   }
   const auto tokens = [](const TrainConfig& c) {
     return static_cast<double>(c.batch_size * c.model.seq_len * c.accum_steps);
@@ -205,34 +233,48 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
   row.on = on.stats;
   for (Arm& e : extra) row.extra.push_back(e.stats);
 
+  // A ratio whose arms' rounds overlap is not a measured gain or loss.
+  const std::string noise =
+      row.within_noise()
+          ? fmt::format("within noise (off {:.1f}-{:.1f} ms, on {:.1f}-{:.1f} ms)",
+                        row.off.step_ms_min, row.off.step_ms_max, row.on.step_ms_min,
+                        row.on.step_ms_max)
+          : "";
+  if (technique == "prefetch")  // the advice: as fast as with an instant loader
+    row.claim_speedup_lo = row.claim_speedup_hi =
+        row.off.step_ms_median / std::max(1e-9, row.extra[0].step_ms_median);
   if (technique == "precision") {
     const ArmStats& h = row.extra[0];
     row.verdict = fmt::format(
-        "bf16: step x{:.2f}, allocator peak x{:.2f}; fp16: step x{:.2f}, peak x{:.2f}; {}",
-        1.0 / std::max(1e-9, row.speedup()), row.memory_ratio(),
+        "bf16: step {}, allocator peak x{:.2f}; fp16: step x{:.2f}, peak x{:.2f}; {}",
+        noise.empty() ? fmt::format("x{:.2f}", 1.0 / std::max(1e-9, row.speedup())) : noise,
+        row.memory_ratio(),
         h.step_ms_median / std::max(1e-9, row.off.step_ms_median),
         h.peak_alloc_mib / std::max(1e-9, row.off.peak_alloc_mib),
         cpu::cpu_has_native_bf16()
             ? "bf16 GEMMs on this CPU's bf16 units (oneDNN)"
             : "no bf16/fp16 arithmetic on this CPU: fp32 math, low-precision storage");
   } else if (technique == "flash") {
-    row.verdict = fmt::format("{:.2f}x faster step, allocator peak x{:.2f} (B {}, T {})",
-                              row.speedup(), row.memory_ratio(), q.batch_size, q.model.seq_len);
+    row.verdict = fmt::format("{}, allocator peak x{:.2f} (B {}, T {})",
+                              noise.empty() ? fmt::format("{:.2f}x faster step", row.speedup())
+                                            : "step " + noise,
+                              row.memory_ratio(), q.batch_size, q.model.seq_len);
   } else if (technique == "accumulation") {
-    row.verdict = fmt::format("allocator peak x{:.2f}, step time x{:.2f}", row.memory_ratio(),
-                              1.0 / std::max(1e-9, row.speedup()));
+    row.verdict = fmt::format(
+        "allocator peak x{:.2f}, step time {}", row.memory_ratio(),
+        noise.empty() ? fmt::format("x{:.2f}", 1.0 / std::max(1e-9, row.speedup())) : noise);
   } else if (technique == "prefetch") {
     const double vs_instant = row.on.step_ms_median / std::max(1e-9, row.extra[0].step_ms_median);
     row.verdict = fmt::format(
-        "{:.2f}x faster; data wait {:.2f} ms = {:.1f}% of the step; step x{:.2f} of the instant "
-        "loader's",
-        row.speedup(), row.on.figure, 100.0 * row.on.figure / std::max(1e-9, row.on.step_ms_median),
+        "{}; data wait {:.2f} ms = {:.1f}% of the step; step x{:.2f} of the instant loader's",
+        noise.empty() ? fmt::format("{:.2f}x faster", row.speedup()) : noise, row.on.figure, 100.0 * row.on.figure / std::max(1e-9, row.on.step_ms_median),
         vs_instant);
   } else {
     row.verdict = fmt::format(
-        "{:.3f}x: on the CPU device a host read waits for nothing, so nothing is gained here; on "
-        "an accelerator the read stalls the queue each step",
-        row.speedup());
+        "{}; host reads per step {:.0f} -> {:.0f} (counted): on the CPU device a read waits for "
+        "nothing, so there is nothing to gain here; on an accelerator each read stalls the queue",
+        noise.empty() ? fmt::format("{:.3f}x", row.speedup()) : noise, row.off.figure,
+        row.on.figure);
   }
   return row;
 }
@@ -320,15 +362,20 @@ std::string checkpoint_markdown(const CheckpointBench& c) {
 
 std::string ablation_markdown(const std::vector<AblationRow>& rows) {
   std::string s =
-      "| technique | off | on | step ms off / on | speedup | tokens/s on | allocator peak MiB "
-      "off / on | peak RSS MiB off / on | own figure off / on | the advice says | measured |\n"
+      "| technique | off | on | step ms off / on (min-max of rounds) | speedup | tokens/s on | "
+      "allocator peak MiB off / on | peak RSS MiB off / on | own figure off / on | the advice "
+      "says | measured |\n"
       "|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const AblationRow& r : rows)
     s += fmt::format(
-        "| {} | {} | {} | {:.1f} / {:.1f} | {:.3f}x | {:.0f} | {:.1f} / {:.1f} ({:.2f}) | {:.0f} / "
-        "{:.0f} | {}: {:.2f} / {:.2f} | {} | {} |\n",
-        r.technique, r.off.label, r.on.label, r.off.step_ms_median, r.on.step_ms_median,
-        r.speedup(), r.on.tokens_per_s, r.off.peak_alloc_mib, r.on.peak_alloc_mib, r.memory_ratio(),
+        "| {} | {} | {} | {:.1f} ({:.1f}-{:.1f}) / {:.1f} ({:.1f}-{:.1f}) | {} | {:.0f} | {:.1f} / "
+        "{:.1f} ({:.2f}) | {:.0f} / {:.0f} | {}: {:.2f} / {:.2f} | {} | {} |\n",
+        r.technique, r.off.label, r.on.label, r.off.step_ms_median, r.off.step_ms_min,
+        r.off.step_ms_max, r.on.step_ms_median, r.on.step_ms_min, r.on.step_ms_max,
+        r.within_noise() ? std::string("within noise")
+                         : fmt::format("{:.3f}x ({:.2f}-{:.2f})", r.speedup(), r.speedup_lo(),
+                                       r.speedup_hi()),
+        r.on.tokens_per_s, r.off.peak_alloc_mib, r.on.peak_alloc_mib, r.memory_ratio(),
         r.off.peak_rss_mib, r.on.peak_rss_mib, r.figure_name, r.off.figure, r.on.figure, r.claim,
         r.verdict);
   return s;
@@ -338,6 +385,9 @@ namespace {
 nlohmann::json arm_json(const ArmStats& a) {
   return {{"label", a.label},
           {"step_ms_median", a.step_ms_median},
+          {"step_ms_min", a.step_ms_min},
+          {"step_ms_max", a.step_ms_max},
+          {"round_ms", a.round_ms},
           {"tokens_per_s", a.tokens_per_s},
           {"peak_alloc_mib", a.peak_alloc_mib},
           {"peak_rss_mib", a.peak_rss_mib},
@@ -358,6 +408,10 @@ std::string ablation_json(const std::vector<AblationRow>& rows, const TrainConfi
     nlohmann::json row = {{"technique", r.technique}, {"figure_name", r.figure_name},
                           {"claim", r.claim},         {"verdict", r.verdict},
                           {"speedup", r.speedup()},   {"memory_ratio", r.memory_ratio()},
+                          {"speedup_min", r.speedup_lo()}, {"speedup_max", r.speedup_hi()},
+                          {"within_noise", r.within_noise()},
+                          {"claimed_speedup", {r.claim_speedup_lo, r.claim_speedup_hi}},
+                          {"claimed_memory_ratio", {r.claim_memory_lo, r.claim_memory_hi}},
                           {"off", arm_json(r.off)},   {"on", arm_json(r.on)}};
     for (const ArmStats& e : r.extra) row["reference"].push_back(arm_json(e));
     j["rows"].push_back(row);
@@ -378,36 +432,83 @@ std::string ablation_json(const std::vector<AblationRow>& rows, const TrainConfi
   return j.dump(2) + "\n";
 }
 
-std::string ablation_svg(const std::vector<AblationRow>& rows) {
-  // Two bars per technique on one axis: speedup (off/on step time) and allocator peak ratio
-  // (on/off); a dashed line marks 1.0 (no change).
-  const int left = 150, width = 420, bar_h = 14, gap = 10, top = 40;
-  const int row_h = 2 * bar_h + gap + 8;
+namespace {
+std::string xml_escape(const std::string& in) {
+  std::string out;
+  for (char ch : in) {
+    if (ch == '&')
+      out += "&amp;";
+    else if (ch == '<')
+      out += "&lt;";
+    else if (ch == '>')
+      out += "&gt;";
+    else
+      out += ch;
+  }
+  return out;
+}
+}  // namespace
+
+std::string ablation_svg(const std::vector<AblationRow>& rows, const std::string& machine) {
+  // Per technique on one axis: the speedup (off/on median step time) with a whisker over the
+  // rounds' spread (off min / on max .. off max / on min), grey and labelled "within noise" when
+  // the arms' ranges overlap; the allocator peak ratio (on/off); beside each, in green, the range
+  // the advice claims (a tick when it names one value). A dashed line marks 1.0 (no change).
+  const int left = 150, width = 420, bar_h = 14, claim_h = 5, gap = 12, top = 48;
+  const int row_h = 2 * (bar_h + claim_h + 2) + gap;
   double max_v = 1.5;
-  for (const AblationRow& r : rows) max_v = std::max({max_v, r.speedup(), r.memory_ratio()});
+  for (const AblationRow& r : rows)
+    max_v = std::max({max_v, r.speedup_hi(), r.memory_ratio(), r.claim_speedup_hi,
+                      r.claim_memory_hi});
   max_v = std::ceil(max_v * 2.0) / 2.0;
-  const int height = top + static_cast<int>(rows.size()) * row_h + 40;
-  auto x_of = [&](double v) { return left + static_cast<int>(std::lround(v / max_v * width)); };
+  const int height = top + static_cast<int>(rows.size()) * row_h + 56;
+  auto x_of = [&](double v) {
+    return left + static_cast<int>(std::lround(std::clamp(v, 0.0, max_v) / max_v * width));
+  };
   std::string s = fmt::format(
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{}\" height=\"{}\" "
       "font-family=\"sans-serif\" font-size=\"12\">\n"
       "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      "<text x=\"10\" y=\"20\" font-size=\"14\">kuai bench: what each technique buys here</text>\n",
-      left + width + 90, height);
+      "<text x=\"10\" y=\"20\" font-size=\"14\">kuai bench: what each technique buys here</text>\n"
+      "<text x=\"10\" y=\"36\" font-size=\"11\">{}</text>\n",
+      left + width + 150, height, xml_escape(machine.empty() ? "this machine" : machine));
+  auto claim = [&](double lo, double hi, int y) {
+    if (hi <= 0) return std::string();
+    if (hi - lo < 1e-9)
+      return fmt::format(
+          "<rect x=\"{}\" y=\"{}\" width=\"3\" height=\"{}\" fill=\"#2a9d4b\"/>", x_of(lo) - 1,
+          y, claim_h);
+    return fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#2a9d4b\"/>",
+                       x_of(lo), y, std::max(2, x_of(hi) - x_of(lo)), claim_h);
+  };
   for (size_t i = 0; i < rows.size(); ++i) {
     const AblationRow& r = rows[i];
     const int y = top + static_cast<int>(i) * row_h;
+    const bool noise = r.within_noise();
     s += fmt::format("<text x=\"10\" y=\"{}\">{}</text>\n", y + bar_h + 4, r.technique);
+    const int xs = x_of(r.speedup());
     s += fmt::format(
-        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#3b7dd8\"/>"
-        "<text x=\"{}\" y=\"{}\">speedup {:.2f}x</text>\n",
-        left, y, std::max(1, x_of(r.speedup()) - left), bar_h, x_of(r.speedup()) + 4, y + 11,
-        r.speedup());
+        "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"/>"
+        "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>"
+        "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>"
+        "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"black\"/>"
+        "<text x=\"{}\" y=\"{}\">{}</text>\n",
+        left, y, std::max(1, xs - left), bar_h, noise ? "#a0a0a0" : "#3b7dd8",
+        // whisker: the spread of the ratio over the rounds
+        x_of(r.speedup_lo()), y + bar_h / 2, x_of(r.speedup_hi()), y + bar_h / 2,
+        x_of(r.speedup_lo()), y + 3, x_of(r.speedup_lo()), y + bar_h - 3, x_of(r.speedup_hi()),
+        y + 3, x_of(r.speedup_hi()), y + bar_h - 3, std::max(xs, x_of(r.speedup_hi())) + 4, y + 11,
+        noise ? fmt::format("within noise ({:.2f}-{:.2f}x)", r.speedup_lo(), r.speedup_hi())
+              : fmt::format("speedup {:.2f}x ({:.2f}-{:.2f})", r.speedup(), r.speedup_lo(),
+                            r.speedup_hi()));
+    s += claim(r.claim_speedup_lo, r.claim_speedup_hi, y + bar_h + 1) + "\n";
+    const int ym = y + bar_h + claim_h + 4;
     s += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"#e0892b\"/>"
         "<text x=\"{}\" y=\"{}\">memory x{:.2f}</text>\n",
-        left, y + bar_h + 2, std::max(1, x_of(r.memory_ratio()) - left), bar_h,
-        x_of(r.memory_ratio()) + 4, y + bar_h + 13, r.memory_ratio());
+        left, ym, std::max(1, x_of(r.memory_ratio()) - left), bar_h, x_of(r.memory_ratio()) + 4,
+        ym + 11, r.memory_ratio());
+    s += claim(r.claim_memory_lo, r.claim_memory_hi, ym + bar_h + 1) + "\n";
   }
   const int axis_y = top + static_cast<int>(rows.size()) * row_h;
   s += fmt::format(
@@ -416,8 +517,11 @@ std::string ablation_svg(const std::vector<AblationRow>& rows) {
       x_of(1.0), top - 6, axis_y, axis_y + 14);
   s += fmt::format(
       "<text x=\"10\" y=\"{}\" font-size=\"11\">blue: off/on median step time (higher is "
-      "faster); orange: on/off allocator peak (lower is smaller)</text>\n</svg>\n",
-      axis_y + 32);
+      "faster), whisker: min-max over rounds, grey: within noise; orange: on/off allocator peak "
+      "(lower is smaller)</text>\n"
+      "<text x=\"10\" y=\"{}\" font-size=\"11\">green, under each bar: what the advice claims "
+      "(flash: of attention alone; prefetch: the instant loader's step)</text>\n</svg>\n",
+      axis_y + 32, axis_y + 46);
   return s;
 }
 

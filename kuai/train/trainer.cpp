@@ -326,10 +326,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         cfg.workers);
     if (ddp)
       out << fmt::format(
-          "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets, {:.1f} MiB all-reduced "
-          "per step ({}{}), overlap {}\n",
+          "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets of {:.2f} MiB of fp32 "
+          "gradients in all, {} per step ({}{}), overlap {}; the traffic is measured: "
+          "comm_mib_per_step in the RESULT line\n",
           world, group->backend(), B, ddp->buckets().size(),
-          static_cast<double>(ddp->bytes_per_sync()) / (1 << 20),
+          static_cast<double>(model.num_parameters()) * 4 / (1 << 20),
+          zero && zero->stage() == 2 ? "reduce-scattered" : "all-reduced",
           cfg.compression == "none" ? "fp32" : cfg.compression + " compression",
           cfg.error_feedback && cfg.compression != "none" ? " + error feedback" : "",
           cfg.overlap ? "on" : "off");
