@@ -30,6 +30,7 @@ namespace {
 
 struct Measure {
   double ms = -1;    // median; < 0: not run
+  double lo = -1, hi = -1;  // the spread of the repetitions (kuai's own arms)
   double mib = -1;   // extra memory
   std::string note;  // why it was not run, or how it failed
   bool failed = false;
@@ -172,9 +173,15 @@ Row run_row(const Options& o, const std::string& dtype, int64_t T, std::ostream&
     }
   }
   Allocator::get().empty_cache();
-  row.flash.ms = median(flash_ms);
+  auto spread = [](Measure& m, const std::vector<double>& v) {
+    m.ms = median(v);
+    if (v.empty()) return;
+    m.lo = *std::min_element(v.begin(), v.end());
+    m.hi = *std::max_element(v.begin(), v.end());
+  };
+  spread(row.flash, flash_ms);
   if (naive)
-    row.naive.ms = median(naive_ms);
+    spread(row.naive, naive_ms);
   else
     row.naive.note = fmt::format("not run above T = {} (--naive-max-t)", o.naive_max_t);
   const int64_t peer_max = dtype == "bf16" ? o.torch_bf16_max_t : o.torch_max_t;
@@ -262,14 +269,23 @@ int run_attention_bench(const std::vector<std::string>& args) {
       "\nAttention forward + backward, causal, B {}, H {}, head_dim {}, {} threads (medians of "
       "{}; GFLOP/s = 12 d T(T+1)/2 B H / time; memory = extra peak of the pass)\n\n",
       o.batch, o.heads, o.head_dim, omp_get_max_threads(), o.reps);
-  std::cout << "| dtype | T | flash ms | flash GFLOP/s | flash MiB | kuai naive ms | naive MiB | "
-               "PyTorch naive ms | PyTorch MiB | flash vs PyTorch: speed | memory |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|\n";
+  std::cout << "| dtype | T | flash ms (min-max) | flash GFLOP/s | flash MiB | kuai naive ms "
+               "(min-max) | naive MiB | flash vs naive | PyTorch naive ms | PyTorch MiB | flash "
+               "vs PyTorch: speed | memory |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  auto with_spread = [](const Measure& m) {
+    return m.ms >= 0 ? fmt::format("{:.1f} ({:.1f}-{:.1f})", m.ms, m.lo, m.hi) : "-";
+  };
   for (const Row& r : rows) {
     const double gf = flops(o, r.T) / (r.flash.ms * 1e6);
+    std::string vs = "-";  // within noise when the repetitions' ranges overlap
+    if (r.naive.ms > 0)
+      vs = r.flash.lo <= r.naive.hi && r.naive.lo <= r.flash.hi
+               ? "within noise"
+               : fmt::format("{:.2f}x", r.naive.ms / r.flash.ms);
     std::cout << fmt::format(
-        "| {} | {} | {} | {:.1f} | {} | {} | {} | {} | {} | {} | {} |\n", r.dtype, r.T,
-        cell(r.flash.ms), gf, cell(r.flash.mib), cell(r.naive.ms), cell(r.naive.mib),
+        "| {} | {} | {} | {:.1f} | {} | {} | {} | {} | {} | {} | {} | {} |\n", r.dtype, r.T,
+        with_spread(r.flash), gf, cell(r.flash.mib), with_spread(r.naive), cell(r.naive.mib), vs,
         cell(r.torch.ms), cell(r.torch.mib),
         r.torch.ms > 0 ? fmt::format("{:.2f}x", r.torch.ms / r.flash.ms) : "-",
         r.torch.mib > 0 ? fmt::format("{:.1f}%", 100.0 * r.flash.mib / r.torch.mib) : "-");
@@ -288,11 +304,13 @@ int run_attention_bench(const std::vector<std::string>& args) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     js << fmt::format(
-        "    {{\"dtype\": \"{}\", \"T\": {}, \"flash_ms\": {:.3f}, \"flash_gflops\": {:.2f}, "
-        "\"flash_mib\": {:.2f}, \"naive_ms\": {:.3f}, \"naive_mib\": {:.2f}, \"torch_ms\": {:.3f}, "
-        "\"torch_mib\": {:.2f}}}{}\n",
-        r.dtype, r.T, r.flash.ms, flops(o, r.T) / (r.flash.ms * 1e6), r.flash.mib, r.naive.ms,
-        r.naive.mib, r.torch.ms, r.torch.mib, i + 1 < rows.size() ? "," : "");
+        "    {{\"dtype\": \"{}\", \"T\": {}, \"flash_ms\": {:.3f}, \"flash_ms_min\": {:.3f}, "
+        "\"flash_ms_max\": {:.3f}, \"flash_gflops\": {:.2f}, \"flash_mib\": {:.2f}, "
+        "\"naive_ms\": {:.3f}, \"naive_ms_min\": {:.3f}, \"naive_ms_max\": {:.3f}, "
+        "\"naive_mib\": {:.2f}, \"torch_ms\": {:.3f}, \"torch_mib\": {:.2f}}}{}\n",
+        r.dtype, r.T, r.flash.ms, r.flash.lo, r.flash.hi, flops(o, r.T) / (r.flash.ms * 1e6),
+        r.flash.mib, r.naive.ms, r.naive.lo, r.naive.hi, r.naive.mib, r.torch.ms, r.torch.mib,
+        i + 1 < rows.size() ? "," : "");
   }
   js << "  ]\n}\n";
   const std::filesystem::path p(o.json);

@@ -6,8 +6,11 @@
 //     live tensor memory and RSS of a rank,
 // each with the same per-rank batch, so 2 ranks process twice the tokens per step. Scaling
 // efficiency = tokens/s of 2 ranks / (2 x tokens/s of 1 rank). Reported: median step time and
-// tokens/s over rounds, MiB handed to collectives per step (the trainer's count), peak RSS.
+// tokens/s over rounds with their spread (min-max), each 2-rank arm against the default 2-rank
+// arm (overlap on, fp32) as a ratio, or "within noise" when their ranges of step times overlap;
+// MiB handed to collectives per step and the overlap share (the trainer's counts), peak RSS.
 #include <fmt/format.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -32,6 +35,7 @@ struct Arm {
   std::vector<std::string> extra;  // config overrides of the arm
   std::vector<double> tokens_per_s, step_ms, rss_mib, live_mib;
   double comm_mib = 0;
+  double overlap = -1;    // the share of reduced bytes launched during backward (measured)
   double state_mib = -1;  // ZeRO: the AdamW moments this rank holds
   double unsharded_mib = -1;
 };
@@ -71,12 +75,13 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   char buf[1024];
   while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
   const int rc = pclose(f);
-  const size_t at = out.find("RESULT ");
+  const size_t at = out.rfind("RESULT tokens_per_s=");  // the summary line, the last one
   double tps = 0, ms = 0, rss = 0;
   if (rc != 0 || at == std::string::npos ||
       std::sscanf(out.c_str() + at, "RESULT tokens_per_s=%lf step_ms_median=%lf peak_rss_mib=%lf",
                   &tps, &ms, &rss) != 3) {
-    *err = out.size() > 1500 ? out.substr(out.size() - 1500) : out;
+    *err = fmt::format("{}(exit status {})", out.size() > 1500 ? out.substr(out.size() - 1500) : out,
+                       WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
     return false;
   }
   a.tokens_per_s.push_back(tps);
@@ -95,6 +100,8 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   // or ZeRO-2's reduce-scatter and all-gather): measured, not computed from the config.
   const size_t d = out.find(" comm_mib_per_step=", at);
   if (d != std::string::npos) a.comm_mib = std::stod(out.substr(d + 19));
+  const size_t ov = out.find(" overlap=", at);
+  if (ov != std::string::npos) a.overlap = std::stod(out.substr(ov + 9));
   return true;
 }
 
@@ -144,29 +151,42 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     }
   }
   const double one = median(arms[0].tokens_per_s);
-  std::cout << "\n| arm | step ms | tokens/s | scaling efficiency | MiB sent per step (measured) | "
-               "peak live tensors MiB (rank 0) | peak RSS MiB (rank 0) | AdamW state MiB per "
-               "rank |\n"
-               "|---|---|---|---|---|---|---|---|\n";
+  auto lo = [](const std::vector<double>& v) { return *std::min_element(v.begin(), v.end()); };
+  auto hi = [](const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); };
+  const Arm& ref = arms[1];  // 2 ranks, overlap on, fp32
+  std::cout << "\n| arm | step ms (min-max) | tokens/s | scaling efficiency | step vs 2 ranks "
+               "overlap on | MiB sent per step (measured) | overlap (measured) | peak live "
+               "tensors MiB (rank 0) | peak RSS MiB (rank 0) | AdamW state MiB per rank |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n";
   std::ostringstream js;
   js << "{\n  \"rows\": [\n";
   for (size_t i = 0; i < arms.size(); ++i) {
     const Arm& a = arms[i];
     const double tps = median(a.tokens_per_s);
     const double eff = a.ranks > 1 ? tps / (a.ranks * one) : 1.0;
+    std::string vs = "—";
+    if (a.ranks > 1 && i != 1) {
+      const bool noise = lo(a.step_ms) <= hi(ref.step_ms) && lo(ref.step_ms) <= hi(a.step_ms);
+      vs = noise ? "within noise"
+                 : fmt::format("x{:.3f}", median(a.step_ms) / median(ref.step_ms));
+    }
     std::cout << fmt::format(
-        "| {} | {:.1f} | {:.0f} | {} | {} | {:.0f} | {:.0f} | {} |\n", a.label, median(a.step_ms),
-        tps, a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—",
-        a.ranks > 1 ? fmt::format("{:.3f}", a.comm_mib) : "—", median(a.live_mib),
-        median(a.rss_mib),
+        "| {} | {:.1f} ({:.1f}-{:.1f}) | {:.0f} | {} | {} | {} | {} | {:.0f} | {:.0f} | {} |\n",
+        a.label, median(a.step_ms), lo(a.step_ms), hi(a.step_ms), tps,
+        a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—", vs,
+        a.ranks > 1 ? fmt::format("{:.3f}", a.comm_mib) : "—",
+        a.ranks > 1 && a.overlap >= 0 ? fmt::format("{:.3f}", a.overlap) : "—",
+        median(a.live_mib), median(a.rss_mib),
         a.state_mib >= 0 ? fmt::format("{:.1f} (unsharded {:.1f})", a.state_mib, a.unsharded_mib)
                          : "all");
     js << fmt::format(
-        "    {{\"arm\": \"{}\", \"ranks\": {}, \"step_ms\": {:.2f}, \"tokens_per_s\": {:.1f}, "
-        "\"scaling_efficiency\": {:.3f}, \"comm_mib_per_step\": {:.2f}, \"peak_live_mib\": {:.1f}, "
+        "    {{\"arm\": \"{}\", \"ranks\": {}, \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}, "
+        "\"step_ms_max\": {:.2f}, \"tokens_per_s\": {:.1f}, \"scaling_efficiency\": {:.3f}, "
+        "\"comm_mib_per_step\": {:.3f}, \"overlap\": {:.3f}, \"peak_live_mib\": {:.1f}, "
         "\"peak_rss_mib\": {:.1f}, \"state_mib\": {:.1f}}}{}\n",
-        a.label, a.ranks, median(a.step_ms), tps, eff, a.comm_mib, median(a.live_mib),
-        median(a.rss_mib), a.state_mib, i + 1 < arms.size() ? "," : "");
+        a.label, a.ranks, median(a.step_ms), lo(a.step_ms), hi(a.step_ms), tps, eff, a.comm_mib,
+        a.overlap, median(a.live_mib), median(a.rss_mib), a.state_mib,
+        i + 1 < arms.size() ? "," : "");
   }
   js << "  ]\n}\n";
   const std::filesystem::path p(json);

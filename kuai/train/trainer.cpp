@@ -327,8 +327,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (ddp)
       out << fmt::format(
           "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets of {:.2f} MiB of fp32 "
-          "gradients in all, {} per step ({}{}), overlap {}; the traffic is measured: "
-          "comm_mib_per_step in the RESULT line\n",
+          "gradients in all, {} per step ({}{}), overlap {} (the traffic itself is counted: "
+          "comm_mib_per_step at the end)\n",
           world, group->backend(), B, ddp->buckets().size(),
           static_cast<double>(model.num_parameters()) * 4 / (1 << 20),
           zero && zero->stage() == 2 ? "reduce-scattered" : "all-reduced",
