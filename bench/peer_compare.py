@@ -206,6 +206,9 @@ def summarize(runs, cfg, peak, gemm):
     ok = [r for r in runs if r is not None]
     s = {k: median_or_none([r[k] for r in ok]) for k in RESULT_KEYS}
     s["runs_ok"] = len(ok)
+    tps = [r["tokens_per_s"] for r in ok]
+    s["tokens_per_s_min"] = min(tps) if tps else None
+    s["tokens_per_s_max"] = max(tps) if tps else None
     step_s = s["step_ms_median"] / 1e3 if s["step_ms_median"] else None
     s["gflops"] = flops_per_step(cfg) / step_s / 1e9 if step_s else None
     s["share_of_peak"] = ratio(s["gflops"], peak)
@@ -226,6 +229,7 @@ def print_table(name, cfg, k, t, steps, rounds):
     rows = [
         ("tokens/s (median)", fmt(k["tokens_per_s"]), fmt(t["tokens_per_s"]),
          fmt(ratio(k["tokens_per_s"], t["tokens_per_s"]), 3, "x")),
+        ("tokens/s (min-max)", spread(k), spread(t), within_noise(k, t)),
         ("step ms (median)", fmt(k["step_ms_median"]), fmt(t["step_ms_median"]),
          fmt(ratio(k["step_ms_median"], t["step_ms_median"]), 3, "x")),
         ("peak RSS MiB", fmt(k["peak_rss_mib"]), fmt(t["peak_rss_mib"]),
@@ -242,6 +246,21 @@ def print_table(name, cfg, k, t, steps, rounds):
     print(f"   {'':24}{'kuai':>14}{'torch':>14}{'kuai/torch':>12}")
     for label, a, b, r in rows:
         print(f"   {label:24}{a:>14}{b:>14}{r:>12}")
+
+
+def spread(s):
+    if s["tokens_per_s_min"] is None:
+        return "n/a"
+    return f"{s['tokens_per_s_min']:,.0f}-{s['tokens_per_s_max']:,.0f}"
+
+
+def within_noise(k, t):
+    """'within noise' when the two trainers' ranges over rounds overlap."""
+    if k["tokens_per_s_min"] is None or t["tokens_per_s_min"] is None:
+        return ""
+    overlap = (k["tokens_per_s_min"] <= t["tokens_per_s_max"]
+               and t["tokens_per_s_min"] <= k["tokens_per_s_max"])
+    return "within noise" if overlap else ""
 
 
 def pct(x):
