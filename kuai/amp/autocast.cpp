@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::amp {
@@ -47,9 +48,21 @@ Tensor cast_input(const Tensor& t, DType to) {
   return cast(t, to);
 }
 
+// The mode on the dispatch stack; the policy state it reads is per thread.
+class AutocastMode final : public DispatchMode {
+ public:
+  void transform_inputs(const Primitive& p, std::vector<Tensor>& in) override {
+    apply_autocast(p, in);
+  }
+  bool applies_in_backward() const override { return false; }
+};
+
+AutocastMode g_mode;
+
 }  // namespace
 
-bool autocast_enabled() { return state().enabled; }
+// Off inside backward, where the mode does not apply.
+bool autocast_enabled() { return state().enabled && !autograd::backward_in_progress(); }
 DType autocast_dtype() { return state().dtype; }
 
 AutocastGuard::AutocastGuard(bool enabled, DType dtype)
@@ -58,6 +71,7 @@ AutocastGuard::AutocastGuard(bool enabled, DType dtype)
     throw std::invalid_argument(
         fmt::format("autocast: dtype must be bfloat16 or float16, got {}", dtype_name(dtype)));
   State& s = state();
+  if (enabled && !s.enabled) mode_.emplace(g_mode);
   s.enabled = enabled;
   if (enabled) {
     s.dtype = dtype;

@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 
@@ -94,12 +93,8 @@ Tensor GradScaler::unscale_(const std::vector<Tensor>& params) {
 
 void GradScaler::apply_unscale(const std::vector<Tensor>& grads, const Tensor& found_inf) {
   unscaled_ = true;
-  // Powers of two (the defaults) give an exact reciprocal; otherwise rounded once, as PyTorch's
-  // scale.double().reciprocal().float().
-  // Read where the unscaling runs (the device), not by the host.
-  const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_.data<float>()[0]));
-  for (const Tensor& g : grads)
-    cpu::unscale_and_check(g.data<float>(), g.numel(), inv_scale, found_inf.data<float>());
+  // One in-place primitive per gradient; the scale is read where the unscaling runs.
+  for (const Tensor& g : grads) unscale_and_check_(g, scale_, found_inf);
 }
 
 Tensor GradScaler::unscale_grads_(const std::vector<Tensor>& grads) {
@@ -145,19 +140,10 @@ void GradScaler::update(const Tensor& found_inf) {
   if (!opt_.enabled) return;
   check_flag(found_inf, "GradScaler::update");
   unscaled_ = false;
-  // The update kernel: the flag, the scale and the tracker are all read and written where they
-  // live (the CPU device here); the host learns nothing.
-  float& scale = scale_.data<float>()[0];
-  int64_t& tracker = tracker_.data<int64_t>()[0];
-  if (found_inf.contiguous().data<float>()[0] != 0.0f) {  // NaN too
-    scale = std::max(scale * opt_.backoff_factor, FLT_MIN);
-    tracker = 0;
-    return;
-  }
-  if (++tracker < opt_.growth_interval) return;
-  const float grown = scale * opt_.growth_factor;
-  if (std::isfinite(grown)) scale = grown;
-  tracker = 0;
+  // The update primitive: the flag, the scale and the tracker are all read and written where
+  // they live (the CPU device here); the host learns nothing.
+  scaler_update_(scale_, tracker_, found_inf.contiguous(), opt_.backoff_factor, opt_.growth_factor,
+                 opt_.growth_interval);
 }
 
 void GradScaler::update(bool found_inf) { update(full({}, found_inf ? 1.0f : 0.0f)); }

@@ -8,7 +8,6 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "kuai/amp/autocast.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::autograd {
@@ -53,8 +52,8 @@ class PrimitiveNode final : public Node {
   }
 
   // Drops the saved tensors, keeping their shapes and dtypes. A node that saved nothing (a cast,
-  // a view) can run again: autocast's cached weight casts are shared by the graphs of every
-  // micro-batch of a step.
+  // a view) can run again: a cached weight cast (autocast keeps one per step) is shared by the
+  // graphs of every micro-batch of a step.
   void release() override {
     for (std::vector<Tensor>* v : {&in_, &out_})
       for (Tensor& t : *v)
@@ -189,8 +188,7 @@ void backward(const Tensor& root, const Tensor& grad_output) {
     throw std::invalid_argument(fmt::format("backward: grad_output {} does not match {}",
                                             shape_str(grad.shape()), shape_str(root.shape())));
   }
-  NoGradGuard no_grad;
-  amp::AutocastGuard no_autocast(false);  // vjps see the dtypes the forward saved
+  NoGradGuard no_grad;  // modes that must not see backward (autocast) say so themselves
   Edge root_edge = edge_for(root);
 
   // Count, for every node reachable from the root, how many edges point at it.

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <stdexcept>
 
-#include "kuai/amp/autocast.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/profiler.h"
@@ -34,6 +33,25 @@ void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> 
 
 namespace {
 
+std::vector<DispatchMode*>& mode_stack() {
+  thread_local std::vector<DispatchMode*> stack;
+  return stack;
+}
+
+}  // namespace
+
+ModeGuard::ModeGuard(DispatchMode& mode) : mode_(&mode) { mode_stack().push_back(mode_); }
+
+ModeGuard::~ModeGuard() {
+  std::vector<DispatchMode*>& s = mode_stack();
+  if (s.empty() || s.back() != mode_) std::terminate();  // guards must nest
+  s.pop_back();
+}
+
+std::span<DispatchMode* const> active_modes() { return mode_stack(); }
+
+namespace {
+
 // An input's buffer can take an output when one tensor object alone holds the storage (the op's
 // own saved copy), it covers the whole storage, and shape and dtype match.
 bool can_reuse(const Tensor& t, const Tensor& original, const TensorSpec& spec) {
@@ -53,16 +71,31 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
                                               p->name(), in[0].device().str(),
                                               in[i].device().str()));
   }
-  amp::apply_autocast(*p, in);  // identity unless autocast is on
+  // The modes, outermost first (a copy: a mode may dispatch ops of its own, which see the
+  // whole stack again). Empty, and free, when no mode is on.
+  std::vector<DispatchMode*> modes;
+  if (const std::span<DispatchMode* const> live = active_modes(); !live.empty()) {
+    const bool in_backward = autograd::backward_in_progress();
+    for (DispatchMode* m : live)
+      if (!in_backward || m->applies_in_backward()) modes.push_back(m);
+    for (DispatchMode* m : modes) m->transform_inputs(*p, in);
+  }
   // The graph edges follow the caller's tensors; the kernels see contiguous copies if needed.
+  // An input the primitive writes is used as it is: it must be contiguous.
   std::vector<Tensor> graph_in = in;
-  for (size_t i = 0; i < in.size(); ++i)
-    if (!p->is_view() && !p->accepts_strided(i) && !in[i].is_contiguous())
-      in[i] = contiguous(in[i].detach());
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (p->is_view() || p->accepts_strided(i) || in[i].is_contiguous()) continue;
+    if (p->mutates_input(i))
+      throw std::invalid_argument(
+          fmt::format("{}: input {} is written in place and must be contiguous, got {}",
+                      p->name(), i, in[i].str()));
+    in[i] = contiguous(in[i].detach());
+  }
 
   std::vector<Tensor> out;
   if (p->is_view()) {
     out = p->make_views(in);
+    for (DispatchMode* m : modes) m->intercept(*p, in, out);  // recorded; nothing to evaluate
   } else {
     std::vector<TensorSpec> specs = p->infer(in);
     const Device device = in.empty() ? kCPU : in[0].device();
@@ -76,10 +109,14 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
       }
       out.push_back(Tensor::empty(s.shape, s.dtype, device));
     }
-    evaluate(*p, in, out);
+    bool handled = false;
+    for (DispatchMode* m : modes) handled = m->intercept(*p, in, out) || handled;
+    if (!handled) evaluate(*p, in, out);
   }
 
-  if (autograd::GradMode::enabled()) autograd::record(p, graph_in, in, out);
+  // An in-place update (optimizer, scaler) is outside autograd.
+  if (autograd::GradMode::enabled() && !p->updates_in_place())
+    autograd::record(p, graph_in, in, out);
   return out;
 }
 

@@ -2,15 +2,50 @@
 // where the primitive needs it, allocates outputs through the tracking allocator, evaluates the
 // primitive on the inputs' device (or creates its views), and records the autograd node when
 // grad mode is on and an input requires grad. Autocast (mixed precision) and graph capture
-// (compile) hook in here and nowhere else.
+// (compile) hook in here and nowhere else, as *modes*: objects the layers above push on a small
+// per-thread stack (PyTorch's dispatcher modes are the model). The core knows them only through
+// this interface and includes nothing from amp/ or compile/.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "kuai/core/primitive.h"
 
 namespace kuai {
+
+// A mode sees every op dispatched on its thread while it is on the stack, outermost first.
+class DispatchMode {
+ public:
+  virtual ~DispatchMode() = default;
+  // Before anything else: may replace inputs (autocast casts them, through ops that are
+  // dispatched in turn and seen by every mode).
+  virtual void transform_inputs(const Primitive& p, std::vector<Tensor>& in) {}
+  // After the outputs exist (allocated, or made as views), before evaluation. Return true to
+  // take over the evaluation (the op is then not run); capture records here and returns false.
+  virtual bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
+    return false;
+  }
+  // Whether the mode applies to the ops the autograd engine dispatches during backward
+  // (autocast does not: vjps see the dtypes the forward saved; capture does).
+  virtual bool applies_in_backward() const { return true; }
+};
+
+// RAII: pushes `mode` on this thread's stack, pops it on destruction (strictly nested).
+class ModeGuard {
+ public:
+  explicit ModeGuard(DispatchMode& mode);
+  ~ModeGuard();
+  ModeGuard(const ModeGuard&) = delete;
+  ModeGuard& operator=(const ModeGuard&) = delete;
+
+ private:
+  DispatchMode* mode_;
+};
+
+// This thread's modes, outermost first.
+std::span<DispatchMode* const> active_modes();
 
 std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Tensor> in);
 

@@ -286,4 +286,39 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bo
   return matmul(softmax(scores, s, causal), v);     // (B, H, T, d)
 }
 
+// ---- in-place updates ----
+void adamw_update_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                   const Tensor& hyper, const Tensor& grad_scale, float beta1, float beta2,
+                   float eps, float weight_decay) {
+  dispatch(std::make_shared<AdamWUpdate>(beta1, beta2, eps, weight_decay),
+           {p, g, m, v, hyper, grad_scale});
+}
+void sgd_update_(const Tensor& p, const Tensor& g, const Tensor& buf, const Tensor& hyper,
+                 const Tensor& grad_scale, float momentum, float dampening, float weight_decay,
+                 bool nesterov) {
+  dispatch(std::make_shared<SgdUpdate>(momentum, dampening, weight_decay, nesterov),
+           {p, g, buf, hyper, grad_scale});
+}
+Tensor global_norm(const std::vector<Tensor>& tensors) {
+  return dispatch(std::make_shared<GradNorm>(), tensors)[0];
+}
+Tensor sum_squares_bits(const Tensor& x) {
+  return dispatch(std::make_shared<SumSquaresBits>(), {x})[0];
+}
+Tensor norm_of_partial_sums(const Tensor& bits) {
+  return dispatch(std::make_shared<NormOfPartialSums>(), {bits})[0];
+}
+Tensor clip_factor(const Tensor& norm, float max_norm) {
+  return dispatch(std::make_shared<ClipCoefficient>(max_norm), {norm})[0];
+}
+void scale_(const Tensor& x, float c) { dispatch(std::make_shared<ScaleInPlace>(c), {x}); }
+void unscale_and_check_(const Tensor& g, const Tensor& scale, const Tensor& found_inf) {
+  dispatch(std::make_shared<UnscaleAndCheck>(), {g, scale, found_inf});
+}
+void scaler_update_(const Tensor& scale, const Tensor& tracker, const Tensor& found_inf,
+                    float backoff, float growth, int64_t growth_interval) {
+  dispatch(std::make_shared<ScalerUpdate>(backoff, growth, growth_interval),
+           {scale, tracker, found_inf});
+}
+
 }  // namespace kuai

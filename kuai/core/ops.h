@@ -84,6 +84,31 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
 // The same from matmul, softmax and matmul primitives (a cross-check in the tests).
 Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true);
 
+// ---- in-place updates (optimizers, clipping, the loss scaler): primitives like the others, so
+// a dispatch mode sees them; the trailing underscore marks what is written in place ----
+// One AdamW step of p (and its moments m, v) from g: hyper = (lr, 1 - beta1^t, 1 - beta2^t),
+// grad_scale one float multiplying g in the same pass.
+void adamw_update_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                   const Tensor& hyper, const Tensor& grad_scale, float beta1, float beta2,
+                   float eps, float weight_decay);
+// One SGD step: hyper = (lr, 1 if this is the first step else 0).
+void sgd_update_(const Tensor& p, const Tensor& g, const Tensor& buf, const Tensor& hyper,
+                 const Tensor& grad_scale, float momentum, float dampening, float weight_decay,
+                 bool nesterov);
+// The L2 norm over all the tensors, () fp32 (squares summed in double, in order).
+Tensor global_norm(const std::vector<Tensor>& tensors);
+// A float64 sum of squares as its 64 bits (1) int64, and the norm of several such partial sums.
+Tensor sum_squares_bits(const Tensor& x);
+Tensor norm_of_partial_sums(const Tensor& bits);
+// min(1, max_norm / (norm + 1e-6)) of a () fp32 norm; 1 when max_norm <= 0.
+Tensor clip_factor(const Tensor& norm, float max_norm);
+void scale_(const Tensor& x, float c);
+// g *= 1 / scale; found_inf = 1 when g holds an inf or NaN.
+void unscale_and_check_(const Tensor& g, const Tensor& scale, const Tensor& found_inf);
+// The dynamic loss scale's update from found_inf (kuai/core/primitives.h: ScalerUpdate).
+void scaler_update_(const Tensor& scale, const Tensor& tracker, const Tensor& found_inf,
+                    float backoff, float growth, int64_t growth_interval);
+
 // ---- operators ----
 inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
 inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }

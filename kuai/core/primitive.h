@@ -64,6 +64,11 @@ class Primitive {
   virtual int reusable_input(size_t out) const { return -1; }
   // Integer inputs (indices, targets) never receive gradients.
   virtual bool differentiable(size_t input) const { return true; }
+  // In-place updates (the optimizers, the loss scaler, in-place gradient scaling) write some of
+  // their inputs: those must arrive contiguous, and the op is never recorded by autograd. Capture
+  // sees them like any other op, so a captured step contains its optimizer.
+  virtual bool mutates_input(size_t input) const { return false; }
+  virtual bool updates_in_place() const { return false; }
 };
 
 }  // namespace kuai

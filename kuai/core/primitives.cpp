@@ -556,4 +556,138 @@ std::vector<Tensor> FlashAttentionBackward::vjp(std::span<const Tensor>, std::sp
   not_twice(name());
 }
 
+// ---- in-place updates ----
+
+namespace {
+
+void expect_f32(const Primitive& p, const Tensor& t, size_t i, int64_t numel = -1) {
+  if (t.dtype() != DType::kF32 || (numel >= 0 && t.numel() != numel))
+    throw std::invalid_argument(fmt::format("{}: input {} must be float32{}, got {}", p.name(), i,
+                                            numel >= 0 ? fmt::format(" of {} elements", numel) : "",
+                                            t.str()));
+}
+
+void expect_like(const Primitive& p, std::span<const Tensor> in, std::initializer_list<size_t> idx) {
+  for (size_t i : idx) {
+    expect_f32(p, in[i], i);
+    if (in[i].shape() != in[0].shape())
+      throw std::invalid_argument(fmt::format("{}: input {} has shape {}, input 0 has {}",
+                                              p.name(), i, shape_str(in[i].shape()),
+                                              shape_str(in[0].shape())));
+  }
+}
+
+std::vector<Tensor> no_vjp(const Primitive& p) {
+  throw std::logic_error(fmt::format("{} is an in-place update: it has no gradient", p.name()));
+}
+
+void expect_count(const Primitive& p, std::span<const Tensor> in, size_t n) {
+  if (in.size() != n)
+    throw std::invalid_argument(
+        fmt::format("{}: expected {} inputs, got {}", p.name(), n, in.size()));
+}
+
+}  // namespace
+
+std::vector<TensorSpec> AdamWUpdate::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 6);
+  expect_like(*this, in, {0, 1, 2, 3});
+  expect_f32(*this, in[4], 4, 3);
+  expect_f32(*this, in[5], 5, 1);
+  return {};
+}
+std::vector<Tensor> AdamWUpdate::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                     std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> SgdUpdate::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 5);
+  expect_like(*this, in, {0, 1, 2});
+  expect_f32(*this, in[3], 3, 2);
+  expect_f32(*this, in[4], 4, 1);
+  return {};
+}
+std::vector<Tensor> SgdUpdate::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                   std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> GradNorm::infer(std::span<const Tensor> in) const {
+  for (size_t i = 0; i < in.size(); ++i) expect_f32(*this, in[i], i);
+  return {{{}, DType::kF32}};
+}
+std::vector<Tensor> GradNorm::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                  std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> SumSquaresBits::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 1);
+  expect_f32(*this, in[0], 0);
+  return {{{1}, DType::kI64}};
+}
+std::vector<Tensor> SumSquaresBits::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                        std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> NormOfPartialSums::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 1);
+  if (in[0].dtype() != DType::kI64)
+    throw std::invalid_argument("norm_of_partial_sums: input 0 must be int64, got " +
+                                in[0].str());
+  return {{{}, DType::kF32}};
+}
+std::vector<Tensor> NormOfPartialSums::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                           std::span<const Tensor>,
+                                           const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> ClipCoefficient::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 1);
+  expect_f32(*this, in[0], 0, 1);
+  return {{{}, DType::kF32}};
+}
+std::vector<Tensor> ClipCoefficient::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                         std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> ScaleInPlace::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 1);
+  expect_f32(*this, in[0], 0);
+  return {};
+}
+std::vector<Tensor> ScaleInPlace::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                      std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> UnscaleAndCheck::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 3);
+  expect_f32(*this, in[0], 0);
+  expect_f32(*this, in[1], 1, 1);
+  expect_f32(*this, in[2], 2, 1);
+  return {};
+}
+std::vector<Tensor> UnscaleAndCheck::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                         std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> ScalerUpdate::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 3);
+  expect_f32(*this, in[0], 0, 1);
+  if (in[1].dtype() != DType::kI64 || in[1].numel() != 1)
+    throw std::invalid_argument("scaler_update: input 1 must be one int64, got " + in[1].str());
+  expect_f32(*this, in[2], 2, 1);
+  return {};
+}
+std::vector<Tensor> ScalerUpdate::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                      std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
 }  // namespace kuai

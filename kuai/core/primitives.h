@@ -337,6 +337,123 @@ class FlashAttentionBackward final : public Primitive {
   bool causal_;
 };
 
+// ---- in-place updates: the optimizers, gradient clipping and the fp16 loss scaler ----
+// They run at the dispatch point like every op, so a mode sees them (a captured step holds its
+// optimizer). Inputs marked "!" are written in place (contiguous, never recorded by autograd).
+// Per-step numbers (the learning rate, Adam's bias corrections, the loss scale) are tensor
+// inputs, not constructor arguments, so the same primitive serves every step. None of them is
+// differentiable.
+#define KUAI_UPDATE_COMMON(NAME)                                                              \
+  std::string_view name() const override { return NAME; }                                     \
+  OpClass op_class() const override { return OpClass::kOther; }                               \
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }                       \
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;                   \
+  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;            \
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,            \
+                          std::span<const Tensor> grad_out, const std::vector<bool>& needs)   \
+      const override;                                                                         \
+  bool differentiable(size_t) const override { return false; }
+
+// (p!, g, m!, v!, hyper (3): lr, 1 - beta1^t, 1 - beta2^t, grad_scale (1)): one AdamW step of a
+// tensor, g multiplied by grad_scale in the same pass (clipping, unscaling).
+class AdamWUpdate final : public Primitive {
+ public:
+  AdamWUpdate(float beta1, float beta2, float eps, float weight_decay)
+      : beta1_(beta1), beta2_(beta2), eps_(eps), weight_decay_(weight_decay) {}
+  KUAI_UPDATE_COMMON("adamw_update")
+  bool mutates_input(size_t i) const override { return i == 0 || i == 2 || i == 3; }
+  bool updates_in_place() const override { return true; }
+
+ private:
+  float beta1_, beta2_, eps_, weight_decay_;
+};
+
+// (p!, g, buf!, hyper (2): lr, first step (1 or 0), grad_scale (1)): one SGD step, PyTorch's
+// semantics (kuai/backend/cpu/kernels.h).
+class SgdUpdate final : public Primitive {
+ public:
+  SgdUpdate(float momentum, float dampening, float weight_decay, bool nesterov)
+      : momentum_(momentum), dampening_(dampening), weight_decay_(weight_decay),
+        nesterov_(nesterov) {}
+  KUAI_UPDATE_COMMON("sgd_update")
+  bool mutates_input(size_t i) const override { return i == 0 || i == 2; }
+  bool updates_in_place() const override { return true; }
+
+ private:
+  float momentum_, dampening_, weight_decay_;
+  bool nesterov_;
+};
+
+// (g_1, ..., g_n) -> () fp32: the L2 norm of all of them, squares summed in double in a fixed
+// order (each tensor's own deterministic sum, then the tensors in order), rounded once.
+class GradNorm final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("grad_norm")
+};
+
+// (x) -> (1) int64: the float64 sum of x's squares, as its 64 bits (kuai has no float64 tensor
+// dtype); ZeRO all-gathers these partial sums and NormOfPartialSums adds them in rank order.
+class SumSquaresBits final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("sum_squares_bits")
+};
+
+// (bits (n) int64) -> () fp32: sqrt of the sum of the n float64 partial sums, in order.
+class NormOfPartialSums final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("norm_of_partial_sums")
+};
+
+// (norm ()) -> () fp32: min(1, max_norm / (norm + 1e-6)), PyTorch's clip factor; 1 when
+// max_norm <= 0.
+class ClipCoefficient final : public Primitive {
+ public:
+  explicit ClipCoefficient(float max_norm) : max_norm_(max_norm) {}
+  KUAI_UPDATE_COMMON("clip_coefficient")
+
+ private:
+  float max_norm_;
+};
+
+// (x!) : x *= c, in place (clip_grad_norm_'s scaling).
+class ScaleInPlace final : public Primitive {
+ public:
+  explicit ScaleInPlace(float c) : c_(c) {}
+  KUAI_UPDATE_COMMON("scale_")
+  bool mutates_input(size_t i) const override { return i == 0; }
+  bool updates_in_place() const override { return true; }
+
+ private:
+  float c_;
+};
+
+// (g!, scale (1), found_inf! (1)): g *= 1 / scale (the reciprocal rounded once, exact for powers
+// of two); found_inf set to 1 when any element of g is inf or NaN.
+class UnscaleAndCheck final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("unscale_and_check")
+  bool mutates_input(size_t i) const override { return i == 0 || i == 2; }
+  bool updates_in_place() const override { return true; }
+};
+
+// (scale! (1) fp32, tracker! (1) int64, found_inf (1)): the dynamic loss scale's update. An
+// overflow (found_inf != 0, NaN included) multiplies the scale by backoff (never below FLT_MIN)
+// and resets the tracker; otherwise the tracker counts up and at growth_interval the scale
+// grows by growth (kept when the result would be inf) and the tracker resets.
+class ScalerUpdate final : public Primitive {
+ public:
+  ScalerUpdate(float backoff, float growth, int64_t growth_interval)
+      : backoff_(backoff), growth_(growth), growth_interval_(growth_interval) {}
+  KUAI_UPDATE_COMMON("scaler_update")
+  bool mutates_input(size_t i) const override { return i == 0 || i == 1; }
+  bool updates_in_place() const override { return true; }
+
+ private:
+  float backoff_, growth_;
+  int64_t growth_interval_;
+};
+
+#undef KUAI_UPDATE_COMMON
 #undef KUAI_PRIMITIVE_COMMON
 
 }  // namespace kuai

@@ -10,7 +10,6 @@
 #include <map>
 #include <stdexcept>
 
-#include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::dist {
@@ -92,16 +91,12 @@ std::vector<Tensor> ZeroAdamW::gradient_shards() const {
 }
 
 Tensor ZeroAdamW::grad_norm_tensor() const {
-  const double mine = shard_ > 0 ? cpu::sum_squares(grad_.data<float>(), shard_) : 0.0;
-  const int world = group_->size();
-  Tensor send = Tensor::empty({1}, DType::kI64), all = Tensor::empty({world}, DType::kI64);
-  send.data<int64_t>()[0] = std::bit_cast<int64_t>(mine);
-  group_->all_gather(send, all)->wait();
-  double total = 0.0;
-  for (int r = 0; r < world; ++r) total += std::bit_cast<double>(all.data<int64_t>()[r]);
-  Tensor out = Tensor::empty({}, DType::kF32);
-  out.data<float>()[0] = static_cast<float>(std::sqrt(total));
-  return out;
+  // Every rank's float64 sum of squares (its 64 bits), gathered and added in rank order.
+  const Tensor mine =
+      shard_ > 0 ? sum_squares_bits(narrow(grad_, 0, 0, shard_)) : zeros({1}, DType::kI64);
+  Tensor all = Tensor::empty({group_->size()}, DType::kI64);
+  group_->all_gather(mine, all)->wait();
+  return norm_of_partial_sums(all);
 }
 
 Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
@@ -110,25 +105,25 @@ Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
   return reshape(t, {});
 }
 
-void ZeroAdamW::step(float grad_scale) {
+void ZeroAdamW::update(const Tensor& grad_scale) {
   ++step_;
-  cpu::AdamWParams hp = adamw_params(opt_, lr_, step_, grad_scale);
+  const Tensor hyper = optim::adamw_hyper(opt_, lr_, step_);
   // 1. Update this rank's shard, from the full averaged gradients (stage 1) or the shard of them
-  //    (stage 2).
+  //    (stage 2): one update primitive per segment, on flat views of the parameter, its
+  //    gradient and the moments.
   for (const Segment& s : segments()) {
-    Tensor& p = groups_[s.group].params[s.param];
-    const float* g = nullptr;
-    Tensor gc;
+    const Tensor& p = groups_[s.group].params[s.param];
+    Tensor g;
     if (stage_ == 2) {
-      g = grad_.data<float>() + s.shard_offset;
+      g = narrow(grad_, 0, s.shard_offset, s.length);
     } else {
       if (!p.grad().defined()) throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
-      gc = p.grad().contiguous();
-      g = gc.data<float>() + s.begin;
+      g = narrow(reshape(p.grad().contiguous(), {p.numel()}), 0, s.begin, s.length);
     }
-    hp.weight_decay = groups_[s.group].weight_decay;
-    cpu::adamw_step(p.data<float>() + s.begin, g, m_.data<float>() + s.shard_offset,
-                    v_.data<float>() + s.shard_offset, s.length, hp);
+    adamw_update_(narrow(reshape(p, {p.numel()}), 0, s.begin, s.length), g,
+                  narrow(m_, 0, s.shard_offset, s.length), narrow(v_, 0, s.shard_offset, s.length),
+                  hyper, grad_scale, opt_.beta1, opt_.beta2, opt_.eps,
+                  groups_[s.group].weight_decay);
   }
   // 2. Every rank's updated shard to every rank, in chunks of at most gather_chunk_ elements per
   //    rank, so the gather buffers stay small next to the moments they save.

@@ -36,9 +36,6 @@ class ZeroAdamW : public optim::Optimizer {
   ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
             std::shared_ptr<ProcessGroup> group, std::vector<std::vector<Tensor>> buckets = {},
             int stage = 1, int64_t gather_chunk = int64_t{1} << 22);
-  using Optimizer::step;
-  void step(float grad_scale = 1.0f) override;
-
   int stage() const { return stage_; }
   int64_t num_elements() const { return total_; }  // N
   int64_t shard_size() const { return shard_; }    // S
@@ -68,6 +65,9 @@ class ZeroAdamW : public optim::Optimizer {
   // The moments of this rank's shard (S elements each); filled by a checkpoint restore.
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
+
+ protected:
+  void update(const Tensor& grad_scale) override;
 
  private:
   std::vector<Segment> segments_of(int rank) const;  // computed once, into segments_

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::optim {
@@ -17,12 +17,17 @@ void Optimizer::zero_grad() {
     for (Tensor& p : g.params) p.set_grad(Tensor());
 }
 
+void Optimizer::step(float grad_scale) {
+  autograd::NoGradGuard no_grad;  // the views an update takes of its parameters build no graph
+  update(full({1}, grad_scale));
+}
+
 void Optimizer::step(const Tensor& grad_scale) {
   if (grad_scale.device() != kCPU || grad_scale.dtype() != DType::kF32 || grad_scale.numel() != 1)
     throw std::invalid_argument("Optimizer::step: grad_scale must be a one-element float32 " +
                                 std::string("CPU tensor, got ") + grad_scale.str());
-  // The CPU kernels run where the value lives: this load is the device reading its own memory.
-  step(grad_scale.contiguous().data<float>()[0]);
+  autograd::NoGradGuard no_grad;
+  update(grad_scale.contiguous());  // read by the update primitives where they run
 }
 
 void Optimizer::step(const Tensor& grad_scale, const Tensor& skip_if) {
@@ -34,17 +39,13 @@ void Optimizer::step(const Tensor& grad_scale, const Tensor& skip_if) {
   step(grad_scale);
 }
 
-cpu::AdamWParams adamw_params(const AdamWOptions& o, float lr, int64_t step, float grad_scale) {
+Tensor adamw_hyper(const AdamWOptions& o, float lr, int64_t step) {
   const double t = static_cast<double>(step);
-  cpu::AdamWParams hp{};
-  hp.lr = lr;
-  hp.beta1 = o.beta1;
-  hp.beta2 = o.beta2;
-  hp.eps = o.eps;
-  hp.bias_correction1 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t));
-  hp.bias_correction2 = static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), t));
-  hp.grad_scale = grad_scale;
-  return hp;
+  return from_vector(
+      std::vector<float>{lr,
+                         static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t)),
+                         static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), t))},
+      {3});
 }
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
@@ -64,20 +65,18 @@ void AdamW::ensure_state() {
   }
 }
 
-void AdamW::step(float grad_scale) {
+void AdamW::update(const Tensor& grad_scale) {
   ++step_;
-  cpu::AdamWParams hp = adamw_params(opt_, lr_, step_, grad_scale);
+  const Tensor hyper = adamw_hyper(opt_, lr_, step_);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
-    hp.weight_decay = group.weight_decay;
     if (m_[gi].empty()) ensure_state();
     for (size_t i = 0; i < group.params.size(); ++i) {
-      Tensor& p = group.params[i];
-      Tensor g = p.grad();
+      const Tensor& p = group.params[i];
+      const Tensor g = p.grad();
       if (!g.defined()) continue;
-      g = g.contiguous();
-      cpu::adamw_step(p.data<float>(), g.data<float>(), m_[gi][i].data<float>(),
-                      v_[gi][i].data<float>(), p.numel(), hp);
+      adamw_update_(p, g, m_[gi][i], v_[gi][i], hyper, grad_scale, opt_.beta1, opt_.beta2,
+                    opt_.eps, group.weight_decay);
     }
   }
 }

@@ -3,7 +3,6 @@
 // reads p, g, m, v and writes p, m, v: 28 bytes per parameter, the memory-bandwidth floor.
 #pragma once
 
-#include "kuai/backend/cpu/kernels.h"
 #include "kuai/optim/optimizer.h"
 
 namespace kuai::optim {
@@ -15,20 +14,21 @@ struct AdamWOptions {
   float eps = 1e-8f;
 };
 
-// The kernel's hyperparameters for step `step` (1-based; the bias corrections depend on it); the
-// weight decay is the caller's, per group. Shared with the sharded AdamW (dist/zero.h).
-cpu::AdamWParams adamw_params(const AdamWOptions& o, float lr, int64_t step, float grad_scale);
+// The per-step numbers of adamw_update_ for step `step` (1-based): (3) fp32 holding lr,
+// 1 - beta1^step and 1 - beta2^step. Shared with the sharded AdamW (dist/zero.h).
+Tensor adamw_hyper(const AdamWOptions& o, float lr, int64_t step);
 
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options);
-  using Optimizer::step;
-  void step(float grad_scale = 1.0f) override;
   // Moment buffers, per group and parameter (allocated at the first step).
   const std::vector<std::vector<Tensor>>& exp_avg() const { return m_; }
   const std::vector<std::vector<Tensor>>& exp_avg_sq() const { return v_; }
   // Allocates the (zero) moments now if the first step has not: checkpoints always hold them.
   void ensure_state();
+
+ protected:
+  void update(const Tensor& grad_scale) override;
 
  private:
   AdamWOptions opt_;

@@ -1,8 +1,9 @@
 // Optimizers update parameters from their .grad in place, outside autograd. Parameters come in
 // groups with their own weight decay (the usual split: decay on matmul weights, none on biases,
 // LayerNorm and embeddings). step(grad_scale) multiplies every gradient by grad_scale inside the
-// same pass: that is how global-norm clipping (and, later, loss-scale unscaling) costs no extra
-// pass over the gradients.
+// same pass: that is how global-norm clipping costs no extra pass over the gradients. The update
+// of each tensor is an in-place primitive (kuai/core/ops.h: adamw_update_, sgd_update_)
+// dispatched like any op, so a dispatch mode (graph capture) sees the optimizer step.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +22,7 @@ class Optimizer {
  public:
   explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
   virtual ~Optimizer() = default;
-  virtual void step(float grad_scale = 1.0f) = 0;
+  void step(float grad_scale = 1.0f);
   // grad_scale as a one-element device tensor (a clip factor computed on the device): the update
   // reads it where it runs, so the host never waits for it.
   void step(const Tensor& grad_scale);
@@ -39,6 +40,8 @@ class Optimizer {
   void set_step_count(int64_t step) { step_ = step; }  // restoring a checkpoint
 
  protected:
+  // The step itself, grad_scale a one-element float32 tensor on the parameters' device.
+  virtual void update(const Tensor& grad_scale) = 0;
   std::vector<ParamGroup> groups_;
   float lr_ = 1e-3f;
   int64_t step_ = 0;

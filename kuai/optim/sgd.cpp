@@ -1,7 +1,6 @@
 // SGD step (see sgd.h).
 #include "kuai/optim/sgd.h"
 
-#include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::optim {
@@ -12,9 +11,10 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
   buf_.resize(groups_.size());
 }
 
-void SGD::step(float grad_scale) {
+void SGD::update(const Tensor& grad_scale) {
   const bool first = step_ == 0;
   ++step_;
+  const Tensor hyper = from_vector(std::vector<float>{lr_, first ? 1.0f : 0.0f}, {2});
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
     if (buf_[gi].empty())
@@ -23,10 +23,8 @@ void SGD::step(float grad_scale) {
       Tensor& p = group.params[i];
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      g = g.contiguous();
-      cpu::sgd_step(p.data<float>(), g.data<float>(), buf_[gi][i].data<float>(), p.numel(), lr_,
-                    opt_.momentum, opt_.dampening, group.weight_decay, opt_.nesterov, first,
-                    grad_scale);
+      sgd_update_(p, g, buf_[gi][i], hyper, grad_scale, opt_.momentum, opt_.dampening,
+                  group.weight_decay, opt_.nesterov);
     }
   }
 }

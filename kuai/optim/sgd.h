@@ -16,8 +16,9 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
-  using Optimizer::step;
-  void step(float grad_scale = 1.0f) override;
+
+ protected:
+  void update(const Tensor& grad_scale) override;
 
  private:
   SGDOptions opt_;

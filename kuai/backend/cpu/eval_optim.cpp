@@ -1,0 +1,87 @@
+// CPU evaluation of the in-place updates: the optimizers, gradient clipping and the fp16 loss
+// scaler (kuai/core/primitives.h). Each reads its per-step numbers from its tensor inputs, where
+// they live (on the CPU device: this memory), so the host never waits for a device value.
+#include <bit>
+#include <cfloat>
+#include <cmath>
+
+#include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/primitives.h"
+
+namespace kuai {
+
+void AdamWUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  const float* hyper = in[4].data<float>();
+  cpu::AdamWParams hp{};
+  hp.lr = hyper[0];
+  hp.beta1 = beta1_;
+  hp.beta2 = beta2_;
+  hp.eps = eps_;
+  hp.weight_decay = weight_decay_;
+  hp.bias_correction1 = hyper[1];
+  hp.bias_correction2 = hyper[2];
+  hp.grad_scale = in[5].data<float>()[0];
+  cpu::adamw_step(in[0].data<float>(), in[1].data<float>(), in[2].data<float>(),
+                  in[3].data<float>(), in[0].numel(), hp);
+}
+
+void SgdUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  const float* hyper = in[3].data<float>();
+  cpu::sgd_step(in[0].data<float>(), in[1].data<float>(), in[2].data<float>(), in[0].numel(),
+                hyper[0], momentum_, dampening_, weight_decay_, nesterov_, hyper[1] != 0.0f,
+                in[4].data<float>()[0]);
+}
+
+void GradNorm::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  double total = 0.0;
+  for (const Tensor& g : in) total += cpu::sum_squares(g.data<float>(), g.numel());
+  out[0].data<float>()[0] = static_cast<float>(std::sqrt(total));
+}
+
+void SumSquaresBits::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const double s = in[0].numel() > 0 ? cpu::sum_squares(in[0].data<float>(), in[0].numel()) : 0.0;
+  out[0].data<int64_t>()[0] = std::bit_cast<int64_t>(s);
+}
+
+void NormOfPartialSums::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  double total = 0.0;
+  const int64_t* bits = in[0].data<int64_t>();
+  for (int64_t r = 0; r < in[0].numel(); ++r) total += std::bit_cast<double>(bits[r]);
+  out[0].data<float>()[0] = static_cast<float>(std::sqrt(total));
+}
+
+void ClipCoefficient::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  float c = 1.0f;
+  if (max_norm_ > 0) {
+    const double r = static_cast<double>(max_norm_) / (static_cast<double>(in[0].data<float>()[0]) + 1e-6);
+    if (r < 1.0) c = static_cast<float>(r);
+  }
+  out[0].data<float>()[0] = c;
+}
+
+void ScaleInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  cpu::scale(in[0].data<float>(), c_, in[0].data<float>(), in[0].numel());
+}
+
+void UnscaleAndCheck::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  // Powers of two (the defaults) give an exact reciprocal; otherwise rounded once, as PyTorch's
+  // scale.double().reciprocal().float().
+  const float inv = static_cast<float>(1.0 / static_cast<double>(in[1].data<float>()[0]));
+  cpu::unscale_and_check(in[0].data<float>(), in[0].numel(), inv, in[2].data<float>());
+}
+
+void ScalerUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  float& scale = in[0].data<float>()[0];
+  int64_t& tracker = in[1].data<int64_t>()[0];
+  if (in[2].data<float>()[0] != 0.0f) {  // NaN too
+    scale = std::max(scale * backoff_, FLT_MIN);
+    tracker = 0;
+    return;
+  }
+  if (++tracker < growth_interval_) return;
+  const float grown = scale * growth_;
+  if (std::isfinite(grown)) scale = grown;
+  tracker = 0;
+}
+
+}  // namespace kuai
