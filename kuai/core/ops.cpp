@@ -8,7 +8,6 @@
 #include <stdexcept>
 
 #include "kuai/backend/cpu/kernels.h"
-#include "kuai/backend/cpu/widen.h"
 #include "kuai/core/dispatch.h"
 #include "kuai/core/primitives.h"
 #include "kuai/core/shape_util.h"
@@ -185,14 +184,7 @@ void add_(const Tensor& a, const Tensor& b) {
   check_floating("add_", b);
   require_cpu("add_", a);
   if (!a.is_contiguous()) throw std::invalid_argument("add_: destination must be contiguous");
-  Tensor bc = b.contiguous();
-  if (a.dtype() == DType::kF32 && bc.dtype() == DType::kF32) {
-    cpu::add(a.data<float>(), bc.data<float>(), a.data<float>(), a.numel());
-    return;
-  }
-  // Low precision (a gradient accumulated in bf16 / f16): fp32 sum, one rounding into a.
-  cpu::map_widened<2>({&a, &bc}, a,
-                      [](auto src, float* y, int64_t n) { cpu::add(src[0], src[1], y, n); });
+  dispatch(std::make_shared<AddInPlace>(), {a, b});
 }
 
 // ---- reductions ----

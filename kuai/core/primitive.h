@@ -4,6 +4,7 @@
 // (vjp). Backward of a fused op is a primitive of its own (LayerNormBackward, ...).
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -23,7 +24,9 @@ struct TensorSpec {
   DType dtype = DType::kF32;
 };
 
-class Primitive {
+// Primitives are made with std::make_shared (ops.cpp) and shared by autograd nodes and captured
+// graphs: a mode that keeps one takes shared_from_this().
+class Primitive : public std::enable_shared_from_this<Primitive> {
  public:
   virtual ~Primitive() = default;
   virtual std::string_view name() const = 0;

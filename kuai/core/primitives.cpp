@@ -589,6 +589,19 @@ void expect_count(const Primitive& p, std::span<const Tensor> in, size_t n) {
 
 }  // namespace
 
+std::vector<TensorSpec> AddInPlace::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 2);
+  if (in[0].shape() != in[1].shape() || !is_floating(in[0].dtype()) || !is_floating(in[1].dtype()))
+    throw std::invalid_argument(fmt::format("add_: expected two floating tensors of one shape, got "
+                                            "{} and {}",
+                                            in[0].str(), in[1].str()));
+  return {};
+}
+std::vector<Tensor> AddInPlace::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                    std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
 std::vector<TensorSpec> AdamWUpdate::infer(std::span<const Tensor> in) const {
   expect_count(*this, in, 6);
   expect_like(*this, in, {0, 1, 2, 3});

@@ -354,6 +354,15 @@ class FlashAttentionBackward final : public Primitive {
       const override;                                                                         \
   bool differentiable(size_t) const override { return false; }
 
+// (a!, b): a += b, b of a's shape; low-precision operands summed in fp32 and rounded once into a.
+// The autograd engine accumulates gradients with it, so a mode sees the accumulation.
+class AddInPlace final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("add_")
+  bool mutates_input(size_t i) const override { return i == 0; }
+  bool updates_in_place() const override { return true; }
+};
+
 // (p!, g, m!, v!, hyper (3): lr, 1 - beta1^t, 1 - beta2^t, grad_scale (1)): one AdamW step of a
 // tensor, g multiplied by grad_scale in the same pass (clipping, unscaling).
 class AdamWUpdate final : public Primitive {

@@ -185,10 +185,11 @@ TEST(DispatchModes, TheCoreIncludesNothingFromAmpOrCompile) {
     std::ifstream f(e.path());
     std::string line;
     for (int n = 1; std::getline(f, line); ++n)
-      if (line.rfind("#include", 0) == 0)
+      if (line.rfind("#include", 0) == 0) {
         EXPECT_TRUE(line.find("kuai/amp/") == std::string::npos &&
                     line.find("kuai/compile/") == std::string::npos)
             << e.path().filename() << ":" << n << ": " << line;
+      }
   }
   EXPECT_GT(files, 10);
 }

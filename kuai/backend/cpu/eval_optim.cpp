@@ -6,9 +6,22 @@
 #include <cmath>
 
 #include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/widen.h"
 #include "kuai/core/primitives.h"
 
 namespace kuai {
+
+void AddInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  const Tensor& a = in[0];
+  const Tensor& b = in[1];
+  if (a.dtype() == DType::kF32 && b.dtype() == DType::kF32) {
+    cpu::add(a.data<float>(), b.data<float>(), a.data<float>(), a.numel());
+    return;
+  }
+  // Low precision (a gradient accumulated in bf16 / f16): fp32 sum, one rounding into a.
+  cpu::map_widened<2>({&a, &b}, a,
+                      [](auto src, float* y, int64_t n) { cpu::add(src[0], src[1], y, n); });
+}
 
 void AdamWUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
   const float* hyper = in[4].data<float>();

@@ -1,0 +1,148 @@
+// Capture (kuai/compile/capture.h): one training step of the tiny GPT recorded at the dispatch
+// point holds its forward, its backward (with gradient accumulation), clipping, the loss scaler
+// and one AdamW update per parameter, in order, with the parameters and moments as external
+// values the updates write; under bf16 autocast it holds the casts. The captured step is an
+// ordinary step: its loss and parameters equal an uncaptured step's bit for bit.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "kuai/amp/autocast.h"
+#include "kuai/amp/grad_scaler.h"
+#include "kuai/compile/capture.h"
+#include "kuai/core/ops.h"
+#include "kuai/core/rng.h"
+#include "kuai/nn/gpt.h"
+#include "kuai/optim/adamw.h"
+#include "kuai/optim/clip_grad.h"
+#include "kuai/train/trainer.h"
+
+namespace kuai::compile {
+namespace {
+
+nn::GPTConfig tiny() {
+  nn::GPTConfig c;
+  c.vocab_size = 61;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 32;
+  c.seq_len = 16;
+  return c;
+}
+
+struct StepResult {
+  float loss = 0;
+  std::vector<std::vector<float>> params;
+};
+
+// One step: `micro` micro-batches of 4 rows (loss / micro each), global-norm clipping at 1.0,
+// AdamW; under autocast `dtype` when it is low precision, with a loss scaler for fp16.
+StepResult step(nn::GPT& model, optim::AdamW& opt, int micro, DType dtype) {
+  Generator g(5, 0);
+  amp::GradScalerOptions so;
+  so.enabled = dtype == DType::kF16;
+  amp::GradScaler scaler(so);
+  float total = 0;
+  for (int m = 0; m < micro; ++m) {
+    const Tensor x = g.randint({4, 16}, 0, 61), y = g.randint({4, 16}, 0, 61);
+    Tensor loss;
+    {
+      amp::AutocastGuard amp(dtype != DType::kF32, dtype == DType::kF32 ? DType::kBF16 : dtype);
+      loss = scale(model.loss(x, y), 1.0f / static_cast<float>(micro));
+    }
+    total += loss.item();
+    mul(loss, scaler.scale_tensor()).backward();
+  }
+  const auto params = model.parameters();
+  const Tensor found_inf = scaler.unscale_(params);
+  const Tensor factor = optim::clip_coefficient(optim::grad_norm_tensor(params), 1.0f);
+  scaler.step_on_device(opt, found_inf, factor);
+  scaler.update(found_inf);
+  StepResult r;
+  r.loss = total;
+  for (const Tensor& p : params) r.params.push_back(p.to_vector<float>());
+  return r;
+}
+
+class CaptureStep : public ::testing::TestWithParam<std::tuple<DType, int>> {};
+
+TEST_P(CaptureStep, RecordsTheWholeStepAndRunsItAsUsual) {
+  const auto [dtype, micro] = GetParam();
+  nn::GPT plain(tiny(), 3), captured(tiny(), 3);
+  optim::AdamW plain_opt(train::param_groups(plain, 0.1f), {}),
+      captured_opt(train::param_groups(captured, 0.1f), {});
+  const StepResult want = step(plain, plain_opt, micro, dtype);
+  StepResult got;
+  const auto named = captured.named_parameters();
+  const Graph graph = capture([&] { got = step(captured, captured_opt, micro, dtype); });
+
+  // The captured step is an ordinary step.
+  EXPECT_EQ(got.loss, want.loss);
+  ASSERT_EQ(got.params.size(), want.params.size());
+  for (size_t i = 0; i < got.params.size(); ++i)
+    EXPECT_EQ(got.params[i], want.params[i]) << named[i].first;
+
+  const int64_t n = static_cast<int64_t>(named.size());
+  // One AdamW update per parameter, one clip factor, one scaler update (fp16), one norm.
+  EXPECT_EQ(graph.count("adamw_update"), n);
+  EXPECT_EQ(graph.count("grad_norm"), 1);
+  EXPECT_EQ(graph.count("clip_coefficient"), 1);
+  EXPECT_EQ(graph.count("unscale_and_check"), dtype == DType::kF16 ? n : 0);
+  EXPECT_EQ(graph.count("scaler_update"), dtype == DType::kF16 ? 1 : 0);
+  // Every parameter is an external value that an update writes; so are both moments of each.
+  std::set<const TensorImpl*> params;
+  for (const auto& [name, p] : named) params.insert(p.impl());
+  int64_t written_params = 0, written = 0;
+  for (const Value& v : graph.values) {
+    if (v.producer >= 0 || !v.written) continue;
+    ++written;
+    written_params += params.count(v.external.impl());
+  }
+  EXPECT_EQ(written_params, n);
+  EXPECT_GE(written, 3 * n);
+  // The forward and the backward: one linear per projection, products in backward, and with
+  // 2 micro-batches the second accumulates every gradient in place (add_ also runs with one,
+  // inside backward: the tied embedding and the residual stream sum their gradients).
+  int64_t in_backward = 0;
+  for (const Node& node : graph.nodes) in_backward += node.backward;
+  EXPECT_GT(in_backward, 0);
+  EXPECT_EQ(graph.count("linear"), micro * (tiny().n_layer * 4 + 1));
+  EXPECT_GE(graph.count("add_"), micro > 1 ? n : 1);
+  // Autocast's casts are in the graph: the weights once per micro-batch guard (the cache lives
+  // for one guard), the activations as they enter the products.
+  if (dtype != DType::kF32) {
+    EXPECT_GT(graph.count("cast"), micro * (tiny().n_layer * 4 + 1));
+  }
+  // The dump has one line per node, the updates marked in place.
+  const std::string dump = graph.dump();
+  EXPECT_EQ(static_cast<size_t>(std::count(dump.begin(), dump.end(), '\n')), graph.nodes.size());
+  EXPECT_NE(dump.find("adamw_update ("), std::string::npos);
+  EXPECT_NE(dump.find(") in place"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(PrecisionsAndMicroBatches, CaptureStep,
+                         ::testing::Values(std::tuple{DType::kF32, 1}, std::tuple{DType::kF32, 2},
+                                           std::tuple{DType::kBF16, 1},
+                                           std::tuple{DType::kF16, 2}));
+
+// Named outputs refer to values the captured code made; a tensor from outside is an error.
+TEST(Capture, MarkedOutputsAreValuesOfTheGraph) {
+  const Tensor a = full({3}, 1.0f), b = full({3}, 2.0f);
+  Tensor c;
+  const Graph g = capture([&] { c = add(a, b); },
+                          [&](CaptureMode& mode) {
+                            mode.mark_output("c", c);
+                            EXPECT_THROW(mode.mark_output("b", full({3}, 0.0f)),
+                                         std::invalid_argument);
+                          });
+  ASSERT_EQ(g.nodes.size(), 1u);
+  EXPECT_EQ(g.num_externals(), 2);
+  const int id = g.output("c");
+  ASSERT_GE(id, 0);
+  EXPECT_EQ(g.values[static_cast<size_t>(id)].producer, 0);
+  EXPECT_EQ(g.output("missing"), -1);
+}
+
+}  // namespace
+}  // namespace kuai::compile
