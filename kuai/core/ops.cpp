@@ -279,17 +279,23 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bo
 }
 
 // ---- in-place updates ----
-void adamw_update_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                   const Tensor& hyper, const Tensor& grad_scale, float beta1, float beta2,
-                   float eps, float weight_decay) {
-  dispatch(std::make_shared<AdamWUpdate>(beta1, beta2, eps, weight_decay),
-           {p, g, m, v, hyper, grad_scale});
+void advance_step_(const Tensor& count, const Tensor& skip) {
+  dispatch(std::make_shared<AdvanceStep>(), {count, skip});
 }
-void sgd_update_(const Tensor& p, const Tensor& g, const Tensor& buf, const Tensor& hyper,
-                 const Tensor& grad_scale, float momentum, float dampening, float weight_decay,
-                 bool nesterov) {
+Tensor adamw_hyper(const Tensor& count, const Tensor& lr, float beta1, float beta2) {
+  return dispatch(std::make_shared<AdamWHyper>(beta1, beta2), {count, lr})[0];
+}
+void adamw_update_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
+                   const Tensor& hyper, const Tensor& grad_scale, const Tensor& skip, float beta1,
+                   float beta2, float eps, float weight_decay) {
+  dispatch(std::make_shared<AdamWUpdate>(beta1, beta2, eps, weight_decay),
+           {p, g, m, v, hyper, grad_scale, skip});
+}
+void sgd_update_(const Tensor& p, const Tensor& g, const Tensor& buf, const Tensor& count,
+                 const Tensor& lr, const Tensor& grad_scale, const Tensor& skip, float momentum,
+                 float dampening, float weight_decay, bool nesterov) {
   dispatch(std::make_shared<SgdUpdate>(momentum, dampening, weight_decay, nesterov),
-           {p, g, buf, hyper, grad_scale});
+           {p, g, buf, count, lr, grad_scale, skip});
 }
 Tensor global_norm(const std::vector<Tensor>& tensors) {
   return dispatch(std::make_shared<GradNorm>(), tensors)[0];

@@ -86,15 +86,19 @@ Tensor attention_composite(const Tensor& q, const Tensor& k, const Tensor& v, bo
 
 // ---- in-place updates (optimizers, clipping, the loss scaler): primitives like the others, so
 // a dispatch mode sees them; the trailing underscore marks what is written in place ----
-// One AdamW step of p (and its moments m, v) from g: hyper = (lr, 1 - beta1^t, 1 - beta2^t),
-// grad_scale one float multiplying g in the same pass.
+// An optimizer's device step count: count += 1 unless skip (one float) is not 0.
+void advance_step_(const Tensor& count, const Tensor& skip);
+// AdamW's per-step numbers (lr, 1 - beta1^t, 1 - beta2^t) from the device count and lr.
+Tensor adamw_hyper(const Tensor& count, const Tensor& lr, float beta1, float beta2);
+// One AdamW step of p (and its moments m, v) from g, g multiplied by grad_scale (one float) in
+// the same pass; nothing when skip (one float) is not 0.
 void adamw_update_(const Tensor& p, const Tensor& g, const Tensor& m, const Tensor& v,
-                   const Tensor& hyper, const Tensor& grad_scale, float beta1, float beta2,
-                   float eps, float weight_decay);
-// One SGD step: hyper = (lr, 1 if this is the first step else 0).
-void sgd_update_(const Tensor& p, const Tensor& g, const Tensor& buf, const Tensor& hyper,
-                 const Tensor& grad_scale, float momentum, float dampening, float weight_decay,
-                 bool nesterov);
+                   const Tensor& hyper, const Tensor& grad_scale, const Tensor& skip, float beta1,
+                   float beta2, float eps, float weight_decay);
+// One SGD step (the first when count is 1); nothing when skip is not 0.
+void sgd_update_(const Tensor& p, const Tensor& g, const Tensor& buf, const Tensor& count,
+                 const Tensor& lr, const Tensor& grad_scale, const Tensor& skip, float momentum,
+                 float dampening, float weight_decay, bool nesterov);
 // The L2 norm over all the tensors, () fp32 (squares summed in double, in order).
 Tensor global_norm(const std::vector<Tensor>& tensors);
 // A float64 sum of squares as its 64 bits (1) int64, and the norm of several such partial sums.

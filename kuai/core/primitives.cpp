@@ -602,11 +602,40 @@ std::vector<Tensor> AddInPlace::vjp(std::span<const Tensor>, std::span<const Ten
   return no_vjp(*this);
 }
 
+static void expect_i64_one(const Primitive& p, const Tensor& t, size_t i) {
+  if (t.dtype() != DType::kI64 || t.numel() != 1)
+    throw std::invalid_argument(
+        fmt::format("{}: input {} must be one int64, got {}", p.name(), i, t.str()));
+}
+
+std::vector<TensorSpec> AdvanceStep::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 2);
+  expect_i64_one(*this, in[0], 0);
+  expect_f32(*this, in[1], 1, 1);
+  return {};
+}
+std::vector<Tensor> AdvanceStep::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                     std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
+std::vector<TensorSpec> AdamWHyper::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 2);
+  expect_i64_one(*this, in[0], 0);
+  expect_f32(*this, in[1], 1, 1);
+  return {{{3}, DType::kF32}};
+}
+std::vector<Tensor> AdamWHyper::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                    std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
 std::vector<TensorSpec> AdamWUpdate::infer(std::span<const Tensor> in) const {
-  expect_count(*this, in, 6);
+  expect_count(*this, in, 7);
   expect_like(*this, in, {0, 1, 2, 3});
   expect_f32(*this, in[4], 4, 3);
   expect_f32(*this, in[5], 5, 1);
+  expect_f32(*this, in[6], 6, 1);
   return {};
 }
 std::vector<Tensor> AdamWUpdate::vjp(std::span<const Tensor>, std::span<const Tensor>,
@@ -615,10 +644,12 @@ std::vector<Tensor> AdamWUpdate::vjp(std::span<const Tensor>, std::span<const Te
 }
 
 std::vector<TensorSpec> SgdUpdate::infer(std::span<const Tensor> in) const {
-  expect_count(*this, in, 5);
+  expect_count(*this, in, 7);
   expect_like(*this, in, {0, 1, 2});
-  expect_f32(*this, in[3], 3, 2);
+  expect_i64_one(*this, in[3], 3);
   expect_f32(*this, in[4], 4, 1);
+  expect_f32(*this, in[5], 5, 1);
+  expect_f32(*this, in[6], 6, 1);
   return {};
 }
 std::vector<Tensor> SgdUpdate::vjp(std::span<const Tensor>, std::span<const Tensor>,

@@ -363,8 +363,29 @@ class AddInPlace final : public Primitive {
   bool updates_in_place() const override { return true; }
 };
 
-// (p!, g, m!, v!, hyper (3): lr, 1 - beta1^t, 1 - beta2^t, grad_scale (1)): one AdamW step of a
-// tensor, g multiplied by grad_scale in the same pass (clipping, unscaling).
+// (count! (1) int64, skip (1) fp32): an optimizer's step count, advanced by one unless skip is
+// not 0 (the fp16 scaler's found_inf; NaN skips too). It lives on the device, so a skipped step
+// is decided where the flag is.
+class AdvanceStep final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("advance_step_")
+  bool mutates_input(size_t i) const override { return i == 0; }
+  bool updates_in_place() const override { return true; }
+};
+
+// (count (1) int64, lr (1) fp32) -> (3) fp32: AdamW's per-step numbers, lr, 1 - beta1^t and
+// 1 - beta2^t for t = count (computed in double, rounded once), from device values.
+class AdamWHyper final : public Primitive {
+ public:
+  AdamWHyper(float beta1, float beta2) : beta1_(beta1), beta2_(beta2) {}
+  KUAI_UPDATE_COMMON("adamw_hyper")
+
+ private:
+  float beta1_, beta2_;
+};
+
+// (p!, g, m!, v!, hyper (3), grad_scale (1), skip (1)): one AdamW step of a tensor, g multiplied
+// by grad_scale in the same pass (clipping, unscaling); nothing when skip is not 0.
 class AdamWUpdate final : public Primitive {
  public:
   AdamWUpdate(float beta1, float beta2, float eps, float weight_decay)
@@ -377,8 +398,9 @@ class AdamWUpdate final : public Primitive {
   float beta1_, beta2_, eps_, weight_decay_;
 };
 
-// (p!, g, buf!, hyper (2): lr, first step (1 or 0), grad_scale (1)): one SGD step, PyTorch's
-// semantics (kuai/backend/cpu/kernels.h).
+// (p!, g, buf!, count (1) int64, lr (1), grad_scale (1), skip (1)): one SGD step, PyTorch's
+// semantics (kuai/backend/cpu/kernels.h); the first step (count 1) sets the momentum buffer.
+// Nothing when skip is not 0.
 class SgdUpdate final : public Primitive {
  public:
   SgdUpdate(float momentum, float dampening, float weight_decay, bool nesterov)

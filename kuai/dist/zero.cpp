@@ -24,7 +24,7 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
       gather_chunk_(std::max<int64_t>(1, gather_chunk)) {
   if (stage_ != 1 && stage_ != 2)
     throw std::invalid_argument(fmt::format("ZeroAdamW: stage must be 1 or 2, got {}", stage_));
-  lr_ = options.lr;
+  set_lr(options.lr);
   std::map<const void*, std::pair<size_t, size_t>> where;  // parameter -> (group, index)
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
@@ -105,9 +105,9 @@ Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
   return reshape(t, {});
 }
 
-void ZeroAdamW::update(const Tensor& grad_scale) {
-  ++step_;
-  const Tensor hyper = optim::adamw_hyper(opt_, lr_, step_);
+void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
+  advance_step_(step_, skip);
+  const Tensor hyper = adamw_hyper(step_, lr_tensor_, opt_.beta1, opt_.beta2);
   // 1. Update this rank's shard, from the full averaged gradients (stage 1) or the shard of them
   //    (stage 2): one update primitive per segment, on flat views of the parameter, its
   //    gradient and the moments.
@@ -122,7 +122,7 @@ void ZeroAdamW::update(const Tensor& grad_scale) {
     }
     adamw_update_(narrow(reshape(p, {p.numel()}), 0, s.begin, s.length), g,
                   narrow(m_, 0, s.shard_offset, s.length), narrow(v_, 0, s.shard_offset, s.length),
-                  hyper, grad_scale, opt_.beta1, opt_.beta2, opt_.eps,
+                  hyper, grad_scale, skip, opt_.beta1, opt_.beta2, opt_.eps,
                   groups_[s.group].weight_decay);
   }
   // 2. Every rank's updated shard to every rank, in chunks of at most gather_chunk_ elements per

@@ -67,7 +67,7 @@ class ZeroAdamW : public optim::Optimizer {
   Tensor& exp_avg_sq() { return v_; }
 
  protected:
-  void update(const Tensor& grad_scale) override;
+  void update(const Tensor& grad_scale, const Tensor& skip) override;
 
  private:
   std::vector<Segment> segments_of(int rank) const;  // computed once, into segments_

@@ -8,49 +8,60 @@
 #include <cstring>
 
 #include "kuai/core/autograd.h"
+#include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 
 namespace kuai::optim {
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups)
+    : groups_(std::move(groups)), lr_tensor_(full({1}, 1e-3f)), step_(zeros({1}, DType::kI64)) {}
 
 void Optimizer::zero_grad() {
   for (ParamGroup& g : groups_)
     for (Tensor& p : g.params) p.set_grad(Tensor());
 }
 
+void Optimizer::set_lr(float lr) {
+  lr_ = lr;
+  lr_tensor_.data<float>()[0] = lr;  // the host writes a device input (CPU device: memory)
+}
+
+int64_t Optimizer::step_count() const {
+  count_host_read();
+  return step_.data<int64_t>()[0];
+}
+
+void Optimizer::set_step_count(int64_t step) { step_.data<int64_t>()[0] = step; }
+
+namespace {
+void check_one_f32(const Tensor& t, const char* what) {
+  if (t.device() != kCPU || t.dtype() != DType::kF32 || t.numel() != 1)
+    throw std::invalid_argument(std::string("Optimizer::step: ") + what +
+                                " must be a one-element float32 CPU tensor, got " + t.str());
+}
+}  // namespace
+
 void Optimizer::step(float grad_scale) {
   autograd::NoGradGuard no_grad;  // the views an update takes of its parameters build no graph
-  update(full({1}, grad_scale));
+  update(full({1}, grad_scale), zeros({1}));
 }
 
 void Optimizer::step(const Tensor& grad_scale) {
-  if (grad_scale.device() != kCPU || grad_scale.dtype() != DType::kF32 || grad_scale.numel() != 1)
-    throw std::invalid_argument("Optimizer::step: grad_scale must be a one-element float32 " +
-                                std::string("CPU tensor, got ") + grad_scale.str());
+  check_one_f32(grad_scale, "grad_scale");
   autograd::NoGradGuard no_grad;
-  update(grad_scale.contiguous());  // read by the update primitives where they run
+  update(grad_scale.contiguous(), zeros({1}));  // read by the update primitives where they run
 }
 
 void Optimizer::step(const Tensor& grad_scale, const Tensor& skip_if) {
-  if (skip_if.device() != kCPU || skip_if.dtype() != DType::kF32 || skip_if.numel() != 1)
-    throw std::invalid_argument("Optimizer::step: skip_if must be a one-element float32 CPU " +
-                                std::string("tensor, got ") + skip_if.str());
-  // As for grad_scale: the update, on the CPU device, reads the flag from its own memory.
-  if (skip_if.contiguous().data<float>()[0] != 0.0f) return;  // NaN too: skipped
-  step(grad_scale);
-}
-
-Tensor adamw_hyper(const AdamWOptions& o, float lr, int64_t step) {
-  const double t = static_cast<double>(step);
-  return from_vector(
-      std::vector<float>{lr,
-                         static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta1), t)),
-                         static_cast<float>(1.0 - std::pow(static_cast<double>(o.beta2), t))},
-      {3});
+  check_one_f32(grad_scale, "grad_scale");
+  check_one_f32(skip_if, "skip_if");
+  autograd::NoGradGuard no_grad;
+  update(grad_scale.contiguous(), skip_if.contiguous());
 }
 
 AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
     : Optimizer(std::move(groups)), opt_(options) {
-  lr_ = options.lr;
+  set_lr(options.lr);
   m_.resize(groups_.size());
   v_.resize(groups_.size());
 }
@@ -65,9 +76,9 @@ void AdamW::ensure_state() {
   }
 }
 
-void AdamW::update(const Tensor& grad_scale) {
-  ++step_;
-  const Tensor hyper = adamw_hyper(opt_, lr_, step_);
+void AdamW::update(const Tensor& grad_scale, const Tensor& skip) {
+  advance_step_(step_, skip);
+  const Tensor hyper = adamw_hyper(step_, lr_tensor_, opt_.beta1, opt_.beta2);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
     if (m_[gi].empty()) ensure_state();
@@ -75,7 +86,7 @@ void AdamW::update(const Tensor& grad_scale) {
       const Tensor& p = group.params[i];
       const Tensor g = p.grad();
       if (!g.defined()) continue;
-      adamw_update_(p, g, m_[gi][i], v_[gi][i], hyper, grad_scale, opt_.beta1, opt_.beta2,
+      adamw_update_(p, g, m_[gi][i], v_[gi][i], hyper, grad_scale, skip, opt_.beta1, opt_.beta2,
                     opt_.eps, group.weight_decay);
     }
   }

@@ -14,10 +14,6 @@ struct AdamWOptions {
   float eps = 1e-8f;
 };
 
-// The per-step numbers of adamw_update_ for step `step` (1-based): (3) fp32 holding lr,
-// 1 - beta1^step and 1 - beta2^step. Shared with the sharded AdamW (dist/zero.h).
-Tensor adamw_hyper(const AdamWOptions& o, float lr, int64_t step);
-
 class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options);
@@ -28,7 +24,7 @@ class AdamW : public Optimizer {
   void ensure_state();
 
  protected:
-  void update(const Tensor& grad_scale) override;
+  void update(const Tensor& grad_scale, const Tensor& skip) override;
 
  private:
   AdamWOptions opt_;

@@ -20,31 +20,38 @@ struct ParamGroup {
 
 class Optimizer {
  public:
-  explicit Optimizer(std::vector<ParamGroup> groups) : groups_(std::move(groups)) {}
+  explicit Optimizer(std::vector<ParamGroup> groups);
   virtual ~Optimizer() = default;
   void step(float grad_scale = 1.0f);
   // grad_scale as a one-element device tensor (a clip factor computed on the device): the update
   // reads it where it runs, so the host never waits for it.
   void step(const Tensor& grad_scale);
   // The same, skipped entirely (parameters, moments and the step count untouched) when the
-  // one-element fp32 device flag `skip_if` is not 0: the fp16 scaler's found_inf, read by the
-  // update where it runs, so the host never reads it (PyTorch's fused Adam takes found_inf the
-  // same way). On the CPU device the update runs here; a CUDA optimizer would take the flag into
-  // its kernel, with its step count on the device.
+  // one-element fp32 device flag `skip_if` is not 0: the fp16 scaler's found_inf. The flag is an
+  // input of the update primitives, which skip themselves, and of the step count's advance, so
+  // the host never reads it (PyTorch's fused Adam takes found_inf the same way).
   void step(const Tensor& grad_scale, const Tensor& skip_if);
   void zero_grad();  // gradients to none
-  void set_lr(float lr) { lr_ = lr; }
+  // The learning rate is a one-element device tensor the updates read (a compiled step reads
+  // the value set before it); set_lr writes it.
+  void set_lr(float lr);
   float lr() const { return lr_; }
+  const Tensor& lr_tensor() const { return lr_tensor_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
-  int64_t step_count() const { return step_; }
-  void set_step_count(int64_t step) { step_ = step; }  // restoring a checkpoint
+  // The number of steps taken (skipped ones not counted): a device value, read here (checkpoints
+  // and tests; counted as a host read).
+  int64_t step_count() const;
+  void set_step_count(int64_t step);  // restoring a checkpoint
+  const Tensor& step_tensor() const { return step_; }
 
  protected:
-  // The step itself, grad_scale a one-element float32 tensor on the parameters' device.
-  virtual void update(const Tensor& grad_scale) = 0;
+  // The step itself: advance the count unless skip, then update every tensor. grad_scale and
+  // skip are one-element float32 tensors on the parameters' device.
+  virtual void update(const Tensor& grad_scale, const Tensor& skip) = 0;
   std::vector<ParamGroup> groups_;
-  float lr_ = 1e-3f;
-  int64_t step_ = 0;
+  float lr_ = 1e-3f;      // the host's copy of what lr_tensor_ holds
+  Tensor lr_tensor_;      // (1) fp32
+  Tensor step_;           // (1) int64
 };
 
 }  // namespace kuai::optim

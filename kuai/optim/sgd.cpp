@@ -7,14 +7,12 @@ namespace kuai::optim {
 
 SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
     : Optimizer(std::move(groups)), opt_(options) {
-  lr_ = options.lr;
+  set_lr(options.lr);
   buf_.resize(groups_.size());
 }
 
-void SGD::update(const Tensor& grad_scale) {
-  const bool first = step_ == 0;
-  ++step_;
-  const Tensor hyper = from_vector(std::vector<float>{lr_, first ? 1.0f : 0.0f}, {2});
+void SGD::update(const Tensor& grad_scale, const Tensor& skip) {
+  advance_step_(step_, skip);
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
     if (buf_[gi].empty())
@@ -23,8 +21,8 @@ void SGD::update(const Tensor& grad_scale) {
       Tensor& p = group.params[i];
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      sgd_update_(p, g, buf_[gi][i], hyper, grad_scale, opt_.momentum, opt_.dampening,
-                  group.weight_decay, opt_.nesterov);
+      sgd_update_(p, g, buf_[gi][i], step_, lr_tensor_, grad_scale, skip, opt_.momentum,
+                  opt_.dampening, group.weight_decay, opt_.nesterov);
     }
   }
 }

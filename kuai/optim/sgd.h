@@ -18,7 +18,7 @@ class SGD : public Optimizer {
   SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
 
  protected:
-  void update(const Tensor& grad_scale) override;
+  void update(const Tensor& grad_scale, const Tensor& skip) override;
 
  private:
   SGDOptions opt_;

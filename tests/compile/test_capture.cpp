@@ -90,6 +90,20 @@ TEST_P(CaptureStep, RecordsTheWholeStepAndRunsItAsUsual) {
   EXPECT_EQ(graph.count("clip_coefficient"), 1);
   EXPECT_EQ(graph.count("unscale_and_check"), dtype == DType::kF16 ? n : 0);
   EXPECT_EQ(graph.count("scaler_update"), dtype == DType::kF16 ? 1 : 0);
+  // No per-step number is baked into the graph: the step count advances on the device (skipped
+  // there on an fp16 overflow) and AdamW's lr and bias corrections are computed in the graph from
+  // it and the optimizer's lr tensor, the only per-step inputs the host writes.
+  EXPECT_EQ(graph.count("advance_step_"), 1);
+  EXPECT_EQ(graph.count("adamw_hyper"), 1);
+  for (const Node& node : graph.nodes) {
+    if (node.primitive->name() == "adamw_hyper") {
+      EXPECT_EQ(graph.values[node.inputs[0]].external.impl(), captured_opt.step_tensor().impl());
+      EXPECT_EQ(graph.values[node.inputs[1]].external.impl(), captured_opt.lr_tensor().impl());
+    }
+    if (node.primitive->name() == "adamw_update") {
+      EXPECT_GE(graph.values[node.inputs[4]].producer, 0) << "hyper made in the graph";
+    }
+  }
   // Every parameter is an external value that an update writes; so are both moments of each.
   std::set<const TensorImpl*> params;
   for (const auto& [name, p] : named) params.insert(p.impl());

@@ -14,6 +14,7 @@
 #include "kuai/amp/autocast.h"
 #include "kuai/amp/grad_scaler.h"
 #include "kuai/core/dispatch.h"
+#include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
 #include "kuai/optim/adamw.h"
@@ -126,6 +127,7 @@ TEST(DispatchModes, TheOptimizerClippingAndScalerAreOpsAModeSees) {
   auto step = [](std::vector<Tensor>& params, bool sgd) {
     amp::GradScaler scaler;
     for (Tensor& p : params) p.set_grad(scale(p.grad(), scaler.scale()));
+    const int64_t reads = host_reads_this_thread();  // from here on the host reads nothing
     const Tensor found_inf = scaler.unscale_(params);
     const Tensor factor = optim::clip_coefficient(optim::grad_norm_tensor(params), 0.05f);
     if (sgd) {
@@ -136,6 +138,7 @@ TEST(DispatchModes, TheOptimizerClippingAndScalerAreOpsAModeSees) {
       scaler.step_on_device(opt, found_inf, factor);
     }
     scaler.update(found_inf);
+    EXPECT_EQ(host_reads_this_thread(), reads) << "sgd " << sgd;
   };
   for (bool sgd : {false, true}) {
     std::vector<Tensor> plain = make(3), seen = make(3);
@@ -159,7 +162,8 @@ TEST(DispatchModes, AnInPlaceUpdateTakesItsWrittenInputsContiguousAndIsNotDiffer
   const Tensor p = zeros({4, 4}), g = full({4, 4}, 1.0f), m = zeros({4, 4}), v = zeros({4, 4});
   const Tensor hyper = from_vector(std::vector<float>{0.1f, 0.1f, 0.001f}, {3});
   try {
-    adamw_update_(transpose(p, 0, 1), g, m, v, hyper, full({1}, 1.0f), 0.9f, 0.999f, 1e-8f, 0);
+    adamw_update_(transpose(p, 0, 1), g, m, v, hyper, full({1}, 1.0f), zeros({1}), 0.9f, 0.999f,
+                  1e-8f, 0);
     FAIL() << "expected an error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("adamw_update: input 0 is written in place and must be "
@@ -167,7 +171,8 @@ TEST(DispatchModes, AnInPlaceUpdateTakesItsWrittenInputsContiguousAndIsNotDiffer
               std::string::npos)
         << e.what();
   }
-  adamw_update_(p, transpose(g, 0, 1), m, v, hyper, full({1}, 1.0f), 0.9f, 0.999f, 1e-8f, 0);
+  adamw_update_(p, transpose(g, 0, 1), m, v, hyper, full({1}, 1.0f), zeros({1}), 0.9f, 0.999f,
+                  1e-8f, 0);
   EXPECT_NE(p.to_vector<float>()[0], 0.0f);  // a strided read-only input is fine
   Tensor w = full({4}, 1.0f);
   w.requires_grad_();

@@ -23,7 +23,20 @@ void AddInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
                       [](auto src, float* y, int64_t n) { cpu::add(src[0], src[1], y, n); });
 }
 
+void AdvanceStep::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  if (in[1].data<float>()[0] == 0.0f) ++in[0].data<int64_t>()[0];  // NaN: skipped too
+}
+
+void AdamWHyper::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const double t = static_cast<double>(in[0].data<int64_t>()[0]);
+  float* h = out[0].data<float>();
+  h[0] = in[1].data<float>()[0];
+  h[1] = static_cast<float>(1.0 - std::pow(static_cast<double>(beta1_), t));
+  h[2] = static_cast<float>(1.0 - std::pow(static_cast<double>(beta2_), t));
+}
+
 void AdamWUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  if (in[6].data<float>()[0] != 0.0f) return;  // skipped (NaN too)
   const float* hyper = in[4].data<float>();
   cpu::AdamWParams hp{};
   hp.lr = hyper[0];
@@ -39,10 +52,11 @@ void AdamWUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const 
 }
 
 void SgdUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
-  const float* hyper = in[3].data<float>();
+  if (in[6].data<float>()[0] != 0.0f) return;
+  const bool first = in[3].data<int64_t>()[0] == 1;
   cpu::sgd_step(in[0].data<float>(), in[1].data<float>(), in[2].data<float>(), in[0].numel(),
-                hyper[0], momentum_, dampening_, weight_decay_, nesterov_, hyper[1] != 0.0f,
-                in[4].data<float>()[0]);
+                in[4].data<float>()[0], momentum_, dampening_, weight_decay_, nesterov_, first,
+                in[5].data<float>()[0]);
 }
 
 void GradNorm::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
