@@ -6,8 +6,13 @@
 #include <stdexcept>
 
 #include "kuai/core/autograd.h"
+#include "kuai/core/primitives.h"
 
 namespace kuai::compile {
+
+CaptureMode::Key CaptureMode::key_of(const Tensor& t) {
+  return {t.storage().get(), t.offset(), t.shape(), t.strides(), t.dtype()};
+}
 
 int CaptureMode::new_value(const Tensor& t, int producer, bool view) {
   Value v;
@@ -18,13 +23,32 @@ int CaptureMode::new_value(const Tensor& t, int producer, bool view) {
   if (producer < 0) v.external = t;
   const int id = static_cast<int>(graph_.values.size());
   graph_.values.push_back(std::move(v));
-  ids_[t.impl()] = Known{t.impl_ptr(), id};
+  ids_[key_of(t)] = Known{t.storage(), id};
+  auto owner = owners_.find(t.storage().get());
+  if (owner == owners_.end() || owner->second.storage.lock().get() != t.storage().get())
+    owners_[t.storage().get()] = Known{t.storage(), id};
   return id;
 }
 
 int CaptureMode::value_of(const Tensor& t) {
-  auto it = ids_.find(t.impl());
-  if (it != ids_.end() && it->second.impl.lock().get() == t.impl()) return it->second.id;
+  if (!t.has_storage())
+    throw std::logic_error("capture: an op read a tensor without storage: " + t.str());
+  auto it = ids_.find(key_of(t));
+  if (it != ids_.end() && it->second.storage.lock().get() == t.storage().get())
+    return it->second.id;
+  auto owner = owners_.find(t.storage().get());
+  if (owner != owners_.end() && owner->second.storage.lock().get() == t.storage().get()) {
+    // A view made outside the view ops, of memory the graph already knows.
+    const int base = owner->second.id;
+    Node node;
+    node.primitive = std::make_shared<AsStrided>(t.shape(), t.strides(), t.offset());
+    node.backward = autograd::backward_in_progress();
+    node.inputs = {base};
+    const int index = static_cast<int>(graph_.nodes.size());
+    node.outputs = {new_value(t, index, /*view=*/true)};
+    graph_.nodes.push_back(std::move(node));
+    return graph_.nodes.back().outputs[0];
+  }
   return new_value(t, -1, false);
 }
 
@@ -45,8 +69,8 @@ bool CaptureMode::intercept(const Primitive& p, std::span<const Tensor> in,
 }
 
 void CaptureMode::mark_output(const std::string& name, const Tensor& t) {
-  auto it = ids_.find(t.impl());
-  if (it == ids_.end() || it->second.impl.lock().get() != t.impl())
+  auto it = t.has_storage() ? ids_.find(key_of(t)) : ids_.end();
+  if (it == ids_.end() || it->second.storage.lock().get() != t.storage().get())
     throw std::invalid_argument(
         fmt::format("capture: output '{}' ({}) was not made by the captured code", name, t.str()));
   graph_.outputs.emplace_back(name, it->second.id);

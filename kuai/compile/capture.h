@@ -5,14 +5,20 @@
 // (gradient accumulation included), the casts autocast inserts, clipping, the loss scaler and the
 // optimizer's updates, in the order they ran.
 //
-// Values are told apart by tensor identity: a tensor seen for the first time as an input is
-// external (held by the graph); an op's outputs are new values. A tensor object that dies and
-// whose address is reused is a new value (identity is checked through a weak reference).
+// Values are told apart by the memory they name: storage, offset, shape, strides and dtype (the
+// autograd engine hands a vjp detached handles of the tensors the forward saved, so handle
+// identity would not do). A region seen for the first time as an input is external (held by the
+// graph); an op's outputs are new values, and an output written into a dead input's buffer takes
+// that region over. A region not seen before inside the storage of a known value is a view code
+// made directly (Tensor::view_of, as a vjp returning parts of one buffer does): it is recorded as
+// an as_strided node of that value, so a replay makes the same view of the new buffer. A storage
+// that dies and whose address is reused is new (checked through a weak reference).
 #pragma once
 
 #include <functional>
 #include <string>
-#include <unordered_map>
+#include <map>
+#include <tuple>
 
 #include "kuai/compile/graph.h"
 #include "kuai/core/dispatch.h"
@@ -30,11 +36,14 @@ class CaptureMode final : public DispatchMode {
  private:
   int value_of(const Tensor& t);  // existing id, or a new external
   int new_value(const Tensor& t, int producer, bool view);
+  using Key = std::tuple<const Storage*, int64_t, Shape, Shape, DType>;
+  static Key key_of(const Tensor& t);
   struct Known {
-    std::weak_ptr<TensorImpl> impl;
+    std::weak_ptr<Storage> storage;
     int id;
   };
-  std::unordered_map<const TensorImpl*, Known> ids_;
+  std::map<Key, Known> ids_;
+  std::map<const Storage*, Known> owners_;  // a storage -> the first value seen in it
   Graph graph_;
 };
 

@@ -29,26 +29,13 @@ void require_cpu(std::string_view op, const Tensor& t) {
 // ---- creation ----
 
 Tensor full(const Shape& shape, float value, DType dtype, Device device) {
-  Tensor t = Tensor::empty(shape, dtype, device);
-  require_cpu("full", t);
-  if (dtype == DType::kF32) {
-    cpu::fill(t.data<float>(), value, t.numel());
-  } else {
-    // Convert once, then replicate the element.
-    const int64_t es = dtype_size(dtype);
-    char one_value[8];
-    convert(&value, DType::kF32, one_value, dtype, 1);
-    char* p = static_cast<char*>(t.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(p + i * es, one_value, es);
-  }
-  return t;
+  if (device != kCPU) require_cpu("full", Tensor::meta(shape, dtype, device));
+  return dispatch(std::make_shared<Fill>(shape, dtype, value), {})[0];
 }
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
-  Tensor t = Tensor::empty(shape, dtype, device);
-  require_cpu("zeros", t);
-  std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));
-  return t;
+  if (device != kCPU) require_cpu("zeros", Tensor::meta(shape, dtype, device));
+  return dispatch(std::make_shared<Fill>(shape, dtype, 0.0f), {})[0];
 }
 
 namespace {

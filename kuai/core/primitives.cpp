@@ -34,6 +34,14 @@ std::vector<Tensor> View::vjp(std::span<const Tensor> in, std::span<const Tensor
   return one(reshape(g[0], in[0].shape()));
 }
 
+std::vector<Tensor> AsStrided::make_views(std::span<const Tensor> in) const {
+  return one(Tensor::view_of(in[0], shape_, strides_, offset_));
+}
+std::vector<Tensor> AsStrided::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                   std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("as_strided (a captured view) has no gradient");
+}
+
 std::vector<Tensor> Permute::make_views(std::span<const Tensor> in) const {
   const Tensor& x = in[0];
   Shape shape(dims_.size()), strides(dims_.size());
@@ -554,6 +562,17 @@ std::vector<Tensor> FlashAttentionBackward::vjp(std::span<const Tensor>, std::sp
                                                 std::span<const Tensor>,
                                                 const std::vector<bool>&) const {
   not_twice(name());
+}
+
+// ---- creation ----
+
+std::vector<TensorSpec> Fill::infer(std::span<const Tensor> in) const {
+  if (!in.empty()) throw std::invalid_argument("fill: takes no inputs");
+  return {{shape_, dtype_}};
+}
+std::vector<Tensor> Fill::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                              std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("fill has no inputs to differentiate");
 }
 
 // ---- in-place updates ----

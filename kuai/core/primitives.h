@@ -40,6 +40,25 @@ class View final : public ViewPrimitive {  // reshape without a copy (strides mu
   Shape shape_, strides_;
 };
 
+// A view at an absolute offset into the input's storage: what a graph capture records for a
+// tensor that code made with Tensor::view_of instead of a view op (a vjp returning parts of one
+// buffer), so that a replay makes the same view of the new buffer. Not differentiable.
+class AsStrided final : public ViewPrimitive {
+ public:
+  AsStrided(Shape shape, Shape strides, int64_t offset)
+      : shape_(std::move(shape)), strides_(std::move(strides)), offset_(offset) {}
+  std::string_view name() const override { return "as_strided"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+  bool differentiable(size_t) const override { return false; }
+
+ private:
+  Shape shape_, strides_;
+  int64_t offset_;
+};
+
 class Permute final : public ViewPrimitive {
  public:
   explicit Permute(std::vector<int64_t> dims) : dims_(std::move(dims)) {}
@@ -335,6 +354,24 @@ class FlashAttentionBackward final : public Primitive {
  private:
   float scale_;
   bool causal_;
+};
+
+// ---- creation ----
+// () -> shape of dtype, every element `value` (full, zeros): a primitive, so that a captured step
+// makes its scratch tensors (a zeroed overflow flag, backward's seed gradient) anew when it is
+// replayed instead of reusing what the capture left in them.
+class Fill final : public Primitive {
+ public:
+  Fill(Shape shape, DType dtype, float value)
+      : shape_(std::move(shape)), dtype_(dtype), value_(value) {}
+  KUAI_PRIMITIVE_COMMON("fill", OpClass::kOther)
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
+  bool differentiable(size_t) const override { return false; }
+
+ private:
+  Shape shape_;
+  DType dtype_;
+  float value_;
 };
 
 // ---- in-place updates: the optimizers, gradient clipping and the fp16 loss scaler ----

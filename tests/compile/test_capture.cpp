@@ -72,6 +72,10 @@ TEST_P(CaptureStep, RecordsTheWholeStepAndRunsItAsUsual) {
   nn::GPT plain(tiny(), 3), captured(tiny(), 3);
   optim::AdamW plain_opt(train::param_groups(plain, 0.1f), {}),
       captured_opt(train::param_groups(captured, 0.1f), {});
+  // The moments exist before the step: state made inside a captured step would be made anew by
+  // every replay.
+  plain_opt.ensure_state();
+  captured_opt.ensure_state();
   const StepResult want = step(plain, plain_opt, micro, dtype);
   StepResult got;
   const auto named = captured.named_parameters();
@@ -147,7 +151,8 @@ TEST(Capture, MarkedOutputsAreValuesOfTheGraph) {
   const Graph g = capture([&] { c = add(a, b); },
                           [&](CaptureMode& mode) {
                             mode.mark_output("c", c);
-                            EXPECT_THROW(mode.mark_output("b", full({3}, 0.0f)),
+                            EXPECT_THROW(mode.mark_output(
+                                             "b", from_vector(std::vector<float>{0, 0, 0}, {3})),
                                          std::invalid_argument);
                           });
   ASSERT_EQ(g.nodes.size(), 1u);

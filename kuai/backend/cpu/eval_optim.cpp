@@ -1,15 +1,31 @@
-// CPU evaluation of the in-place updates: the optimizers, gradient clipping and the fp16 loss
-// scaler (kuai/core/primitives.h). Each reads its per-step numbers from its tensor inputs, where
+// CPU evaluation of fill (full, zeros) and of the in-place updates: the optimizers, gradient
+// clipping and the fp16 loss scaler (kuai/core/primitives.h). Each reads its per-step numbers from its tensor inputs, where
 // they live (on the CPU device: this memory), so the host never waits for a device value.
 #include <bit>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/widen.h"
 #include "kuai/core/primitives.h"
 
 namespace kuai {
+
+void Fill::eval_cpu(std::span<const Tensor>, std::span<Tensor> out) const {
+  Tensor& t = out[0];
+  if (value_ == 0.0f) {
+    std::memset(t.raw_data(), 0, static_cast<size_t>(t.nbytes()));
+  } else if (dtype_ == DType::kF32) {
+    cpu::fill(t.data<float>(), value_, t.numel());
+  } else {  // convert once, then replicate the element
+    const int64_t es = dtype_size(dtype_);
+    char one_value[8];
+    convert(&value_, DType::kF32, one_value, dtype_, 1);
+    char* p = static_cast<char*>(t.raw_data());
+    for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(p + i * es, one_value, static_cast<size_t>(es));
+  }
+}
 
 void AddInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
   const Tensor& a = in[0];
