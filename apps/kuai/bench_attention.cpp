@@ -29,10 +29,10 @@ namespace kuai::app {
 namespace {
 
 struct Measure {
-  double ms = -1;    // median; < 0: not run
+  double ms = -1;           // median; < 0: not run
   double lo = -1, hi = -1;  // the spread of the repetitions (kuai's own arms)
-  double mib = -1;   // extra memory
-  std::string note;  // why it was not run, or how it failed
+  double mib = -1;          // extra memory
+  std::string note;         // why it was not run, or how it failed
   bool failed = false;
 };
 

@@ -80,8 +80,9 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   if (rc != 0 || at == std::string::npos ||
       std::sscanf(out.c_str() + at, "RESULT tokens_per_s=%lf step_ms_median=%lf peak_rss_mib=%lf",
                   &tps, &ms, &rss) != 3) {
-    *err = fmt::format("{}(exit status {})", out.size() > 1500 ? out.substr(out.size() - 1500) : out,
-                       WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+    *err =
+        fmt::format("{}(exit status {})", out.size() > 1500 ? out.substr(out.size() - 1500) : out,
+                    WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
     return false;
   }
   a.tokens_per_s.push_back(tps);
@@ -167,16 +168,15 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     std::string vs = "—";
     if (a.ranks > 1 && i != 1) {
       const bool noise = lo(a.step_ms) <= hi(ref.step_ms) && lo(ref.step_ms) <= hi(a.step_ms);
-      vs = noise ? "within noise"
-                 : fmt::format("x{:.3f}", median(a.step_ms) / median(ref.step_ms));
+      vs = noise ? "within noise" : fmt::format("x{:.3f}", median(a.step_ms) / median(ref.step_ms));
     }
     std::cout << fmt::format(
         "| {} | {:.1f} ({:.1f}-{:.1f}) | {:.0f} | {} | {} | {} | {} | {:.0f} | {:.0f} | {} |\n",
         a.label, median(a.step_ms), lo(a.step_ms), hi(a.step_ms), tps,
         a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—", vs,
         a.ranks > 1 ? fmt::format("{:.3f}", a.comm_mib) : "—",
-        a.ranks > 1 && a.overlap >= 0 ? fmt::format("{:.3f}", a.overlap) : "—",
-        median(a.live_mib), median(a.rss_mib),
+        a.ranks > 1 && a.overlap >= 0 ? fmt::format("{:.3f}", a.overlap) : "—", median(a.live_mib),
+        median(a.rss_mib),
         a.state_mib >= 0 ? fmt::format("{:.1f} (unsharded {:.1f})", a.state_mib, a.unsharded_mib)
                          : "all");
     js << fmt::format(

@@ -52,8 +52,7 @@ int CaptureMode::value_of(const Tensor& t) {
   return new_value(t, -1, false);
 }
 
-bool CaptureMode::intercept(const Primitive& p, std::span<const Tensor> in,
-                            std::span<Tensor> out) {
+bool CaptureMode::intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
   Node node;
   node.primitive = p.shared_from_this();  // primitives are immutable and shared
   node.backward = autograd::backward_in_progress();

@@ -16,8 +16,8 @@
 #pragma once
 
 #include <functional>
-#include <string>
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "kuai/compile/graph.h"

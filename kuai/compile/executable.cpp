@@ -18,9 +18,8 @@ Executable::Executable(Graph graph, const std::vector<Tensor>& inputs) : graph_(
           x.external.offset() == inputs[k].offset() && x.shape == inputs[k].shape())
         id = static_cast<int>(v);
     if (id < 0)
-      throw std::invalid_argument(
-          fmt::format("compile: input {} ({}) is not an input of the captured step", k,
-                      inputs[k].str()));
+      throw std::invalid_argument(fmt::format(
+          "compile: input {} ({}) is not an input of the captured step", k, inputs[k].str()));
     input_ids_.push_back(id);
     graph_.values[static_cast<size_t>(id)].external = Tensor();  // bound at each run
   }
@@ -33,17 +32,17 @@ Executable::Executable(Graph graph, const std::vector<Tensor>& inputs) : graph_(
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
   if (inputs.size() != input_ids_.size())
-    throw std::invalid_argument(fmt::format("compile: the step takes {} inputs, got {}",
-                                            input_ids_.size(), inputs.size()));
+    throw std::invalid_argument(
+        fmt::format("compile: the step takes {} inputs, got {}", input_ids_.size(), inputs.size()));
   std::vector<Tensor> live(graph_.values.size());
   for (size_t v = 0; v < graph_.values.size(); ++v)
     if (graph_.values[v].producer < 0) live[v] = graph_.values[v].external;
   for (size_t k = 0; k < inputs.size(); ++k) {
     const Value& want = graph_.values[static_cast<size_t>(input_ids_[k])];
     if (inputs[k].shape() != want.shape || inputs[k].dtype() != want.dtype)
-      throw std::invalid_argument(fmt::format(
-          "compile: input {} is {}, the step was captured with {} {}", k, inputs[k].str(),
-          dtype_name(want.dtype), shape_str(want.shape)));
+      throw std::invalid_argument(
+          fmt::format("compile: input {} is {}, the step was captured with {} {}", k,
+                      inputs[k].str(), dtype_name(want.dtype), shape_str(want.shape)));
     live[static_cast<size_t>(input_ids_[k])] = inputs[k];
   }
   std::vector<Tensor> in, out;

@@ -20,10 +20,10 @@ namespace kuai::compile {
 struct Value {
   Shape shape;
   DType dtype = DType::kF32;
-  int producer = -1;      // the node that made it; -1: external
-  Tensor external;        // externals: the tensor itself (parameters, moments, the batch, ...)
-  bool written = false;   // an in-place update writes it
-  bool view = false;      // made by a view node (aliases its input's storage)
+  int producer = -1;     // the node that made it; -1: external
+  Tensor external;       // externals: the tensor itself (parameters, moments, the batch, ...)
+  bool written = false;  // an in-place update writes it
+  bool view = false;     // made by a view node (aliases its input's storage)
 };
 
 struct Node {

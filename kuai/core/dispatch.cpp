@@ -87,8 +87,8 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
     if (p->is_view() || p->accepts_strided(i) || in[i].is_contiguous()) continue;
     if (p->mutates_input(i))
       throw std::invalid_argument(
-          fmt::format("{}: input {} is written in place and must be contiguous, got {}",
-                      p->name(), i, in[i].str()));
+          fmt::format("{}: input {} is written in place and must be contiguous, got {}", p->name(),
+                      i, in[i].str()));
     in[i] = contiguous(in[i].detach());
   }
 

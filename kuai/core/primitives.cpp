@@ -586,12 +586,13 @@ void expect_f32(const Primitive& p, const Tensor& t, size_t i, int64_t numel = -
                                             t.str()));
 }
 
-void expect_like(const Primitive& p, std::span<const Tensor> in, std::initializer_list<size_t> idx) {
+void expect_like(const Primitive& p, std::span<const Tensor> in,
+                 std::initializer_list<size_t> idx) {
   for (size_t i : idx) {
     expect_f32(p, in[i], i);
     if (in[i].shape() != in[0].shape())
-      throw std::invalid_argument(fmt::format("{}: input {} has shape {}, input 0 has {}",
-                                              p.name(), i, shape_str(in[i].shape()),
+      throw std::invalid_argument(fmt::format("{}: input {} has shape {}, input 0 has {}", p.name(),
+                                              i, shape_str(in[i].shape()),
                                               shape_str(in[0].shape())));
   }
 }
@@ -611,9 +612,10 @@ void expect_count(const Primitive& p, std::span<const Tensor> in, size_t n) {
 std::vector<TensorSpec> AddInPlace::infer(std::span<const Tensor> in) const {
   expect_count(*this, in, 2);
   if (in[0].shape() != in[1].shape() || !is_floating(in[0].dtype()) || !is_floating(in[1].dtype()))
-    throw std::invalid_argument(fmt::format("add_: expected two floating tensors of one shape, got "
-                                            "{} and {}",
-                                            in[0].str(), in[1].str()));
+    throw std::invalid_argument(
+        fmt::format("add_: expected two floating tensors of one shape, got "
+                    "{} and {}",
+                    in[0].str(), in[1].str()));
   return {};
 }
 std::vector<Tensor> AddInPlace::vjp(std::span<const Tensor>, std::span<const Tensor>,
@@ -698,8 +700,7 @@ std::vector<Tensor> SumSquaresBits::vjp(std::span<const Tensor>, std::span<const
 std::vector<TensorSpec> NormOfPartialSums::infer(std::span<const Tensor> in) const {
   expect_count(*this, in, 1);
   if (in[0].dtype() != DType::kI64)
-    throw std::invalid_argument("norm_of_partial_sums: input 0 must be int64, got " +
-                                in[0].str());
+    throw std::invalid_argument("norm_of_partial_sums: input 0 must be int64, got " + in[0].str());
   return {{{}, DType::kF32}};
 }
 std::vector<Tensor> NormOfPartialSums::vjp(std::span<const Tensor>, std::span<const Tensor>,

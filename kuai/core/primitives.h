@@ -380,15 +380,15 @@ class Fill final : public Primitive {
 // Per-step numbers (the learning rate, Adam's bias corrections, the loss scale) are tensor
 // inputs, not constructor arguments, so the same primitive serves every step. None of them is
 // differentiable.
-#define KUAI_UPDATE_COMMON(NAME)                                                              \
-  std::string_view name() const override { return NAME; }                                     \
-  OpClass op_class() const override { return OpClass::kOther; }                               \
-  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }                       \
-  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;                   \
-  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;            \
-  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,            \
-                          std::span<const Tensor> grad_out, const std::vector<bool>& needs)   \
-      const override;                                                                         \
+#define KUAI_UPDATE_COMMON(NAME)                                                            \
+  std::string_view name() const override { return NAME; }                                   \
+  OpClass op_class() const override { return OpClass::kOther; }                             \
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }                     \
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;                 \
+  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;          \
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,          \
+                          std::span<const Tensor> grad_out, const std::vector<bool>& needs) \
+      const override;                                                                       \
   bool differentiable(size_t) const override { return false; }
 
 // (a!, b): a += b, b of a's shape; low-precision operands summed in fp32 and rounded once into a.
@@ -441,7 +441,9 @@ class AdamWUpdate final : public Primitive {
 class SgdUpdate final : public Primitive {
  public:
   SgdUpdate(float momentum, float dampening, float weight_decay, bool nesterov)
-      : momentum_(momentum), dampening_(dampening), weight_decay_(weight_decay),
+      : momentum_(momentum),
+        dampening_(dampening),
+        weight_decay_(weight_decay),
         nesterov_(nesterov) {}
   KUAI_UPDATE_COMMON("sgd_update")
   bool mutates_input(size_t i) const override { return i == 0 || i == 2; }

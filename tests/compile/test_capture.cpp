@@ -5,87 +5,39 @@
 // ordinary step: its loss and parameters equal an uncaptured step's bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <string>
 
-#include "kuai/amp/autocast.h"
-#include "kuai/amp/grad_scaler.h"
 #include "kuai/compile/capture.h"
-#include "kuai/core/ops.h"
-#include "kuai/core/rng.h"
-#include "kuai/nn/gpt.h"
-#include "kuai/optim/adamw.h"
-#include "kuai/optim/clip_grad.h"
-#include "kuai/train/trainer.h"
+#include "tests/compile/training_step.h"
 
 namespace kuai::compile {
 namespace {
 
-nn::GPTConfig tiny() {
-  nn::GPTConfig c;
-  c.vocab_size = 61;
-  c.n_layer = 2;
-  c.n_head = 2;
-  c.d_model = 32;
-  c.seq_len = 16;
-  return c;
-}
-
-struct StepResult {
-  float loss = 0;
-  std::vector<std::vector<float>> params;
-};
-
-// One step: `micro` micro-batches of 4 rows (loss / micro each), global-norm clipping at 1.0,
-// AdamW; under autocast `dtype` when it is low precision, with a loss scaler for fp16.
-StepResult step(nn::GPT& model, optim::AdamW& opt, int micro, DType dtype) {
-  Generator g(5, 0);
-  amp::GradScalerOptions so;
-  so.enabled = dtype == DType::kF16;
-  amp::GradScaler scaler(so);
-  float total = 0;
-  for (int m = 0; m < micro; ++m) {
-    const Tensor x = g.randint({4, 16}, 0, 61), y = g.randint({4, 16}, 0, 61);
-    Tensor loss;
-    {
-      amp::AutocastGuard amp(dtype != DType::kF32, dtype == DType::kF32 ? DType::kBF16 : dtype);
-      loss = scale(model.loss(x, y), 1.0f / static_cast<float>(micro));
-    }
-    total += loss.item();
-    mul(loss, scaler.scale_tensor()).backward();
-  }
-  const auto params = model.parameters();
-  const Tensor found_inf = scaler.unscale_(params);
-  const Tensor factor = optim::clip_coefficient(optim::grad_norm_tensor(params), 1.0f);
-  scaler.step_on_device(opt, found_inf, factor);
-  scaler.update(found_inf);
-  StepResult r;
-  r.loss = total;
-  for (const Tensor& p : params) r.params.push_back(p.to_vector<float>());
-  return r;
-}
+using test::batch_of;
+using test::tiny;
+using test::Trainer;
 
 class CaptureStep : public ::testing::TestWithParam<std::tuple<DType, int>> {};
 
 TEST_P(CaptureStep, RecordsTheWholeStepAndRunsItAsUsual) {
   const auto [dtype, micro] = GetParam();
-  nn::GPT plain(tiny(), 3), captured(tiny(), 3);
-  optim::AdamW plain_opt(train::param_groups(plain, 0.1f), {}),
-      captured_opt(train::param_groups(captured, 0.1f), {});
-  // The moments exist before the step: state made inside a captured step would be made anew by
-  // every replay.
-  plain_opt.ensure_state();
-  captured_opt.ensure_state();
-  const StepResult want = step(plain, plain_opt, micro, dtype);
-  StepResult got;
-  const auto named = captured.named_parameters();
-  const Graph graph = capture([&] { got = step(captured, captured_opt, micro, dtype); });
+  // The moments exist before the step (Trainer calls ensure_state): state made inside a captured
+  // step would be made anew by every replay.
+  Trainer plain(dtype), captured(dtype);
+  const std::vector<Tensor> batch = batch_of(0, micro);
+  const std::vector<Tensor> want = plain.step(batch);
+  std::vector<Tensor> got;
+  const auto named = captured.model.named_parameters();
+  const Graph graph = capture([&] { got = captured.step(batch); });
 
   // The captured step is an ordinary step.
-  EXPECT_EQ(got.loss, want.loss);
-  ASSERT_EQ(got.params.size(), want.params.size());
-  for (size_t i = 0; i < got.params.size(); ++i)
-    EXPECT_EQ(got.params[i], want.params[i]) << named[i].first;
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t m = 0; m < got.size(); ++m) EXPECT_EQ(got[m].item(), want[m].item());
+  const auto a = plain.state(), b = captured.state();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "state tensor " << i;
 
   const int64_t n = static_cast<int64_t>(named.size());
   // One AdamW update per parameter, one clip factor, one scaler update (fp16), one norm.
@@ -101,8 +53,8 @@ TEST_P(CaptureStep, RecordsTheWholeStepAndRunsItAsUsual) {
   EXPECT_EQ(graph.count("adamw_hyper"), 1);
   for (const Node& node : graph.nodes) {
     if (node.primitive->name() == "adamw_hyper") {
-      EXPECT_EQ(graph.values[node.inputs[0]].external.impl(), captured_opt.step_tensor().impl());
-      EXPECT_EQ(graph.values[node.inputs[1]].external.impl(), captured_opt.lr_tensor().impl());
+      EXPECT_EQ(graph.values[node.inputs[0]].external.impl(), captured.opt.step_tensor().impl());
+      EXPECT_EQ(graph.values[node.inputs[1]].external.impl(), captured.opt.lr_tensor().impl());
     }
     if (node.primitive->name() == "adamw_update") {
       EXPECT_GE(graph.values[node.inputs[4]].producer, 0) << "hyper made in the graph";
@@ -148,13 +100,13 @@ INSTANTIATE_TEST_SUITE_P(PrecisionsAndMicroBatches, CaptureStep,
 TEST(Capture, MarkedOutputsAreValuesOfTheGraph) {
   const Tensor a = full({3}, 1.0f), b = full({3}, 2.0f);
   Tensor c;
-  const Graph g = capture([&] { c = add(a, b); },
-                          [&](CaptureMode& mode) {
-                            mode.mark_output("c", c);
-                            EXPECT_THROW(mode.mark_output(
-                                             "b", from_vector(std::vector<float>{0, 0, 0}, {3})),
-                                         std::invalid_argument);
-                          });
+  const Graph g =
+      capture([&] { c = add(a, b); },
+              [&](CaptureMode& mode) {
+                mode.mark_output("c", c);
+                EXPECT_THROW(mode.mark_output("b", from_vector(std::vector<float>{0, 0, 0}, {3})),
+                             std::invalid_argument);
+              });
   ASSERT_EQ(g.nodes.size(), 1u);
   EXPECT_EQ(g.num_externals(), 2);
   const int id = g.output("c");

@@ -172,7 +172,7 @@ TEST(DispatchModes, AnInPlaceUpdateTakesItsWrittenInputsContiguousAndIsNotDiffer
         << e.what();
   }
   adamw_update_(p, transpose(g, 0, 1), m, v, hyper, full({1}, 1.0f), zeros({1}), 0.9f, 0.999f,
-                  1e-8f, 0);
+                1e-8f, 0);
   EXPECT_NE(p.to_vector<float>()[0], 0.0f);  // a strided read-only input is fine
   Tensor w = full({4}, 1.0f);
   w.requires_grad_();

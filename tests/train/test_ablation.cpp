@@ -104,8 +104,8 @@ TEST(Ablation, OverlappingRoundsAreWithinNoiseInTheTableAndTheChart) {
   const std::string svg = ablation_svg({noisy, clear}, "Test CPU (family 6 model 1), tier avx2");
   EXPECT_NE(svg.find("Test CPU (family 6 model 1), tier avx2"), std::string::npos);
   EXPECT_NE(svg.find("within noise"), std::string::npos);
-  EXPECT_NE(svg.find("#a0a0a0"), std::string::npos);    // the noisy bar is grey
-  EXPECT_NE(svg.find("#2a9d4b"), std::string::npos);    // the claimed range is drawn
+  EXPECT_NE(svg.find("#a0a0a0"), std::string::npos);  // the noisy bar is grey
+  EXPECT_NE(svg.find("#2a9d4b"), std::string::npos);  // the claimed range is drawn
   EXPECT_NE(svg.find("speedup 2.00x (1.90-2.10)"), std::string::npos) << svg;
 }
 

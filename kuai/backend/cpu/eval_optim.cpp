@@ -1,6 +1,7 @@
 // CPU evaluation of fill (full, zeros) and of the in-place updates: the optimizers, gradient
-// clipping and the fp16 loss scaler (kuai/core/primitives.h). Each reads its per-step numbers from its tensor inputs, where
-// they live (on the CPU device: this memory), so the host never waits for a device value.
+// clipping and the fp16 loss scaler (kuai/core/primitives.h). Each reads its per-step numbers from
+// its tensor inputs, where they live (on the CPU device: this memory), so the host never waits for
+// a device value.
 #include <bit>
 #include <cfloat>
 #include <cmath>
@@ -23,7 +24,8 @@ void Fill::eval_cpu(std::span<const Tensor>, std::span<Tensor> out) const {
     char one_value[8];
     convert(&value_, DType::kF32, one_value, dtype_, 1);
     char* p = static_cast<char*>(t.raw_data());
-    for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(p + i * es, one_value, static_cast<size_t>(es));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      std::memcpy(p + i * es, one_value, static_cast<size_t>(es));
   }
 }
 
@@ -96,7 +98,8 @@ void NormOfPartialSums::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
 void ClipCoefficient::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   float c = 1.0f;
   if (max_norm_ > 0) {
-    const double r = static_cast<double>(max_norm_) / (static_cast<double>(in[0].data<float>()[0]) + 1e-6);
+    const double r =
+        static_cast<double>(max_norm_) / (static_cast<double>(in[0].data<float>()[0]) + 1e-6);
     if (r < 1.0) c = static_cast<float>(r);
   }
   out[0].data<float>()[0] = c;
