@@ -5,10 +5,11 @@
 
 #include <stdexcept>
 
+#include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/primitives.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
 
 CaptureMode::Key CaptureMode::key_of(const Tensor& t) {
   return {t.storage().get(), t.offset(), t.shape(), t.strides(), t.dtype()};
@@ -23,10 +24,10 @@ int CaptureMode::new_value(const Tensor& t, int producer, bool view) {
   if (producer < 0) v.external = t;
   const int id = static_cast<int>(graph_.values.size());
   graph_.values.push_back(std::move(v));
-  ids_[key_of(t)] = Known{t.storage(), id};
+  ids_[key_of(t)] = Known{t.storage(), id, t.offset()};
   auto owner = owners_.find(t.storage().get());
   if (owner == owners_.end() || owner->second.storage.lock().get() != t.storage().get())
-    owners_[t.storage().get()] = Known{t.storage(), id};
+    owners_[t.storage().get()] = Known{t.storage(), id, t.offset()};
   return id;
 }
 
@@ -39,9 +40,11 @@ int CaptureMode::value_of(const Tensor& t) {
   auto owner = owners_.find(t.storage().get());
   if (owner != owners_.end() && owner->second.storage.lock().get() == t.storage().get()) {
     // A view made outside the view ops, of memory the graph already knows.
+    // The view's offset is taken from its base's, so it holds wherever a replay puts the base.
     const int base = owner->second.id;
     Node node;
-    node.primitive = std::make_shared<AsStrided>(t.shape(), t.strides(), t.offset());
+    node.primitive =
+        std::make_shared<AsStrided>(t.shape(), t.strides(), t.offset() - owner->second.offset);
     node.backward = autograd::backward_in_progress();
     node.inputs = {base};
     const int index = static_cast<int>(graph_.nodes.size());
@@ -53,6 +56,9 @@ int CaptureMode::value_of(const Tensor& t) {
 }
 
 bool CaptureMode::intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
+  // The previous node has run: the most scratch its kernels held at once (this thread's).
+  if (pending_ >= 0)
+    graph_.nodes[static_cast<size_t>(pending_)].scratch_bytes = ScratchRegion::peak();
   Node node;
   node.primitive = p.shared_from_this();  // primitives are immutable and shared
   node.backward = autograd::backward_in_progress();
@@ -64,7 +70,16 @@ bool CaptureMode::intercept(const Primitive& p, std::span<const Tensor> in, std:
   const int index = static_cast<int>(graph_.nodes.size());
   for (const Tensor& o : out) node.outputs.push_back(new_value(o, index, p.is_view()));
   graph_.nodes.push_back(std::move(node));
+  pending_ = index;
+  ScratchRegion::reset_peak();
   return false;  // the op runs as usual
+}
+
+Graph CaptureMode::take() {
+  if (pending_ >= 0)
+    graph_.nodes[static_cast<size_t>(pending_)].scratch_bytes = ScratchRegion::peak();
+  pending_ = -1;
+  return std::move(graph_);
 }
 
 void CaptureMode::mark_output(const std::string& name, const Tensor& t) {
@@ -85,4 +100,4 @@ Graph capture(const std::function<void()>& step, const std::function<void(Captur
   return mode.take();
 }
 
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

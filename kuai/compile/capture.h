@@ -23,14 +23,15 @@
 #include "kuai/compile/graph.h"
 #include "kuai/core/dispatch.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
 
 class CaptureMode final : public DispatchMode {
  public:
   bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override;
   // Names a value of the graph (the loss, a parameter's gradient); the tensor must be known.
   void mark_output(const std::string& name, const Tensor& t);
-  Graph take() { return std::move(graph_); }
+  // The graph; the last node's scratch is measured now.
+  Graph take();
   const Graph& graph() const { return graph_; }
 
  private:
@@ -41,10 +42,12 @@ class CaptureMode final : public DispatchMode {
   struct Known {
     std::weak_ptr<Storage> storage;
     int id;
+    int64_t offset = 0;  // the value's offset in the storage (elements)
   };
   std::map<Key, Known> ids_;
   std::map<const Storage*, Known> owners_;  // a storage -> the first value seen in it
   Graph graph_;
+  int pending_ = -1;  // the node whose evaluation's scratch is being measured
 };
 
 // Runs `step` under a CaptureMode and returns what it recorded; `outputs` (called after the step,
@@ -52,4 +55,4 @@ class CaptureMode final : public DispatchMode {
 Graph capture(const std::function<void()>& step,
               const std::function<void(CaptureMode&)>& outputs = {});
 
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

@@ -3,13 +3,16 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <stdexcept>
 
+#include "kuai/core/allocator.h"
 #include "kuai/core/dispatch.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
 
-Executable::Executable(Graph graph, const std::vector<Tensor>& inputs) : graph_(std::move(graph)) {
+Executable::Executable(Graph graph, const std::vector<Tensor>& inputs, ExecutableOptions options)
+    : graph_(std::move(graph)), options_(options) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     int id = -1;
     for (size_t v = 0; v < graph_.values.size(); ++v)
@@ -17,35 +20,43 @@ Executable::Executable(Graph graph, const std::vector<Tensor>& inputs) : graph_(
           x.producer < 0 && x.external.defined() && x.external.storage() == inputs[k].storage() &&
           x.external.offset() == inputs[k].offset() && x.shape == inputs[k].shape())
         id = static_cast<int>(v);
-    if (id < 0)
-      throw std::invalid_argument(fmt::format(
-          "compile: input {} ({}) is not an input of the captured step", k, inputs[k].str()));
-    input_ids_.push_back(id);
-    graph_.values[static_cast<size_t>(id)].external = Tensor();  // bound at each run
+    input_ids_.push_back(id);  // -1: the step does not read it
+    input_specs_.push_back({inputs[k].shape(), inputs[k].dtype()});
+    if (id >= 0) graph_.values[static_cast<size_t>(id)].external = Tensor();  // bound at each run
   }
-  last_use_.assign(graph_.values.size(), -1);
-  for (size_t i = 0; i < graph_.nodes.size(); ++i)
-    for (int id : graph_.nodes[i].inputs) last_use_[static_cast<size_t>(id)] = static_cast<int>(i);
-  for (const auto& [name, id] : graph_.outputs)
-    last_use_[static_cast<size_t>(id)] = static_cast<int>(graph_.nodes.size());  // kept
+  last_use_ = last_uses(graph_);
+  if (options_.memory == ExecutableOptions::Memory::kArena) {
+    plan_ = plan_memory(graph_, options_.in_place);
+    arena_ = std::make_shared<Storage>(static_cast<size_t>(plan_.arena_bytes), kCPU);
+    planned_.resize(graph_.values.size());
+    for (size_t v = 0; v < graph_.values.size(); ++v)
+      if (plan_.offset[v] >= 0) {
+        const Value& x = graph_.values[v];
+        planned_[v] =
+            Tensor::in_storage(arena_, x.shape, x.dtype, plan_.offset[v] / dtype_size(x.dtype));
+      }
+  }
 }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
   if (inputs.size() != input_ids_.size())
     throw std::invalid_argument(
         fmt::format("compile: the step takes {} inputs, got {}", input_ids_.size(), inputs.size()));
+  const bool arena = options_.memory == ExecutableOptions::Memory::kArena;
   std::vector<Tensor> live(graph_.values.size());
   for (size_t v = 0; v < graph_.values.size(); ++v)
     if (graph_.values[v].producer < 0) live[v] = graph_.values[v].external;
   for (size_t k = 0; k < inputs.size(); ++k) {
-    const Value& want = graph_.values[static_cast<size_t>(input_ids_[k])];
+    const TensorSpec& want = input_specs_[k];
     if (inputs[k].shape() != want.shape || inputs[k].dtype() != want.dtype)
       throw std::invalid_argument(
           fmt::format("compile: input {} is {}, the step was captured with {} {}", k,
                       inputs[k].str(), dtype_name(want.dtype), shape_str(want.shape)));
-    live[static_cast<size_t>(input_ids_[k])] = inputs[k];
+    if (input_ids_[k] >= 0) live[static_cast<size_t>(input_ids_[k])] = inputs[k];
   }
   std::vector<Tensor> in, out;
+  // Poisoning: what a node reads must have been written in this run, by the node the plan says.
+  if (arena && options_.poison) std::memset(arena_->data, 0xFF, arena_->nbytes);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& node = graph_.nodes[i];
     const Primitive& p = *node.primitive;
@@ -55,8 +66,21 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
       out = p.make_views(in);
     } else {
       out.clear();
-      for (const TensorSpec& s : p.infer(in)) out.push_back(Tensor::empty(s.shape, s.dtype));
-      evaluate(p, in, out);
+      const std::vector<TensorSpec> specs = p.infer(in);
+      for (size_t j = 0; j < specs.size(); ++j) {
+        const auto v = static_cast<size_t>(node.outputs[j]);
+        out.push_back(arena && planned_[v].defined()
+                          ? planned_[v]
+                          : Tensor::empty(specs[j].shape, specs[j].dtype));
+      }
+      if (arena && plan_.scratch_of[i] >= 0) {
+        const MemoryPlan::Buffer& s = plan_.buffers[static_cast<size_t>(plan_.scratch_of[i])];
+        ScratchRegion lend(static_cast<char*>(arena_->data) + s.offset,
+                           static_cast<size_t>(s.bytes));
+        evaluate(p, in, out);
+      } else {
+        evaluate(p, in, out);
+      }
     }
     for (size_t j = 0; j < node.outputs.size(); ++j)
       live[static_cast<size_t>(node.outputs[j])] = std::move(out[j]);
@@ -67,10 +91,16 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
         live[static_cast<size_t>(id)] = Tensor();
     for (int id : node.outputs)
       if (last_use_[static_cast<size_t>(id)] < 0) live[static_cast<size_t>(id)] = Tensor();
+    if (arena && options_.poison)
+      for (int b : plan_.dies_after[i]) {
+        const MemoryPlan::Buffer& buf = plan_.buffers[static_cast<size_t>(b)];
+        std::memset(static_cast<char*>(arena_->data) + buf.offset, 0xFF,
+                    static_cast<size_t>(buf.bytes));  // NaN in f32, bf16 and f16
+      }
   }
   std::vector<Tensor> result;
   for (const auto& [name, id] : graph_.outputs) result.push_back(live[static_cast<size_t>(id)]);
   return result;
 }
 
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

@@ -3,34 +3,56 @@
 // and learning rate tensors, the loss scale) except the step's inputs, which are bound anew each
 // run (the batch). No autograd node is built and no mode is consulted: the gradients are values
 // of the graph that its optimizer updates read. Scratch tensors (a zeroed flag, backward's seed)
-// are fill nodes, made anew. Each intermediate is released after its last use, as eager
-// execution releases activations during backward. Per-step numbers come from device tensors the
-// host writes between runs (Optimizer::set_lr), never from constants of the capture.
+// are fill nodes, made anew. Per-step numbers come from device tensors the host writes between
+// runs (Optimizer::set_lr), never from constants of the capture.
 //
-// Not yet: guards (a run checks only that each bound input has the captured shape and dtype),
-// fusion passes and the one-arena memory plan, DDP's bucket hooks and collectives.
+// Memory: by default every intermediate lives in one arena laid out by the memory plan
+// (memory_plan.h) and allocated once, with a tensor handle per value made once, so a run
+// allocates only its named outputs (they outlive it) and the views it makes of its inputs. The
+// separate mode allocates each intermediate on its own and frees it after its last use, as eager
+// execution does: what the sanitizer builds run, since an arena would hide a read past a buffer's
+// end. `poison` fills the whole arena with NaN bytes before each run and each buffer again after
+// its last use: a node that read a buffer its producer had not yet written in this run, or one
+// the plan had already handed to another value, would change the results (tested).
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "kuai/compile/graph.h"
+#include "kuai/compile/memory_plan.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
+
+struct ExecutableOptions {
+  enum class Memory { kArena, kSeparate };
+  Memory memory = Memory::kArena;
+  bool in_place = true;  // arena: outputs may take over dying inputs' buffers
+  bool poison = false;   // arena: NaN-fill each buffer after its last use
+};
 
 class Executable {
  public:
-  // `inputs`: the tensors of the captured run that each later run replaces, in order (they must
-  // be external values of the graph).
-  Executable(Graph graph, const std::vector<Tensor>& inputs);
+  // `inputs`: the tensors of the captured run that each later run replaces, in order (external
+  // values of the graph; one the step never read is accepted and ignored).
+  Executable(Graph graph, const std::vector<Tensor>& inputs, ExecutableOptions options = {});
   // Runs the graph with `inputs` in place of the captured ones; returns the named outputs' tensors
   // in the graph's order (Graph::outputs).
   std::vector<Tensor> run(const std::vector<Tensor>& inputs);
   const Graph& graph() const { return graph_; }
+  const MemoryPlan& plan() const { return plan_; }
+  const ExecutableOptions& options() const { return options_; }
+  int64_t arena_bytes() const { return arena_ ? static_cast<int64_t>(arena_->nbytes) : 0; }
 
  private:
   Graph graph_;
-  std::vector<int> input_ids_;
+  ExecutableOptions options_;
+  std::vector<int> input_ids_;  // per input: its value (-1: the step does not read it)
+  std::vector<TensorSpec> input_specs_;
   std::vector<int> last_use_;  // per value: the last node reading it (-1: none)
+  MemoryPlan plan_;
+  std::shared_ptr<Storage> arena_;
+  std::vector<Tensor> planned_;  // arena mode: per value, its handle into the arena (or empty)
 };
 
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

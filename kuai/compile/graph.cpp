@@ -5,7 +5,7 @@
 
 #include "kuai/core/tensor.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
 
 int64_t Graph::count(std::string_view primitive_name) const {
   int64_t n = 0;
@@ -43,4 +43,4 @@ std::string Graph::dump() const {
   return s;
 }
 
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

@@ -15,7 +15,7 @@
 
 #include "kuai/core/primitive.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
 
 struct Value {
   Shape shape;
@@ -30,6 +30,7 @@ struct Node {
   std::shared_ptr<const Primitive> primitive;
   std::vector<int> inputs, outputs;  // value ids
   bool backward = false;             // dispatched by the autograd engine during backward
+  int64_t scratch_bytes = 0;         // kernel scratch its evaluation took (measured at capture)
 };
 
 struct Graph {
@@ -47,4 +48,4 @@ struct Graph {
   std::string dump() const;
 };
 
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

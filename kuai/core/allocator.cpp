@@ -10,6 +10,7 @@
 // KiB pages (a 4x slower first step) with no steady-state gain.
 #include "kuai/core/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -116,5 +117,63 @@ void Allocator::empty_cache(Device device) {
   }
   s.free_blocks.clear();
 }
+
+namespace {
+
+// This thread's scratch: the lent region (if any), and the bytes held at once.
+struct ThreadScratch {
+  char* base = nullptr;
+  size_t size = 0, used = 0;
+  int64_t current = 0, peak = 0;
+};
+thread_local ThreadScratch t_scratch;
+
+size_t scratch_round(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+}  // namespace
+
+ScratchBytes::ScratchBytes(size_t bytes) : bytes_(bytes), data_(nullptr) {
+  if (bytes_ == 0) return;
+  ThreadScratch& t = t_scratch;
+  const size_t need = scratch_round(bytes_);
+  t.current += static_cast<int64_t>(need);
+  t.peak = std::max(t.peak, t.current);
+  if (t.base != nullptr && t.used + need <= t.size) {
+    data_ = t.base + t.used;
+    t.used += need;
+    lent_ = true;
+    return;
+  }
+  data_ = Allocator::get().allocate(bytes_);
+}
+
+ScratchBytes::~ScratchBytes() {
+  if (data_ == nullptr) return;
+  ThreadScratch& t = t_scratch;
+  const size_t need = scratch_round(bytes_);
+  t.current -= static_cast<int64_t>(need);
+  if (!lent_) {
+    Allocator::get().deallocate(data_, bytes_);
+    return;
+  }
+  // Lent bytes are a stack; one freed out of order is reclaimed when the region ends.
+  if (static_cast<char*>(data_) + need == t.base + t.used) t.used -= need;
+}
+
+ScratchRegion::ScratchRegion(void* base, size_t bytes)
+    : saved_base_(t_scratch.base), saved_size_(t_scratch.size), saved_used_(t_scratch.used) {
+  t_scratch.base = static_cast<char*>(base);
+  t_scratch.size = bytes;
+  t_scratch.used = 0;
+}
+
+ScratchRegion::~ScratchRegion() {
+  t_scratch.base = saved_base_;
+  t_scratch.size = saved_size_;
+  t_scratch.used = saved_used_;
+}
+
+int64_t ScratchRegion::peak() { return t_scratch.peak; }
+void ScratchRegion::reset_peak() { t_scratch.peak = t_scratch.current; }
 
 }  // namespace kuai

@@ -35,15 +35,14 @@ class Allocator {
   static size_t round_size(size_t nbytes);
 };
 
-// `bytes` of CPU scratch from the tracking allocator (64-byte aligned, counted by the memory
-// counters), returned when the object goes out of scope. For library workspaces.
+// `bytes` of CPU scratch (64-byte aligned) returned when the object goes out of scope. For
+// library workspaces and kernels' temporary buffers. It comes from the region lent to this thread
+// (ScratchRegion) while one is lent and has room, else from the tracking allocator (so the memory
+// counters see it). Either way it counts in this thread's scratch high-water mark.
 class ScratchBytes {
  public:
-  explicit ScratchBytes(size_t bytes)
-      : bytes_(bytes), data_(bytes_ > 0 ? Allocator::get().allocate(bytes_) : nullptr) {}
-  ~ScratchBytes() {
-    if (data_ != nullptr) Allocator::get().deallocate(data_, bytes_);
-  }
+  explicit ScratchBytes(size_t bytes);
+  ~ScratchBytes();
   ScratchBytes(const ScratchBytes&) = delete;
   ScratchBytes& operator=(const ScratchBytes&) = delete;
   void* data() const { return data_; }
@@ -51,6 +50,26 @@ class ScratchBytes {
  private:
   size_t bytes_;
   void* data_;
+  bool lent_ = false;
+};
+
+// Lends [base, base + bytes) to the scratch of the calling thread until destroyed (nesting
+// restores the outer region): a compiled step hands each node the bytes its memory plan set
+// aside for the node's scratch, so a replay takes no scratch from the allocator. Scratch taken in
+// other threads (inside a parallel region) is not served from it.
+class ScratchRegion {
+ public:
+  ScratchRegion(void* base, size_t bytes);
+  ~ScratchRegion();
+  ScratchRegion(const ScratchRegion&) = delete;
+  ScratchRegion& operator=(const ScratchRegion&) = delete;
+  // The most scratch bytes this thread held at once since reset_peak (rounded to 64 B each).
+  static int64_t peak();
+  static void reset_peak();
+
+ private:
+  char* saved_base_;
+  size_t saved_size_, saved_used_;
 };
 
 // `count` floats of CPU scratch from the tracking allocator (so the memory counters see it),

@@ -65,6 +65,12 @@ class Primitive : public std::enable_shared_from_this<Primitive> {
   // Output j may be written into the buffer of the input this returns (same shape and dtype),
   // when nothing but this op holds that buffer: a backward op reusing a dead activation.
   virtual int reusable_input(size_t out) const { return -1; }
+  // Output j may be computed over the buffer of the input this returns (same shape and dtype)
+  // when that input is dead after this op: an index-wise kernel (y[i] from x[i]), or a row-wise
+  // one that reads a row before it writes it. Read by the compiled step's memory plan, which
+  // knows every value's last use; eager execution does not know it and never writes over an
+  // input the caller may still hold.
+  virtual int in_place_input(size_t out) const { return reusable_input(out); }
   // Integer inputs (indices, targets) never receive gradients.
   virtual bool differentiable(size_t input) const { return true; }
   // In-place updates (the optimizers, the loss scaler, in-place gradient scaling) write some of

@@ -35,7 +35,7 @@ std::vector<Tensor> View::vjp(std::span<const Tensor> in, std::span<const Tensor
 }
 
 std::vector<Tensor> AsStrided::make_views(std::span<const Tensor> in) const {
-  return one(Tensor::view_of(in[0], shape_, strides_, offset_));
+  return one(Tensor::view_of(in[0], shape_, strides_, in[0].offset() + offset_));
 }
 std::vector<Tensor> AsStrided::vjp(std::span<const Tensor>, std::span<const Tensor>,
                                    std::span<const Tensor>, const std::vector<bool>&) const {

@@ -40,7 +40,7 @@ class View final : public ViewPrimitive {  // reshape without a copy (strides mu
   Shape shape_, strides_;
 };
 
-// A view at an absolute offset into the input's storage: what a graph capture records for a
+// A view at an offset from the input's own (elements): what a graph capture records for a
 // tensor that code made with Tensor::view_of instead of a view op (a vjp returning parts of one
 // buffer), so that a replay makes the same view of the new buffer. Not differentiable.
 class AsStrided final : public ViewPrimitive {
@@ -168,6 +168,7 @@ class Binary final : public Primitive {
   bool saves_input(size_t i) const override {
     return op_ == BinaryOp::kMul || op_ == BinaryOp::kDiv;
   }
+  int in_place_input(size_t) const override { return 0; }  // index-wise: y[i] from a[i], b[.]
   BinaryOp op() const { return op_; }
 
  private:
@@ -179,6 +180,7 @@ class Scale final : public Primitive {
   explicit Scale(float s) : s_(s) {}
   KUAI_PRIMITIVE_COMMON("scale", OpClass::kElementwise)
   bool saves_input(size_t) const override { return false; }
+  int in_place_input(size_t) const override { return 0; }
 
  private:
   float s_;
@@ -187,11 +189,13 @@ class Scale final : public Primitive {
 class Gelu final : public Primitive {
  public:
   KUAI_PRIMITIVE_COMMON("gelu", OpClass::kElementwise)
+  int in_place_input(size_t) const override { return 0; }
 };
 
 class GeluBackward final : public Primitive {  // (x, dy) -> dx
  public:
   KUAI_PRIMITIVE_COMMON("gelu_backward", OpClass::kElementwise)
+  int in_place_input(size_t) const override { return 1; }  // dx over dy
 };
 
 // ---- reductions ----
@@ -236,6 +240,7 @@ class SoftmaxBackward final : public Primitive {  // (y, dy) -> dx
  public:
   explicit SoftmaxBackward(float scale) : scale_(scale) {}
   KUAI_PRIMITIVE_COMMON("softmax_backward", OpClass::kNormalization)
+  int in_place_input(size_t) const override { return 1; }  // dx over dy: the row's dot comes first
 
  private:
   float scale_;
@@ -255,6 +260,8 @@ class LayerNorm final : public Primitive {  // (x, w, b) -> (y, mean, rstd)
 class LayerNormBackward final : public Primitive {  // (x, w, mean, rstd, dy) -> (dx, dw, db)
  public:
   KUAI_PRIMITIVE_COMMON("layer_norm_backward", OpClass::kNormalization)
+  // dx over dy: each row's sums are taken before its dx is written. dw, db are new.
+  int in_place_input(size_t out) const override { return out == 0 ? 4 : -1; }
 };
 
 class Embedding final : public Primitive {  // (weight, indices) -> rows

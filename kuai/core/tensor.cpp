@@ -40,7 +40,16 @@ Shape contiguous_strides(const Shape& s) {
 Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
   data = Allocator::get().allocate(n, d);
 }
-Storage::~Storage() { Allocator::get().deallocate(data, nbytes, device); }
+Storage::Storage(void* borrowed, size_t n, Device d)
+    : data(borrowed), nbytes(n), device(d), owned(false) {}
+Storage::~Storage() {
+  if (owned) Allocator::get().deallocate(data, nbytes, device);
+}
+
+Tensor Tensor::borrow(void* data, Shape shape, DType dtype, Device device) {
+  const auto bytes = static_cast<size_t>(shape_numel(shape) * dtype_size(dtype));
+  return in_storage(std::make_shared<Storage>(data, bytes, device), std::move(shape), dtype, 0);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape)
@@ -73,6 +82,23 @@ Tensor Tensor::view_of(const Tensor& base, Shape shape, Shape strides, int64_t o
   impl->dtype = base.dtype();
   impl->device = base.device();
   impl->storage = base.storage();
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::in_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype,
+                          int64_t offset) {
+  const int64_t bytes = shape_numel(shape) * dtype_size(dtype);
+  if (!storage || offset < 0 ||
+      (offset + shape_numel(shape)) * dtype_size(dtype) > static_cast<int64_t>(storage->nbytes))
+    throw std::out_of_range(fmt::format("in_storage: {} bytes at element {} of {} do not fit",
+                                        bytes, offset, storage ? storage->nbytes : 0));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->strides = contiguous_strides(shape);
+  impl->shape = std::move(shape);
+  impl->offset = offset;
+  impl->dtype = dtype;
+  impl->device = storage->device;
+  impl->storage = std::move(storage);
   return Tensor(std::move(impl));
 }
 

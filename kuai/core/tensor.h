@@ -25,12 +25,15 @@ Shape contiguous_strides(const Shape& s);
 // Bytes owned through the allocator; returned to it when the last tensor lets go.
 struct Storage {
   Storage(size_t nbytes, Device device);
+  // Memory the storage does not own (kernel scratch): it must outlive every tensor over it.
+  Storage(void* borrowed, size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  bool owned = true;
 };
 
 namespace autograd {
@@ -65,6 +68,12 @@ class Tensor {
   static Tensor meta(const Shape& shape, DType dtype, Device device = kCPU);
   // A view over another tensor's storage.
   static Tensor view_of(const Tensor& base, Shape shape, Shape strides, int64_t offset);
+  // A contiguous tensor of `dtype` at `offset` elements into a storage it shares (a planned
+  // buffer in an arena); the range must lie inside the storage.
+  // A contiguous tensor over `data`, memory it does not own (see Storage).
+  static Tensor borrow(void* data, Shape shape, DType dtype, Device device = kCPU);
+  static Tensor in_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype,
+                           int64_t offset);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl_->shape; }

@@ -12,7 +12,7 @@
 #include "kuai/compile/capture.h"
 #include "tests/compile/training_step.h"
 
-namespace kuai::compile {
+namespace kuai::compiler {
 namespace {
 
 using test::batch_of;
@@ -116,4 +116,4 @@ TEST(Capture, MarkedOutputsAreValuesOfTheGraph) {
 }
 
 }  // namespace
-}  // namespace kuai::compile
+}  // namespace kuai::compiler

@@ -15,7 +15,7 @@
 #include "kuai/optim/clip_grad.h"
 #include "kuai/train/trainer.h"
 
-namespace kuai::compile::test {
+namespace kuai::compiler::test {
 
 inline nn::GPTConfig tiny() {
   nn::GPTConfig c;
@@ -86,4 +86,4 @@ inline std::vector<Tensor> batch_of(int step, int micro) {
   return b;
 }
 
-}  // namespace kuai::compile::test
+}  // namespace kuai::compiler::test

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+
 #include <vector>
+#include "kuai/core/allocator.h"
 
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
@@ -93,11 +95,11 @@ void for_widened_chunks(const Tensor& logits, Fn&& fn) {
   if (N <= 0) return;
   const int64_t rows = chunk_rows(N, V), chunks = (N + rows - 1) / rows;
   const int threads = std::max(1, std::min<int>(omp_get_max_threads(), static_cast<int>(chunks)));
-  Tensor buffers = Tensor::empty({threads, rows * V}, DType::kF32, logits.device());
+  ScratchFloats buffers(threads * rows * V);  // taken on the calling thread
 #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t r0 = c * rows, n = std::min(rows, N - r0);
-    float* buf = buffers.data<float>() + omp_get_thread_num() * rows * V;
+    float* buf = buffers.data() + omp_get_thread_num() * rows * V;
     convert_serial(row_ptr(logits, r0), logits.dtype(), buf, DType::kF32, n * V);
     fn(c, r0, n, buf);
   }

@@ -3,6 +3,7 @@
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/widen.h"
 
+#include "kuai/core/allocator.h"
 #include "kuai/core/primitives.h"
 
 namespace kuai {
@@ -18,20 +19,19 @@ void Sum::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
     // buffer, partial sums added in a fixed order, one rounding at the end.
     const int64_t n = s[dim_], rows = std::clamp<int64_t>((1 << 20) / inner, 1, n);
     const DType t = in[0].dtype();
-    Tensor block = Tensor::empty({rows * inner}), part = Tensor::empty({inner}),
-           acc = Tensor::empty({outer * inner});
+    ScratchFloats block(rows * inner), part(inner), acc(outer * inner);
     for (int64_t o = 0; o < outer; ++o) {
-      float* a = acc.data<float>() + o * inner;
+      float* a = acc.data() + o * inner;
       cpu::fill(a, 0.0f, inner);
       for (int64_t r0 = 0; r0 < n; r0 += rows) {
         const int64_t m = std::min(rows, n - r0);
         convert(static_cast<const char*>(in[0].raw_data()) + (o * n + r0) * inner * dtype_size(t),
-                t, block.raw_data(), DType::kF32, m * inner);
-        cpu::sum_axis(block.data<float>(), part.data<float>(), 1, m, inner);
-        cpu::add(a, part.data<float>(), a, inner);
+                t, block.data(), DType::kF32, m * inner);
+        cpu::sum_axis(block.data(), part.data(), 1, m, inner);
+        cpu::add(a, part.data(), a, inner);
       }
     }
-    convert(acc.raw_data(), DType::kF32, out[0].raw_data(), out[0].dtype(), outer * inner);
+    convert(acc.data(), DType::kF32, out[0].raw_data(), out[0].dtype(), outer * inner);
     return;
   }
   cpu::sum_axis(in[0].data<float>(), out[0].data<float>(), outer, s[dim_], inner);

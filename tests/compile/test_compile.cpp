@@ -1,0 +1,133 @@
+// kuai::compile (kuai/compile/compile.h): the first call captures, later calls replay, and the
+// numbers are eager execution's bit for bit; a call whose guards differ (an input's shape, the
+// module's training flag, a replaced parameter) captures again and stays exact; past
+// max_captures, or when the step reads a device value on the host while captured, the step runs
+// eagerly, said once.
+#include <gtest/gtest.h>
+
+#include "kuai/compile/compile.h"
+#include "kuai/core/ops.h"
+#include "tests/compile/training_step.h"
+
+namespace kuai {
+namespace {
+
+using compiler::test::batch_of;
+using compiler::test::Trainer;
+
+std::vector<float> values(const std::vector<Tensor>& ts) {
+  std::vector<float> v;
+  for (const Tensor& t : ts) v.push_back(t.item());
+  return v;
+}
+
+// A batch of `rows` rows for `step` (the guard test changes the row count).
+std::vector<Tensor> rows_of(int step, int64_t rows) {
+  Generator g(500 + static_cast<uint64_t>(step), 0);
+  return {g.randint({rows, 16}, 0, 61), g.randint({rows, 16}, 0, 61)};
+}
+
+CompileOptions options_for(Trainer& t, std::vector<std::string>* said) {
+  CompileOptions o;
+  o.module = &t.model;
+  o.executable.poison = true;
+  o.log = [said](const std::string& m) { said->push_back(m); };
+  return o;
+}
+
+TEST(Compile, CapturesOnceThenReplaysWithEagerNumbers) {
+  Trainer eager(DType::kBF16), compiled(DType::kBF16);
+  std::vector<std::string> said;
+  CompiledStep step = kuai::compile([&](const std::vector<Tensor>& b) { return compiled.step(b); },
+                                    options_for(compiled, &said));
+  for (int s = 0; s < 5; ++s) {
+    const float lr = 1e-3f * static_cast<float>(s + 1);
+    eager.opt.set_lr(lr);
+    compiled.opt.set_lr(lr);
+    EXPECT_EQ(values(step(batch_of(s, 2))), values(eager.step(batch_of(s, 2)))) << "step " << s;
+  }
+  EXPECT_EQ(step.captures(), 1);
+  EXPECT_EQ(step.replays(), 4);
+  EXPECT_FALSE(step.eager());
+  EXPECT_TRUE(said.empty());
+  EXPECT_EQ(compiled.state(), eager.state());
+}
+
+TEST(Compile, AGuardThatFailsCapturesAgainAndStaysExact) {
+  Trainer eager(DType::kF32), compiled(DType::kF32);
+  std::vector<std::string> said;
+  CompiledStep step = kuai::compile([&](const std::vector<Tensor>& b) { return compiled.step(b); },
+                                    options_for(compiled, &said));
+  // Rows 4, 4, 3 (a new shape), 4 (the first graph again), then eval mode (a new graph).
+  const int64_t rows[] = {4, 4, 3, 4, 4};
+  for (int s = 0; s < 5; ++s) {
+    if (s == 4) {
+      eager.model.eval();
+      compiled.model.eval();
+    }
+    EXPECT_EQ(values(step(rows_of(s, rows[s]))), values(eager.step(rows_of(s, rows[s]))))
+        << "step " << s;
+  }
+  EXPECT_EQ(step.captures(), 3);
+  EXPECT_EQ(step.replays(), 2);
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_NE(said[0].find("input 0 is int32 (3, 16), was int32 (4, 16)"), std::string::npos)
+      << said[0];
+  EXPECT_NE(said[1].find("training flag"), std::string::npos) << said[1];
+  EXPECT_EQ(compiled.state(), eager.state());
+}
+
+TEST(Compile, AReplacedStateTensorIsAGuard) {
+  Trainer t(DType::kF32);
+  std::vector<std::string> said;
+  Tensor extra = zeros({3});
+  CompileOptions o = options_for(t, &said);
+  o.state = [&] { return std::vector<Tensor>{extra}; };
+  CompiledStep step = kuai::compile([&](const std::vector<Tensor>& b) { return t.step(b); }, o);
+  step(batch_of(0, 1));
+  step(batch_of(1, 1));
+  extra = zeros({3});  // new storage
+  step(batch_of(2, 1));
+  EXPECT_EQ(step.captures(), 2);
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("replaced"), std::string::npos) << said[0];
+}
+
+TEST(Compile, PastMaxCapturesTheStepRunsEagerlySaidOnce) {
+  Trainer eager(DType::kF32), compiled(DType::kF32);
+  std::vector<std::string> said;
+  CompileOptions o = options_for(compiled, &said);
+  o.max_captures = 2;
+  CompiledStep step =
+      kuai::compile([&](const std::vector<Tensor>& b) { return compiled.step(b); }, o);
+  for (int s = 0; s < 5; ++s)  // a new row count every step
+    EXPECT_EQ(values(step(rows_of(s, 1 + s))), values(eager.step(rows_of(s, 1 + s))));
+  EXPECT_TRUE(step.eager());
+  EXPECT_EQ(step.captures(), 2);
+  ASSERT_EQ(said.size(), 2u);  // the re-capture, then the fallback; not once per step
+  EXPECT_NE(said[1].find("runs eagerly from now on"), std::string::npos) << said[1];
+  EXPECT_EQ(compiled.state(), eager.state());
+}
+
+TEST(Compile, AStepThatReadsTheHostRunsEagerly) {
+  Trainer eager(DType::kF32), compiled(DType::kF32);
+  std::vector<std::string> said;
+  // The step branches on a device value: a replay would bake the branch in.
+  auto branchy = [](Trainer& t, const std::vector<Tensor>& b) {
+    std::vector<Tensor> losses = t.step(b);
+    if (losses[0].item() > 100.0f) losses.push_back(scale(losses[0], 2.0f));
+    return losses;
+  };
+  CompiledStep step =
+      kuai::compile([&](const std::vector<Tensor>& b) { return branchy(compiled, b); },
+                    options_for(compiled, &said));
+  for (int s = 0; s < 3; ++s)
+    EXPECT_EQ(values(step(batch_of(s, 1))), values(branchy(eager, batch_of(s, 1))));
+  EXPECT_TRUE(step.eager());
+  ASSERT_EQ(said.size(), 1u);
+  EXPECT_NE(said[0].find("read 1 device value on the host"), std::string::npos) << said[0];
+  EXPECT_EQ(compiled.state(), eager.state());
+}
+
+}  // namespace
+}  // namespace kuai
