@@ -220,7 +220,7 @@ int run_bench(const std::vector<std::string>& args) {
     if (a == "ddp") return run_ddp_bench(args);
   for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
-        a == "metrics" || a == "checkpoint" || a == "flash")
+        a == "metrics" || a == "checkpoint" || a == "flash" || a == "compile")
       return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)
@@ -233,7 +233,7 @@ int run_bench(const std::vector<std::string>& args) {
   if (what != "machine" && what != "gemm" && what != "bandwidth" && what != "adamw")
     throw std::invalid_argument(
         "unknown benchmark '" + what +
-        "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, "
+        "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, compile, "
         "attention, ddp, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;

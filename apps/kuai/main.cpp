@@ -36,7 +36,7 @@ constexpr const char* kUsage =
     "                                                      generate text from a trained run\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
-    "  bench [--all | precision | accumulation | prefetch | metrics | flash | checkpoint]\n"
+    "  bench [--all | precision | accumulation | prefetch | metrics | flash | compile | checkpoint]\n"
     "        [--config FILE] [--steps N] [--rounds R] [--json FILE] [--svg FILE]\n"
     "        [--section.key=value ...]\n"
     "                                                      what each technique buys here\n"

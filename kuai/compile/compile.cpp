@@ -7,6 +7,7 @@
 
 #include "kuai/amp/autocast.h"
 #include "kuai/compile/capture.h"
+#include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/host_reads.h"
 #include "kuai/nn/module.h"
@@ -143,6 +144,9 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
                     n, n == 1 ? "" : "s", n == 1 ? "it" : "them"));
     return outputs;
   }
+  // The eager step's freed blocks go back to the system before the arena is allocated: replays
+  // never ask for them, and holding both would double the step's memory.
+  Allocator::get().empty_cache();
   entries_.push_back(std::make_unique<Entry>(Entry{
       std::move(guard), compiler::Executable(std::move(graph), inputs, options_.executable)}));
   last_ = nullptr;

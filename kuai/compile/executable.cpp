@@ -28,6 +28,8 @@ Executable::Executable(Graph graph, const std::vector<Tensor>& inputs, Executabl
   if (options_.memory == ExecutableOptions::Memory::kArena) {
     plan_ = plan_memory(graph_, options_.in_place);
     arena_ = std::make_shared<Storage>(static_cast<size_t>(plan_.arena_bytes), kCPU);
+    // Touched once now, so no replay takes the arena's first-touch page faults.
+    std::memset(arena_->data, 0, arena_->nbytes);
     planned_.resize(graph_.values.size());
     for (size_t v = 0; v < graph_.values.size(); ++v)
       if (plan_.offset[v] >= 0) {

@@ -136,6 +136,8 @@ const std::vector<Key>& keys() {
       INT_KEY("train.log_every", log_every, 1, kBig),
       INT_KEY("train.accum_steps", accum_steps, 1, 1 << 20),
       STRING_KEY("train.precision", precision, {"fp32", "bf16", "fp16"}),
+      BOOL_KEY("train.compile", compile),
+      STRING_KEY("train.compile_memory", compile_memory, {"arena", "separate"}),
       FLOAT_KEY("train.loss_scale", loss_scale, 1.1754943508222875e-38, 3.0e38),
       INT_KEY("train.loss_scale_growth_interval", loss_scale_growth_interval, 1, kBig),
       INT_KEY("train.eval_every", eval_every, 0, kBig),

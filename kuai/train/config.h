@@ -41,6 +41,9 @@ struct TrainConfig {
   int64_t accum_steps = 1;  // micro-batches per optimizer step (technique 3)
   // "fp32" | "bf16" | "fp16": autocast compute dtype (technique 1); fp16 adds a loss scaler.
   std::string precision = "fp32";
+  // Technique 4: capture the first step, replay its planned graph after (one process, no ZeRO).
+  bool compile = false;
+  std::string compile_memory = "arena";  // "arena" | "separate" (each buffer its own allocation)
   // fp16's dynamic loss scale (GradScaler's init_scale and growth_interval, PyTorch's defaults).
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -18,6 +19,7 @@
 
 #include "kuai/amp/autocast.h"
 #include "kuai/amp/grad_scaler.h"
+#include "kuai/compile/compile.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/host_reads.h"
@@ -45,6 +47,12 @@ double peak_rss_mib() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
+int64_t minor_faults() {
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_minflt;
+}
+
 double current_rss_mib() {
   std::ifstream statm("/proc/self/statm");
   long pages_total = 0, pages_resident = 0;
@@ -66,9 +74,10 @@ double learning_rate(const TrainConfig& cfg, int64_t step) {
 std::string result_line(const TrainResult& r) {
   return fmt::format(
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
-      "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f}",
+      "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
+      "minor_faults_per_step={:.1f}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
-      r.comm_mib_per_step, r.overlap);
+      r.comm_mib_per_step, r.overlap, r.minor_faults_per_step);
 }
 
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
@@ -407,6 +416,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   };
 
   Allocator::get().reset_peak();
+  int64_t first_step_peak = 0, faults_after_first = 0;
   const double tokens_per_step = static_cast<double>(B * T * k * world);  // over all ranks
   using ms = std::chrono::duration<double, std::milli>;
   bool stop_agreed = false;
@@ -416,33 +426,15 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   using Collective = dist::ProcessGroup::Collective;
   int64_t steps_counted = 0, reads_in_steps = 0, sent_in_steps = 0;
   int64_t reduced_in_steps = 0, reduced_in_backward = 0;
-  for (int64_t step = result.start_step; step < cfg.steps; ++step) {
-    // ZeRO on several ranks: the checkpoint saved after the previous step is put in place now
-    // (a collective; its files were written meanwhile).
-    if (ckpt && sharded_ckpt && !commit_checkpoint()) {
-      result.interrupted = true;
-      break;
-    }
-    // With several ranks, the stop request agreed on in the previous step (every rank stops at
-    // the same step); alone, this process's own.
-    if (stop_work) {
-      stop_work->wait();  // queued a step ago: complete
-      stop_work.reset();
-      stop_agreed = stop_flag.data<float>()[0] > 0.0f;  // host memory, not a device read
-    }
-    if (world > 1 ? stop_agreed : opts.stop && opts.stop->load()) {
-      result.interrupted = true;
-      if (ckpt && step > result.start_step) save_checkpoint(step);
-      break;
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    const int64_t reads0 = host_reads_this_thread();
-    const dist::ProcessGroup::CollectiveStats all0 = group->total_stats(),
-                                              ar0 = group->stats(Collective::kAllReduce),
-                                              rs0 = group->stats(Collective::kReduceScatter);
-    const double lr = learning_rate(cfg, step);
-    opt.set_lr(static_cast<float>(lr));
-    double wait_ms = 0.0, data_ms = 0.0;
+  // The computation of one optimizer step: the micro-batches (from `batch_at`), forward and
+  // backward, DDP's all-reduce, the scaler, clipping, the update, zero_grad. The eager loop and
+  // the compiled step (technique 4, which captures this) run the same code.
+  struct StepTensors {
+    Tensor loss, norm, scale_used;
+    std::chrono::steady_clock::time_point t_fb;
+  };
+  std::shared_ptr<dist::Work> loss_work;
+  auto run_step = [&](const std::function<data::Batch(int64_t)>& batch_at) {
     Tensor loss;
     // Technique 1: autocast over every micro-batch of the step, so each weight is cast once per
     // step; the guard ends (and drops the casts) before the optimizer updates the weights.
@@ -455,10 +447,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       loss_factor = scale(scaler.scale_tensor(), 1.0f / static_cast<float>(k));
     }
     for (int64_t micro = 0; micro < k; ++micro) {
-      const auto td = std::chrono::steady_clock::now();
-      data::Batch batch = loader.next();
-      wait_ms += loader.last_wait_ms();
-      data_ms += ms(std::chrono::steady_clock::now() - td).count();
+      data::Batch batch = batch_at(micro);
       if (ddp) ddp->prepare_backward(micro + 1 == k);  // no_sync until the last micro-batch
       Tensor l = loss_factor.defined()
                      ? forward_backward(model, batch.x, batch.y, loss_factor)
@@ -468,7 +457,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
     amp.reset();
     if (ddp) ddp->finish_backward();  // the gradients are now the average over ranks
-    const auto t_fb = std::chrono::steady_clock::now();
+    const auto t_fb = std::chrono::steady_clock::now();  // forward and backward done
     if (k > 1 || world > 1) {
       autograd::NoGradGuard no_grad;
       loss = scale(loss, 1.0f / static_cast<float>(k));
@@ -478,7 +467,6 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     // every rank learns whether any was asked to stop through a flag in host memory (never a
     // device value), all-reduced now and read at the start of the next step, when it has long
     // completed. Neither blocks the step nor reads a device value.
-    std::shared_ptr<dist::Work> loss_work;
     if (world > 1) {
       autograd::NoGradGuard no_grad;
       loss = contiguous(reshape(loss, {1}));
@@ -512,11 +500,113 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       ddp->zero_grad();  // the gradients stay views into the buckets
     else
       opt.zero_grad();
+    return StepTensors{loss, norm, scale_used, t_fb};
+  };
+
+  // Technique 4: the step captured on its first call and replayed after, guarded (compile.h).
+  // Collectives are not primitives yet, so DDP and ZeRO steps are not captured.
+  std::optional<CompiledStep> compiled;
+  std::vector<Tensor> step_inputs;  // (B, T) int32 x and y per micro-batch: the graph's inputs
+  if (cfg.compile && (world > 1 || zero)) {
+    if (!opts.quiet)
+      out << fmt::format(
+          "train.compile: not applied: {} steps are not captured yet (their "
+          "collectives are not primitives); this run is eager\n",
+          world > 1 ? "multi-rank (DDP)" : "ZeRO");
+  } else if (cfg.compile) {
+    adamw->ensure_state();  // state made inside the captured step would be made anew each replay
+    for (int64_t i = 0; i < 2 * k; ++i) step_inputs.push_back(Tensor::empty({B, T}, DType::kI32));
+    CompileOptions co;
+    co.module = &model;
+    co.executable.memory = cfg.compile_memory == "separate"
+                               ? compiler::ExecutableOptions::Memory::kSeparate
+                               : compiler::ExecutableOptions::Memory::kArena;
+    co.state = [&] {
+      std::vector<Tensor> t = {adamw->step_tensor(), adamw->lr_tensor(), scaler.scale_tensor()};
+      for (const auto& g : adamw->exp_avg()) t.insert(t.end(), g.begin(), g.end());
+      for (const auto& g : adamw->exp_avg_sq()) t.insert(t.end(), g.begin(), g.end());
+      return t;
+    };
+    co.log = [&out, quiet = opts.quiet](const std::string& m) {
+      if (!quiet) out << "\n" << m << "\n";
+    };
+    compiled.emplace(kuai::compile(
+        [&](const std::vector<Tensor>& in) {
+          const StepTensors s = run_step([&](int64_t m) {
+            return data::Batch{in[static_cast<size_t>(2 * m)], in[static_cast<size_t>(2 * m + 1)]};
+          });
+          std::vector<Tensor> o = {s.loss, s.norm};
+          if (s.scale_used.defined()) o.push_back(s.scale_used);
+          return o;
+        },
+        co));
+  }
+  for (int64_t step = result.start_step; step < cfg.steps; ++step) {
+    // ZeRO on several ranks: the checkpoint saved after the previous step is put in place now
+    // (a collective; its files were written meanwhile).
+    if (ckpt && sharded_ckpt && !commit_checkpoint()) {
+      result.interrupted = true;
+      break;
+    }
+    // With several ranks, the stop request agreed on in the previous step (every rank stops at
+    // the same step); alone, this process's own.
+    if (stop_work) {
+      stop_work->wait();  // queued a step ago: complete
+      stop_work.reset();
+      stop_agreed = stop_flag.data<float>()[0] > 0.0f;  // host memory, not a device read
+    }
+    if (world > 1 ? stop_agreed : opts.stop && opts.stop->load()) {
+      result.interrupted = true;
+      if (ckpt && step > result.start_step) save_checkpoint(step);
+      break;
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t reads0 = host_reads_this_thread();
+    const dist::ProcessGroup::CollectiveStats all0 = group->total_stats(),
+                                              ar0 = group->stats(Collective::kAllReduce),
+                                              rs0 = group->stats(Collective::kReduceScatter);
+    const double lr = learning_rate(cfg, step);
+    opt.set_lr(static_cast<float>(lr));
+    double wait_ms = 0.0, data_ms = 0.0;
+    std::chrono::steady_clock::time_point t_fb;
+    StepTensors st;
+    loss_work.reset();
+    if (compiled) {
+      // Technique 4: the micro-batches are copied into the step's input tensors (the graph's
+      // inputs), then the captured step replays (the first call captures it).
+      const auto td = std::chrono::steady_clock::now();
+      for (int64_t micro = 0; micro < k; ++micro) {
+        data::Batch batch = loader.next();
+        wait_ms += loader.last_wait_ms();
+        std::memcpy(step_inputs[2 * micro].raw_data(), batch.x.raw_data(), batch.x.nbytes());
+        std::memcpy(step_inputs[2 * micro + 1].raw_data(), batch.y.raw_data(), batch.y.nbytes());
+      }
+      data_ms = ms(std::chrono::steady_clock::now() - td).count();
+      const std::vector<Tensor> o = (*compiled)(step_inputs);
+      st = {o[0], o[1], o.size() > 2 ? o[2] : Tensor(), {}};
+      t_fb = std::chrono::steady_clock::now();
+    } else {
+      st = run_step([&](int64_t) {
+        const auto td = std::chrono::steady_clock::now();
+        data::Batch batch = loader.next();
+        wait_ms += loader.last_wait_ms();
+        data_ms += ms(std::chrono::steady_clock::now() - td).count();
+        return batch;
+      });
+      t_fb = st.t_fb;
+    }
+    Tensor loss = st.loss;  // (loss_work: set by run_step on several ranks)
+    const Tensor& norm = st.norm;
+    const Tensor& scale_used = st.scale_used;
     if (cfg.sync_every_step) {  // the habit technique 10 removes
       if (loss_work) loss_work->wait();
       (void)loss.item();
     }
     const double step_ms = ms(std::chrono::steady_clock::now() - t0).count();
+    if (compiled && compiled->executable()) {
+      result.compile_arena_bytes = compiled->executable()->arena_bytes();
+      result.compile_nodes = static_cast<int64_t>(compiled->executable()->graph().nodes.size());
+    }
     {
       const auto ar = group->stats(Collective::kAllReduce);
       const auto rs = group->stats(Collective::kReduceScatter);
@@ -534,6 +624,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       if (step == result.start_step) profiler::reset();  // profile the steady state
     }
     result.step_ms.push_back(step_ms);
+    if (step == result.start_step) {
+      // The steady state is measured from the second step: the first one captures under
+      // train.compile (an eager step), and the first step of any run allocates its caches.
+      first_step_peak = Allocator::get().stats().peak;
+      Allocator::get().reset_peak();
+      faults_after_first = minor_faults();
+    }
     result.rss_max_mib = std::max(result.rss_max_mib, current_rss_mib());
     result.data_wait_ms.push_back(wait_ms);
 
@@ -571,6 +668,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (opts.after_step) opts.after_step(step + 1);
   }
   if (stop_work) stop_work->wait();  // the last step's flag: every queued collective completes
+  if (compiled) {
+    result.compile_captures = compiled->captures();
+    result.compile_eager = compiled->eager();
+  }
   if (steps_counted > 0) {
     const double n = static_cast<double>(steps_counted);
     result.host_reads_per_step = static_cast<double>(reads_in_steps) / n;
@@ -589,7 +690,11 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
   }
   ring.flush();
-  result.peak_alloc_bytes = Allocator::get().stats().peak;
+  result.peak_alloc_steady_bytes = steps_counted > 1 ? Allocator::get().stats().peak : 0;
+  result.peak_alloc_bytes = std::max(first_step_peak, Allocator::get().stats().peak);
+  if (steps_counted > 1)
+    result.minor_faults_per_step = static_cast<double>(minor_faults() - faults_after_first) /
+                                   static_cast<double>(steps_counted - 1);
 
   for (const log::LoggedStep& s : ring.history()) {
     result.losses.push_back(static_cast<float>(s.get("loss")));
@@ -623,6 +728,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         "MiB; data wait median {:.2f} ms/step\n",
         static_cast<double>(mem.peak) / (1 << 20), static_cast<double>(mem.reserved) / (1 << 20),
         result.peak_rss_mib, result.data_wait_ms_median);
+    if (compiled)
+      out << fmt::format(
+          "compile: {} capture{}, {} replays{}; graph of {} nodes, arena {:.2f} MiB ({})\n",
+          compiled->captures(), compiled->captures() == 1 ? "" : "s", compiled->replays(),
+          compiled->eager() ? " (then eager)" : "", result.compile_nodes,
+          static_cast<double>(result.compile_arena_bytes) / (1 << 20), cfg.compile_memory);
     if (!result.run_path.empty() && cfg.save_weights)
       out << "weights: " << result.run_path << "/model.safetensors\n";
     if (profiler::enabled()) out << "profile (KUAI_PROFILE=1), steps 2..N:\n" << profiler::report();

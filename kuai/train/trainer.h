@@ -31,8 +31,10 @@ struct TrainResult {
   double step_ms_median = 0;
   double data_wait_ms_median = 0;
   double peak_rss_mib = 0;
-  int64_t peak_alloc_bytes = 0;  // allocator peak over the run (live tensors)
-  double rss_max_mib = 0;        // largest resident set sampled after each step of this run
+  int64_t peak_alloc_bytes = 0;         // allocator peak over the run (live tensors)
+  int64_t peak_alloc_steady_bytes = 0;  // ... over steps 2..N (0 when there is one step)
+  double minor_faults_per_step = 0;     // page faults of the process per step, steps 2..N
+  double rss_max_mib = 0;               // largest resident set sampled after each step of this run
   float final_loss = 0;
   int64_t steps_done = 0;
   bool interrupted = false;
@@ -45,6 +47,12 @@ struct TrainResult {
   double host_reads_per_step = 0;
   double comm_mib_per_step = 0;
   double overlap = 0;
+  // train.compile: captures made (re-captures after a guard failed included), whether the step
+  // fell back to eager, the graph's arena and node count.
+  int64_t compile_captures = 0;
+  bool compile_eager = false;
+  int64_t compile_arena_bytes = 0;
+  int64_t compile_nodes = 0;
   int64_t checkpoints_saved = 0;
   int64_t save_failures = 0;
   std::string save_error;               // the last failed save's message
@@ -89,6 +97,7 @@ std::string result_line(const TrainResult& r);
 
 double peak_rss_mib();     // the process's peak resident set so far (getrusage)
 double current_rss_mib();  // resident set now (/proc/self/statm)
+int64_t minor_faults();    // the process's minor page faults so far (getrusage)
 
 // SIGINT sets the flag returned here (a second Ctrl-C kills as usual).
 const std::atomic<bool>* install_sigint_stop();

@@ -70,6 +70,23 @@ TEST(Ablation, AccumulationArmsDifferInBatchAndMicroBatchesAlone) {
             (std::set<std::string>{"batch_size = 4", "accum_steps = 1"}));
 }
 
+// compile: the arms differ in train.compile alone; the compiled arm's memory is its steady state
+// (steps 2..N: step 1 is the eager step that captures), measured, not zero.
+TEST(Ablation, CompileArmsDifferInTrainCompileAlone) {
+  AblationOptions o;
+  o.steps = 4;
+  o.warmup = 1;
+  o.rounds = 1;
+  std::ostringstream progress;
+  const AblationRow row = run_ablation("compile", tiny(), o, progress);
+  EXPECT_EQ(lines_not_in(row.off.config, row.on.config),
+            (std::set<std::string>{"compile = false"}));
+  EXPECT_GT(row.on.peak_alloc_mib, 0.0);
+  EXPECT_GT(row.off.peak_alloc_mib, 0.0);
+  EXPECT_NE(row.verdict.find("allocator peak of steps 2..N"), std::string::npos) << row.verdict;
+  EXPECT_EQ(row.claim_speedup_lo, 1.10);
+}
+
 AblationRow with_rounds(std::vector<double> off, std::vector<double> on) {
   AblationRow r;
   r.technique = "metrics";
