@@ -144,6 +144,7 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
                     n, n == 1 ? "" : "s", n == 1 ? "it" : "them"));
     return outputs;
   }
+  report_ = compiler::run_passes(graph, options_.passes);
   // The eager step's freed blocks go back to the system before the arena is allocated: replays
   // never ask for them, and holding both would double the step's memory.
   Allocator::get().empty_cache();

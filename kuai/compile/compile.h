@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kuai/compile/executable.h"
+#include "kuai/compile/passes.h"
 
 namespace kuai {
 
@@ -30,6 +31,7 @@ class Module;
 
 struct CompileOptions {
   compiler::ExecutableOptions executable;
+  compiler::PassOptions passes;  // run on each captured graph before its memory plan
   int max_captures = 4;
   const nn::Module* module = nullptr;           // guards its training flag and parameters
   std::function<std::vector<Tensor>()> state;   // more tensors whose storage must not change
@@ -51,6 +53,8 @@ class CompiledStep {
   bool eager() const { return eager_; }  // fell back for good (the reason was logged)
   // The graph replayed by the last call (null before the first replay or when eager).
   const compiler::Executable* executable() const { return last_; }
+  // What the passes did to the latest captured graph.
+  const compiler::PassReport& pass_report() const { return report_; }
 
  private:
   struct Entry;
@@ -61,6 +65,7 @@ class CompiledStep {
   CompileOptions options_;
   std::vector<std::unique_ptr<Entry>> entries_;
   const compiler::Executable* last_ = nullptr;
+  compiler::PassReport report_;
   int64_t captures_ = 0, replays_ = 0;
   bool eager_ = false;
 };

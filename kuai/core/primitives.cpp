@@ -381,6 +381,21 @@ std::vector<Tensor> SoftmaxBackward::vjp(std::span<const Tensor>, std::span<cons
   not_twice(name());
 }
 
+std::vector<TensorSpec> AddLayerNorm::infer(std::span<const Tensor> in) const {
+  if (in.size() != 4) throw std::invalid_argument("add_layer_norm: takes (a, b, weight, bias)");
+  for (const Tensor& t : in) check_float32(name(), t);
+  if (in[0].shape() != in[1].shape())
+    throw std::invalid_argument(fmt::format("add_layer_norm: a {} and b {} differ",
+                                            shape_str(in[0].shape()), shape_str(in[1].shape())));
+  std::vector<TensorSpec> ln = LayerNorm(eps_).infer(std::vector<Tensor>{in[0], in[2], in[3]});
+  ln.insert(ln.begin(), TensorSpec{in[0].shape(), DType::kF32});
+  return ln;
+}
+std::vector<Tensor> AddLayerNorm::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                      std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("add_layer_norm is made by graph fusion and has no vjp");
+}
+
 std::vector<TensorSpec> LayerNorm::infer(std::span<const Tensor> in) const {
   for (const Tensor& t : in) check_float32(name(), t);
   const Tensor& x = in[0];

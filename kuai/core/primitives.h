@@ -252,6 +252,21 @@ class LayerNorm final : public Primitive {  // (x, w, b) -> (y, mean, rstd)
   KUAI_PRIMITIVE_COMMON("layer_norm", OpClass::kNormalization)
   bool saves_input(size_t i) const override { return i < 2; }
   bool saves_output(size_t j) const override { return j > 0; }
+  float eps() const { return eps_; }
+
+ private:
+  float eps_;
+};
+
+// The residual add and the LayerNorm that reads its sum, in one pass over the rows (a compiled
+// graph's fusion, kuai/compile/passes.h): (a, b, w, bias) -> (x = a + b, y, mean, rstd), each
+// output bit for bit what add then layer_norm give (the sum is rounded once either way, and each
+// row's statistics are the same function of the same row). Never recorded by autograd.
+class AddLayerNorm final : public Primitive {
+ public:
+  explicit AddLayerNorm(float eps) : eps_(eps) {}
+  KUAI_PRIMITIVE_COMMON("add_layer_norm", OpClass::kNormalization)
+  int in_place_input(size_t out) const override { return out == 0 ? 0 : -1; }  // x over a
 
  private:
   float eps_;

@@ -12,6 +12,8 @@
 #include <sstream>
 #include <variant>
 
+#include "kuai/compile/passes.h"
+
 namespace kuai::train {
 namespace {
 
@@ -138,6 +140,7 @@ const std::vector<Key>& keys() {
       STRING_KEY("train.precision", precision, {"fp32", "bf16", "fp16"}),
       BOOL_KEY("train.compile", compile),
       STRING_KEY("train.compile_memory", compile_memory, {"arena", "separate"}),
+      STRING_KEY("train.compile_disable", compile_disable, {}),
       FLOAT_KEY("train.loss_scale", loss_scale, 1.1754943508222875e-38, 3.0e38),
       INT_KEY("train.loss_scale_growth_interval", loss_scale_growth_interval, 1, kBig),
       INT_KEY("train.eval_every", eval_every, 0, kBig),
@@ -224,6 +227,12 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         fmt::format("config: model.vocab_size ({}) must be at least 256 for byte-level token files",
                     c.model.vocab_size));
+  try {
+    (void)compiler::PassOptions::all_but(c.compile_disable);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(
+        fmt::format("config: train.compile_disable = \"{}\": {}", c.compile_disable, e.what()));
+  }
   if (c.zero == 2 && c.compression != "none")
     throw ConfigError(fmt::format(
         "config: dist.compression = \"{}\" is not combined with dist.zero = 2 (its gradients are "

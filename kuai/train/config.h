@@ -44,6 +44,7 @@ struct TrainConfig {
   // Technique 4: capture the first step, replay its planned graph after (one process, no ZeRO).
   bool compile = false;
   std::string compile_memory = "arena";  // "arena" | "separate" (each buffer its own allocation)
+  std::string compile_disable;  // passes switched off, comma-separated (kuai/compile/passes.h)
   // fp16's dynamic loss scale (GradScaler's init_scale and growth_interval, PyTorch's defaults).
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

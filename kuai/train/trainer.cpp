@@ -518,6 +518,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     for (int64_t i = 0; i < 2 * k; ++i) step_inputs.push_back(Tensor::empty({B, T}, DType::kI32));
     CompileOptions co;
     co.module = &model;
+    co.passes = compiler::PassOptions::all_but(cfg.compile_disable);
     co.executable.memory = cfg.compile_memory == "separate"
                                ? compiler::ExecutableOptions::Memory::kSeparate
                                : compiler::ExecutableOptions::Memory::kArena;

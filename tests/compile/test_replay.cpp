@@ -8,6 +8,7 @@
 
 #include "kuai/compile/capture.h"
 #include "kuai/compile/executable.h"
+#include "kuai/compile/passes.h"
 #include "tests/compile/training_step.h"
 
 namespace kuai::compiler {
@@ -22,6 +23,7 @@ using Memory = ExecutableOptions::Memory;
 struct Mode {
   Memory memory;
   bool poison;
+  bool passes = true;  // dead-value elimination and the fusions (passes.h)
 };
 class Replay : public ::testing::TestWithParam<std::tuple<DType, int, Mode>> {};
 
@@ -53,6 +55,7 @@ TEST_P(Replay, FiveCompiledStepsEqualEagerBitForBit) {
                           for (size_t m = 0; m < losses.size(); ++m)
                             mode.mark_output("loss" + std::to_string(m), losses[m]);
                         });
+      if (mode.passes) run_passes(g);
       exe = std::make_unique<Executable>(std::move(g), batch, options);
     } else {
       losses = exe->run(batch);
@@ -74,9 +77,10 @@ TEST_P(Replay, FiveCompiledStepsEqualEagerBitForBit) {
   }
 }
 
-// Each precision with the intermediates in one arena whose dead buffers are poisoned with NaN
-// (a plan that hands out a buffer something still reads changes the numbers), in the arena
-// without poison, and each intermediate allocated on its own (the sanitizer builds' mode).
+// Each precision after the passes with the intermediates in one arena whose dead buffers are
+// poisoned with NaN (a plan that hands out a buffer something still reads changes the numbers),
+// in the arena without poison, without the passes, and each intermediate allocated on its own
+// (the sanitizer builds' mode).
 INSTANTIATE_TEST_SUITE_P(
     PrecisionsMicroBatchesAndMemory, Replay,
     ::testing::Values(std::tuple{DType::kF32, 1, Mode{Memory::kArena, true}},
@@ -84,6 +88,7 @@ INSTANTIATE_TEST_SUITE_P(
                       std::tuple{DType::kBF16, 1, Mode{Memory::kArena, true}},
                       std::tuple{DType::kF16, 2, Mode{Memory::kArena, true}},
                       std::tuple{DType::kF32, 2, Mode{Memory::kArena, false}},
+                      std::tuple{DType::kF32, 2, Mode{Memory::kArena, true, false}},
                       std::tuple{DType::kBF16, 1, Mode{Memory::kSeparate, false}},
                       std::tuple{DType::kF16, 2, Mode{Memory::kSeparate, false}}));
 

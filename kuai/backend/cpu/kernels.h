@@ -48,6 +48,11 @@ void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, 
                       float scale);
 
 // ---- LayerNorm over the last axis of x (N, C) ----
+// x = a + b, then layer_norm_forward of x, a block of rows at a time (while the block is in
+// cache); bit for bit the two calls.
+void add_layer_norm_forward(const float* a, const float* b, float* x, const float* w,
+                            const float* bias, float* y, float* mean, float* rstd, int64_t N,
+                            int64_t C, float eps);
 void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
                         float* rstd, int64_t N, int64_t C, float eps);
 // Writes dx (N, C), dw (C) and db (C) (overwrites, does not accumulate).

@@ -142,6 +142,28 @@ void layer_norm_forward(const float* x, const float* w, const float* b, float* y
   }
 }
 
+void add_layer_norm_forward(const float* a, const float* b, float* x, const float* w,
+                            const float* bias, float* y, float* mean, float* rstd, int64_t N,
+                            int64_t C, float eps) {
+  if (N <= 0 || C <= 0) return;
+  // Blocks of about 32 KiB of x: the add writes them, the statistics read them back from L1/L2.
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 13) / C);
+#pragma omp parallel if (N * C >= kMinParallel && N > 1)
+  {
+    int64_t r0, r1;
+    thread_range(N, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+    for (int64_t r = r0; r < r1; r += block) {
+      const int64_t e = std::min(r1, r + block);
+      const float *pa = a + r * C, *pb = b + r * C;
+      float* px = x + r * C;
+      const int64_t n = (e - r) * C;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) px[i] = pa[i] + pb[i];
+      forward_rows(x, w, bias, y, mean, rstd, r, e, C, eps);
+    }
+  }
+}
+
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C) {
   if (C <= 0) return;

@@ -1,0 +1,93 @@
+// The graph passes (kuai/compile/passes.h): the fused AddLayerNorm equals add then layer_norm bit
+// for bit at odd sizes (one row, widths off the vector length, enough rows for several threads);
+// on the captured tiny step, dead-value elimination leaves only nodes whose outputs are read or
+// that write an input, the add_layer_norm pass fuses every residual add that feeds a LayerNorm
+// (2 per layer), and passes can be switched off by name. That the rewritten
+// step still gives eager execution's numbers is test_replay.cpp's and test_compile_training.cpp's.
+#include <gtest/gtest.h>
+
+#include "kuai/compile/capture.h"
+#include "kuai/compile/passes.h"
+#include "kuai/core/autograd.h"
+#include "kuai/core/dispatch.h"
+#include "kuai/core/primitives.h"
+#include "tests/compile/training_step.h"
+
+namespace kuai::compiler {
+namespace {
+
+TEST(Passes, AddLayerNormEqualsAddThenLayerNormBitForBit) {
+  for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 1}, {3, 17}, {5, 256}, {33, 100}, {300, 130}, {2, 4099}}) {
+    Generator g(static_cast<uint64_t>(N * 1000 + C), 0);
+    const Tensor a = g.normal({N, C}), b = g.normal({N, C}), w = g.normal({C}),
+                 bias = g.normal({C});
+    autograd::NoGradGuard no_grad;
+    const Tensor x = add(a, b);
+    const std::vector<Tensor> ln = dispatch(std::make_shared<LayerNorm>(1e-5f), {x, w, bias});
+    const std::vector<Tensor> f = dispatch(std::make_shared<AddLayerNorm>(1e-5f), {a, b, w, bias});
+    ASSERT_EQ(f.size(), 4u);
+    EXPECT_EQ(f[0].to_vector<float>(), x.to_vector<float>()) << N << "x" << C << " sum";
+    for (size_t j = 0; j < 3; ++j)
+      EXPECT_EQ(f[j + 1].to_vector<float>(), ln[j].to_vector<float>())
+          << N << "x" << C << " output " << j;
+  }
+}
+
+Graph tiny_step() {
+  test::Trainer t(DType::kF32);
+  std::vector<Tensor> losses;
+  const std::vector<Tensor> batch = test::batch_of(0, 1);
+  return capture([&] { losses = t.step(batch); },
+                 [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
+}
+
+TEST(Passes, DeadValueEliminationKeepsWhatIsReadOrWrites) {
+  Graph g = tiny_step();
+  const size_t before = g.nodes.size();
+  const int64_t removed = eliminate_dead_values(g);
+  EXPECT_GT(removed, 0);
+  EXPECT_EQ(g.nodes.size() + static_cast<size_t>(removed), before);
+  EXPECT_EQ(eliminate_dead_values(g), 0) << "a second run finds nothing";
+  std::vector<bool> read(g.values.size(), false);
+  for (const Node& n : g.nodes)
+    for (int id : n.inputs) read[static_cast<size_t>(id)] = true;
+  for (const auto& [name, id] : g.outputs) read[static_cast<size_t>(id)] = true;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    bool useful = false;
+    for (int id : n.outputs) useful = useful || read[static_cast<size_t>(id)];
+    for (size_t k = 0; k < n.inputs.size(); ++k) useful = useful || n.primitive->mutates_input(k);
+    EXPECT_TRUE(useful) << "#" << i << " " << n.primitive->name();
+    for (int id : n.outputs) EXPECT_EQ(g.values[static_cast<size_t>(id)].producer, int(i));
+  }
+}
+
+TEST(Passes, EveryResidualAddThatFeedsALayerNormIsFused) {
+  Graph g = tiny_step();
+  const int64_t adds = g.count("add"), norms = g.count("layer_norm");
+  const PassReport r = run_passes(g);
+  // ln_2 of each block and ln_1 of the next (ln_f after the last). ln_1 of block 0 reads the
+  // embedding sum, token rows plus position rows broadcast over the batch: not a same-shape add,
+  // so it stays unfused.
+  const int64_t fusable = 2 * test::tiny().n_layer;
+  EXPECT_EQ(r.get("add_layer_norm"), fusable);
+  EXPECT_EQ(g.count("add_layer_norm"), fusable);
+  EXPECT_EQ(g.count("layer_norm"), norms - fusable);
+  EXPECT_EQ(g.count("add"), adds - fusable);
+  EXPECT_EQ(r.nodes_after, static_cast<int64_t>(g.nodes.size()));
+}
+
+TEST(Passes, AreSwitchedOffByName) {
+  Graph g = tiny_step();
+  const size_t before = g.nodes.size();
+  const PassReport r = run_passes(g, PassOptions::all_but("dead_values,add_layer_norm"));
+  EXPECT_EQ(g.nodes.size(), before);
+  EXPECT_TRUE(r.rewrites.empty());
+  EXPECT_THROW(PassOptions::all_but("fuse_everything"), std::invalid_argument);
+  EXPECT_FALSE(PassOptions::all_but("add_layer_norm").add_layer_norm);
+  EXPECT_TRUE(PassOptions::all_but("add_layer_norm").dead_values);
+}
+
+}  // namespace
+}  // namespace kuai::compiler
