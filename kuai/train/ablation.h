@@ -26,6 +26,7 @@ struct ArmStats {
   double tokens_per_s = 0;
   double peak_alloc_mib = 0;  // max over rounds of the allocator's peak of live tensors
   double peak_rss_mib = 0;    // max over rounds of the sampled resident set during the run
+  double reserved_mib = 0;    // max over rounds of the allocator's reserved bytes at the end
   double figure = 0;          // the technique's own figure (data wait ms, host reads/step, ...)
   TrainConfig config;         // what this arm trained
 };

@@ -632,7 +632,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       Allocator::get().reset_peak();
       faults_after_first = minor_faults();
     }
-    result.rss_max_mib = std::max(result.rss_max_mib, current_rss_mib());
+    const double rss = current_rss_mib();
+    result.rss_max_mib = std::max(result.rss_max_mib, rss);
+    if (step > result.start_step) result.rss_steady_max_mib = std::max(result.rss_steady_max_mib, rss);
     result.data_wait_ms.push_back(wait_ms);
 
     log::StepMetrics m;
@@ -692,6 +694,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   }
   ring.flush();
   result.peak_alloc_steady_bytes = steps_counted > 1 ? Allocator::get().stats().peak : 0;
+  result.alloc_reserved_bytes = Allocator::get().stats().reserved;
   result.peak_alloc_bytes = std::max(first_step_peak, Allocator::get().stats().peak);
   if (steps_counted > 1)
     result.minor_faults_per_step = static_cast<double>(minor_faults() - faults_after_first) /

@@ -34,6 +34,8 @@ struct TrainResult {
   int64_t peak_alloc_bytes = 0;         // allocator peak over the run (live tensors)
   int64_t peak_alloc_steady_bytes = 0;  // ... over steps 2..N (0 when there is one step)
   double minor_faults_per_step = 0;     // page faults of the process per step, steps 2..N
+  double rss_steady_max_mib = 0;        // largest resident set sampled after steps 2..N
+  int64_t alloc_reserved_bytes = 0;     // what the allocator holds at the end (live + cached)
   double rss_max_mib = 0;               // largest resident set sampled after each step of this run
   float final_loss = 0;
   int64_t steps_done = 0;
