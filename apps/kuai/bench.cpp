@@ -23,6 +23,7 @@
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
 #include "kuai/train/ablation.h"
+#include "kuai/train/compile_bench.h"
 #include "kuai/train/config.h"
 
 namespace kuai::app {
@@ -137,6 +138,49 @@ void bench_adamw(double triad_gbs) {
                            floor_ms, ms / floor_ms);
 }
 
+// `kuai bench compile`: eager against compiled steps interleaved in one process, in fp32 and bf16
+// (or the precision an override names), on the default job's model (synthetic tokens: the batch
+// does not change a step's time).
+int run_compile_bench(const std::vector<std::string>& args) {
+  std::vector<std::string> overrides;
+  int64_t steps = 12, warmup = 2;
+  std::string config_path;
+  bool precision_given = false;
+  for (const std::string& a : args) {
+    auto number = [&](const std::string& v) {
+      const long long n = std::stoll(v);
+      if (n <= 0) throw std::invalid_argument(a + ": not a positive integer");
+      return static_cast<int64_t>(n);
+    };
+    if (a == "compile") continue;
+    if (a.rfind("--steps=", 0) == 0)
+      steps = number(a.substr(8));
+    else if (a.rfind("--warmup=", 0) == 0)
+      warmup = number(a.substr(9));
+    else if (a.rfind("--config=", 0) == 0)
+      config_path = a.substr(9);
+    else if (a.rfind("--", 0) == 0) {
+      overrides.push_back(a);
+      precision_given = precision_given || a.rfind("--train.precision=", 0) == 0;
+    } else
+      throw std::invalid_argument("bench compile: unknown argument " + a);
+  }
+  train::TrainConfig base = train::load_config(config_path, overrides);
+  if (base.threads > 0) omp_set_num_threads(static_cast<int>(base.threads));
+  std::vector<train::CompileBench> runs;
+  for (const std::string& p :
+       precision_given ? std::vector<std::string>{base.precision} : std::vector<std::string>{"fp32", "bf16"}) {
+    train::TrainConfig c = base;
+    c.precision = p;
+    runs.push_back(train::run_compile_bench(c, steps, warmup, std::cerr));
+  }
+  std::cout << machine_line() << "\n"
+            << train::compile_bench_markdown(runs);
+  for (const auto& r : runs)
+    if (!r.losses_equal) return 1;
+  return 0;
+}
+
 int run_ablation_bench(const std::vector<std::string>& args) {
   std::vector<std::string> techniques, overrides;
   std::string config_path, json_path = "runs/bench/ablation.json",
@@ -219,8 +263,10 @@ int run_bench(const std::vector<std::string>& args) {
   for (const std::string& a : args)
     if (a == "ddp") return run_ddp_bench(args);
   for (const std::string& a : args)
+    if (a == "compile") return run_compile_bench(args);
+  for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
-        a == "metrics" || a == "checkpoint" || a == "flash" || a == "compile")
+        a == "metrics" || a == "checkpoint" || a == "flash")
       return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)

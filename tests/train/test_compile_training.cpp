@@ -11,6 +11,8 @@
 #include <iterator>
 #include <sstream>
 
+#include "kuai/compile/passes.h"
+#include "kuai/train/compile_bench.h"
 #include "kuai/train/trainer.h"
 
 namespace kuai::train {
@@ -103,6 +105,31 @@ TEST(CompiledTrainingZero, IsNotCapturedAndSaysSo) {
       << log;
   EXPECT_EQ(compiled.compile_captures, 0);
   EXPECT_EQ(compiled.losses, eager.losses);
+}
+
+}  // namespace
+}  // namespace kuai::train
+
+namespace kuai::train {
+namespace {
+
+// `kuai bench compile`: every arm trains the same steps; the compiled arms' losses equal eager's
+// (the bench checks it at every step), each pass off gives a larger graph than all on.
+TEST(CompileBench, ArmsInterleaveAndMatchEager) {
+  const TrainConfig c = load_config("", {"--model.n_layer=2", "--model.d_model=32",
+                                         "--model.n_head=2", "--model.seq_len=16",
+                                         "--train.batch_size=2", "--data.source=synthetic"});
+  std::ostringstream progress;
+  const CompileBench b = run_compile_bench(c, 4, 1, progress);
+  EXPECT_TRUE(b.losses_equal) << progress.str();
+  ASSERT_EQ(b.arms.size(), 2 + compiler::PassOptions::names().size());
+  EXPECT_FALSE(b.arms[0].compiled);
+  for (const CompileBenchArm& a : b.arms) EXPECT_EQ(a.step_ms.size(), 3u) << a.label;
+  for (size_t i = 2; i < b.arms.size(); ++i)
+    EXPECT_GT(b.arms[i].nodes, b.arms[1].nodes) << b.arms[i].label;
+  EXPECT_GT(b.arms[1].arena_bytes, 0);
+  const std::string md = compile_bench_markdown({b});
+  EXPECT_NE(md.find("yes, bit for bit"), std::string::npos) << md;
 }
 
 }  // namespace
