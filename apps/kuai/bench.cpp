@@ -168,14 +168,13 @@ int run_compile_bench(const std::vector<std::string>& args) {
   train::TrainConfig base = train::load_config(config_path, overrides);
   if (base.threads > 0) omp_set_num_threads(static_cast<int>(base.threads));
   std::vector<train::CompileBench> runs;
-  for (const std::string& p :
-       precision_given ? std::vector<std::string>{base.precision} : std::vector<std::string>{"fp32", "bf16"}) {
+  for (const std::string& p : precision_given ? std::vector<std::string>{base.precision}
+                                              : std::vector<std::string>{"fp32", "bf16"}) {
     train::TrainConfig c = base;
     c.precision = p;
     runs.push_back(train::run_compile_bench(c, steps, warmup, std::cerr));
   }
-  std::cout << machine_line() << "\n"
-            << train::compile_bench_markdown(runs);
+  std::cout << machine_line() << "\n" << train::compile_bench_markdown(runs);
   for (const auto& r : runs)
     if (!r.losses_equal) return 1;
   return 0;

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "kuai/core/allocator.h"
@@ -24,6 +25,7 @@ int CaptureMode::new_value(const Tensor& t, int producer, bool view) {
   if (producer < 0) v.external = t;
   const int id = static_cast<int>(graph_.values.size());
   graph_.values.push_back(std::move(v));
+  storage_of_.push_back(t.storage());
   ids_[key_of(t)] = Known{t.storage(), id, t.offset()};
   auto owner = owners_.find(t.storage().get());
   if (owner == owners_.end() || owner->second.storage.lock().get() != t.storage().get())
@@ -90,13 +92,32 @@ void CaptureMode::mark_output(const std::string& name, const Tensor& t) {
   graph_.outputs.emplace_back(name, it->second.id);
 }
 
-Graph capture(const std::function<void()>& step, const std::function<void(CaptureMode&)>& outputs) {
+std::vector<int> CaptureMode::escaped() const {
+  // The outputs' storages, and the externals' (a view of the batch or of a parameter shares it).
+  std::vector<const Storage*> kept;
+  for (const auto& [name, id] : graph_.outputs)
+    if (auto s = storage_of_[static_cast<size_t>(id)].lock()) kept.push_back(s.get());
+  for (const Value& v : graph_.values)
+    if (v.producer < 0 && v.external.has_storage()) kept.push_back(v.external.storage().get());
+  std::vector<int> out;
+  for (size_t v = 0; v < graph_.values.size(); ++v) {
+    if (graph_.values[v].producer < 0) continue;
+    const std::shared_ptr<Storage> s = storage_of_[v].lock();
+    if (s && std::find(kept.begin(), kept.end(), s.get()) == kept.end())
+      out.push_back(static_cast<int>(v));
+  }
+  return out;
+}
+
+Graph capture(const std::function<void()>& step, const std::function<void(CaptureMode&)>& outputs,
+              std::vector<int>* escaped) {
   CaptureMode mode;
   {
     ModeGuard guard(mode);
     step();
     if (outputs) outputs(mode);
   }
+  if (escaped) *escaped = mode.escaped();
   return mode.take();
 }
 

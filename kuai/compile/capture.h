@@ -32,6 +32,10 @@ class CaptureMode final : public DispatchMode {
   void mark_output(const std::string& name, const Tensor& t);
   // The graph; the last node's scratch is measured now.
   Graph take();
+  // Values the captured code made that are still alive now, other than the named outputs and
+  // what shares their memory: state created inside the step (an optimizer's moments made on its
+  // first step), which a replay would make anew instead of updating. Call before take().
+  std::vector<int> escaped() const;
   const Graph& graph() const { return graph_; }
 
  private:
@@ -48,11 +52,14 @@ class CaptureMode final : public DispatchMode {
   std::map<const Storage*, Known> owners_;  // a storage -> the first value seen in it
   Graph graph_;
   int pending_ = -1;  // the node whose evaluation's scratch is being measured
+  std::vector<std::weak_ptr<Storage>> storage_of_;  // per value
 };
 
 // Runs `step` under a CaptureMode and returns what it recorded; `outputs` (called after the step,
-// still under the mode) may mark named outputs.
+// still under the mode) may mark named outputs. `escaped`, when given, receives
+// CaptureMode::escaped().
 Graph capture(const std::function<void()>& step,
-              const std::function<void(CaptureMode&)>& outputs = {});
+              const std::function<void(CaptureMode&)>& outputs = {},
+              std::vector<int>* escaped = nullptr);
 
 }  // namespace kuai::compiler

@@ -127,13 +127,15 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
 
   // Capture: the step runs as usual under the recorder.
   std::vector<Tensor> outputs;
+  std::vector<int> escaped;
   const int64_t reads = host_reads_this_thread();
   compiler::Graph graph =
       compiler::capture([&] { outputs = step_(inputs); },
                         [&](compiler::CaptureMode& mode) {
                           for (size_t j = 0; j < outputs.size(); ++j)
                             mode.mark_output(fmt::format("output{}", j), outputs[j]);
-                        });
+                        },
+                        &escaped);
   ++captures_;
   if (const int64_t n = host_reads_this_thread() - reads; n > 0) {
     eager_ = true;
@@ -142,6 +144,18 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
         fmt::format("the step read {} device value{} on the host while it was captured; a "
                     "replay could not repeat {}, so the step runs eagerly",
                     n, n == 1 ? "" : "s", n == 1 ? "it" : "them"));
+    return outputs;
+  }
+  if (!escaped.empty()) {
+    // State made inside the step (its first call): this call was an ordinary step, and the next
+    // one captures again, with the state in place.
+    const compiler::Value& v = graph.values[static_cast<size_t>(escaped[0])];
+    say(
+        fmt::format("the step made {} tensor{} that outlive{} it (e.g. {} {}: state created on "
+                    "the first call, such as an optimizer's moments); a replay would not update "
+                    "them, so the next call captures again",
+                    escaped.size(), escaped.size() == 1 ? "" : "s", escaped.size() == 1 ? "s" : "",
+                    dtype_name(v.dtype), shape_str(v.shape)));
     return outputs;
   }
   report_ = compiler::run_passes(graph, options_.passes);

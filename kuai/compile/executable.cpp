@@ -6,10 +6,41 @@
 #include <cstring>
 #include <stdexcept>
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define KUAI_ASAN_ARENA 1
+#else
+#define KUAI_ASAN_ARENA 0
+#endif
+
 #include "kuai/core/allocator.h"
 #include "kuai/core/dispatch.h"
 
 namespace kuai::compiler {
+
+namespace {
+
+// Under AddressSanitizer the arena is poisoned except for the buffers alive at the node that runs,
+// so a kernel reading past its buffer into a neighbour's dead bytes, or a plan handing out bytes
+// before their value is made, is reported where it happens.
+void asan_poison(void* p, size_t n) {
+#if KUAI_ASAN_ARENA
+  ASAN_POISON_MEMORY_REGION(p, n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+void asan_unpoison(void* p, size_t n) {
+#if KUAI_ASAN_ARENA
+  ASAN_UNPOISON_MEMORY_REGION(p, n);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
+}  // namespace
 
 Executable::Executable(Graph graph, const std::vector<Tensor>& inputs, ExecutableOptions options)
     : graph_(std::move(graph)), options_(options) {
@@ -27,7 +58,15 @@ Executable::Executable(Graph graph, const std::vector<Tensor>& inputs, Executabl
   last_use_ = last_uses(graph_);
   if (options_.memory == ExecutableOptions::Memory::kArena) {
     plan_ = plan_memory(graph_, options_.in_place);
-    arena_ = std::make_shared<Storage>(static_cast<size_t>(plan_.arena_bytes), kCPU);
+    // The arena's bytes are whole again when it dies (the allocator may hand them out anew).
+    arena_ = std::shared_ptr<Storage>(new Storage(static_cast<size_t>(plan_.arena_bytes), kCPU),
+                                      [](Storage* s) {
+                                        asan_unpoison(s->data, s->nbytes);
+                                        delete s;
+                                      });
+    born_at_.resize(graph_.nodes.size());
+    for (size_t b = 0; b < plan_.buffers.size(); ++b)
+      born_at_[static_cast<size_t>(plan_.buffers[b].first)].push_back(static_cast<int>(b));
     // Touched once now, so no replay takes the arena's first-touch page faults.
     std::memset(arena_->data, 0, arena_->nbytes);
     planned_.resize(graph_.values.size());
@@ -59,11 +98,18 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> in, out;
   // Poisoning: what a node reads must have been written in this run, by the node the plan says.
   if (arena && options_.poison) std::memset(arena_->data, 0xFF, arena_->nbytes);
+  if (arena) asan_poison(arena_->data, arena_->nbytes);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& node = graph_.nodes[i];
     const Primitive& p = *node.primitive;
     in.clear();
     for (int id : node.inputs) in.push_back(live[static_cast<size_t>(id)]);
+    if (arena)
+      for (int b : born_at_[i]) {
+        const MemoryPlan::Buffer& buf = plan_.buffers[static_cast<size_t>(b)];
+        asan_unpoison(static_cast<char*>(arena_->data) + buf.offset,
+                      static_cast<size_t>(buf.bytes));
+      }
     if (p.is_view()) {
       out = p.make_views(in);
     } else {
@@ -93,11 +139,13 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
         live[static_cast<size_t>(id)] = Tensor();
     for (int id : node.outputs)
       if (last_use_[static_cast<size_t>(id)] < 0) live[static_cast<size_t>(id)] = Tensor();
-    if (arena && options_.poison)
+    if (arena)
       for (int b : plan_.dies_after[i]) {
         const MemoryPlan::Buffer& buf = plan_.buffers[static_cast<size_t>(b)];
-        std::memset(static_cast<char*>(arena_->data) + buf.offset, 0xFF,
-                    static_cast<size_t>(buf.bytes));  // NaN in f32, bf16 and f16
+        char* p0 = static_cast<char*>(arena_->data) + buf.offset;
+        if (options_.poison)
+          std::memset(p0, 0xFF, static_cast<size_t>(buf.bytes));  // NaN in f32, bf16 and f16
+        asan_poison(p0, static_cast<size_t>(buf.bytes));
       }
   }
   std::vector<Tensor> result;

@@ -10,10 +10,11 @@
 // (memory_plan.h) and allocated once, with a tensor handle per value made once, so a run
 // allocates only its named outputs (they outlive it) and the views it makes of its inputs. The
 // separate mode allocates each intermediate on its own and frees it after its last use, as eager
-// execution does: what the sanitizer builds run, since an arena would hide a read past a buffer's
-// end. `poison` fills the whole arena with NaN bytes before each run and each buffer again after
-// its last use: a node that read a buffer its producer had not yet written in this run, or one
-// the plan had already handed to another value, would change the results (tested).
+// execution does, so a sanitizer sees each buffer's own bounds (the sanitizer builds run both).
+// Under AddressSanitizer the arena mode keeps every byte poisoned outside the lifetime of the
+// buffer that holds it. `poison` fills the whole arena with NaN bytes before each run and each
+// buffer again after its last use: a node that read a buffer its producer had not yet written in
+// this run, or one the plan had already handed to another value, would change the results (tested).
 #pragma once
 
 #include <memory>
@@ -53,6 +54,7 @@ class Executable {
   MemoryPlan plan_;
   std::shared_ptr<Storage> arena_;
   std::vector<Tensor> planned_;  // arena mode: per value, its handle into the arena (or empty)
+  std::vector<std::vector<int>> born_at_;  // per node: the buffers made there
 };
 
 }  // namespace kuai::compiler

@@ -94,8 +94,8 @@ void run_arm(Arm& arm, const AblationOptions& o, const std::string& technique,
   const int64_t peak = technique == "compile" ? r.peak_alloc_steady_bytes : r.peak_alloc_bytes;
   arm.stats.peak_alloc_mib =
       std::max(arm.stats.peak_alloc_mib, static_cast<double>(peak) / (1 << 20));
-  arm.stats.peak_rss_mib = std::max(
-      arm.stats.peak_rss_mib, technique == "compile" ? r.rss_steady_max_mib : r.rss_max_mib);
+  arm.stats.peak_rss_mib = std::max(arm.stats.peak_rss_mib,
+                                    technique == "compile" ? r.rss_steady_max_mib : r.rss_max_mib);
   arm.stats.reserved_mib =
       std::max(arm.stats.reserved_mib, static_cast<double>(r.alloc_reserved_bytes) / (1 << 20));
   double figure = 0;

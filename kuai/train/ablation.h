@@ -19,7 +19,7 @@ namespace kuai::train {
 
 struct ArmStats {
   std::string label;
-  std::vector<double> step_ms;  // kept steps of every round
+  std::vector<double> step_ms;   // kept steps of every round
   std::vector<double> round_ms;  // the median kept step of each round
   double step_ms_median = 0;
   double step_ms_min = 0, step_ms_max = 0;  // the spread: min and max of round_ms

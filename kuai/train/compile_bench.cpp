@@ -63,7 +63,8 @@ struct Learner {
     }
     Tensor loss;
     for (int64_t m = 0; m < k; ++m) {
-      const Tensor &x = batch[static_cast<size_t>(2 * m)], &y = batch[static_cast<size_t>(2 * m + 1)];
+      const Tensor &x = batch[static_cast<size_t>(2 * m)],
+                   &y = batch[static_cast<size_t>(2 * m + 1)];
       Tensor l = factor.defined() ? forward_backward(model, x, y, factor)
                                   : forward_backward(model, x, y, 1.0f / static_cast<float>(k));
       autograd::NoGradGuard no_grad;
@@ -100,8 +101,8 @@ CompileBench run_compile_bench(const TrainConfig& cfg, int64_t steps, int64_t wa
   bench.precision = cfg.precision;
   bench.steps = steps;
   bench.warmup = warmup;
-  bench.model = fmt::format("GPT {} layers, d_model {}, vocab {}, T {}, batch {}{}", cfg.model.n_layer,
-                            cfg.model.d_model, cfg.model.vocab_size, T, B,
+  bench.model = fmt::format("GPT {} layers, d_model {}, vocab {}, T {}, batch {}{}",
+                            cfg.model.n_layer, cfg.model.d_model, cfg.model.vocab_size, T, B,
                             k > 1 ? fmt::format(" x {} micro-batches", k) : "");
   struct Arm {
     CompileBenchArm info;
@@ -138,8 +139,7 @@ CompileBench run_compile_bench(const TrainConfig& cfg, int64_t steps, int64_t wa
   for (int64_t i = 0; i < 2 * k; ++i) batch.push_back(Tensor::empty({B, T}, DType::kI32));
   for (int64_t s = 0; s < steps; ++s) {
     Generator g(static_cast<uint64_t>(cfg.seed) + 7919 * static_cast<uint64_t>(s), 0);
-    for (Tensor& t : batch)
-      t = g.randint({B, T}, 0, static_cast<int32_t>(cfg.model.vocab_size));
+    for (Tensor& t : batch) t = g.randint({B, T}, 0, static_cast<int32_t>(cfg.model.vocab_size));
     const float lr = static_cast<float>(learning_rate(cfg, s));
     std::vector<size_t> order(arms.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = s % 2 ? order.size() - 1 - i : i;
@@ -148,8 +148,7 @@ CompileBench run_compile_bench(const TrainConfig& cfg, int64_t steps, int64_t wa
       Arm& a = arms[i];
       a.learner->opt.set_lr(lr);
       const auto t0 = Clock::now();
-      const std::vector<Tensor> out =
-          a.compiled ? (*a.compiled)(batch) : a.learner->step(batch);
+      const std::vector<Tensor> out = a.compiled ? (*a.compiled)(batch) : a.learner->step(batch);
       const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       if (s >= warmup) a.info.step_ms.push_back(ms);
       losses[i] = out[0].item();
@@ -196,12 +195,11 @@ std::string compile_bench_markdown(const std::vector<CompileBench>& runs) {
         "|---|---|---|---|---|\n",
         b.model, b.precision, b.steps, b.warmup, b.losses_equal ? "yes, bit for bit" : "NO");
     for (const CompileBenchArm& a : b.arms)
-      s += fmt::format("| {} | {:.1f} ({:.1f}-{:.1f}) | {} | {} | {} |\n", a.label, a.median_ms,
-                       a.p25_ms, a.p75_ms,
-                       a.compiled ? fmt::format("{:.3f}x", a.speedup) : std::string("-"),
-                       a.compiled ? std::to_string(a.nodes) : std::string("-"),
-                       a.compiled ? fmt::format("{:.1f}", a.arena_bytes / 1048576.0)
-                                  : std::string("-"));
+      s += fmt::format(
+          "| {} | {:.1f} ({:.1f}-{:.1f}) | {} | {} | {} |\n", a.label, a.median_ms, a.p25_ms,
+          a.p75_ms, a.compiled ? fmt::format("{:.3f}x", a.speedup) : std::string("-"),
+          a.compiled ? std::to_string(a.nodes) : std::string("-"),
+          a.compiled ? fmt::format("{:.1f}", a.arena_bytes / 1048576.0) : std::string("-"));
     s += fmt::format(
         "\nallocator peak of one step above what lives between steps: eager {:.1f} MiB, compiled "
         "{:.1f} MiB (arena included)\n",

@@ -20,18 +20,18 @@ namespace kuai::train {
 
 struct CompileBenchArm {
   std::string label;
-  std::string disabled;          // the passes switched off (compiled arms)
+  std::string disabled;  // the passes switched off (compiled arms)
   bool compiled = false;
-  std::vector<double> step_ms;   // kept steps
+  std::vector<double> step_ms;  // kept steps
   double median_ms = 0, p25_ms = 0, p75_ms = 0;
-  int64_t nodes = 0;             // of the replayed graph
+  int64_t nodes = 0;  // of the replayed graph
   int64_t arena_bytes = 0;
-  double speedup = 0;            // eager median / this median
+  double speedup = 0;  // eager median / this median
 };
 
 struct CompileBench {
   std::string precision;
-  std::string model;             // "GPT 4 layers, d_model 256, T 256, batch 16"
+  std::string model;  // "GPT 4 layers, d_model 256, T 256, batch 16"
   int64_t steps = 0, warmup = 0;
   std::vector<CompileBenchArm> arms;  // arms[0] is eager
   bool losses_equal = true;           // every arm's loss == eager's at every step

@@ -634,7 +634,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
     const double rss = current_rss_mib();
     result.rss_max_mib = std::max(result.rss_max_mib, rss);
-    if (step > result.start_step) result.rss_steady_max_mib = std::max(result.rss_steady_max_mib, rss);
+    if (step > result.start_step)
+      result.rss_steady_max_mib = std::max(result.rss_steady_max_mib, rss);
     result.data_wait_ms.push_back(wait_ms);
 
     log::StepMetrics m;

@@ -116,9 +116,9 @@ namespace {
 // `kuai bench compile`: every arm trains the same steps; the compiled arms' losses equal eager's
 // (the bench checks it at every step), each pass off gives a larger graph than all on.
 TEST(CompileBench, ArmsInterleaveAndMatchEager) {
-  const TrainConfig c = load_config("", {"--model.n_layer=2", "--model.d_model=32",
-                                         "--model.n_head=2", "--model.seq_len=16",
-                                         "--train.batch_size=2", "--data.source=synthetic"});
+  const TrainConfig c =
+      load_config("", {"--model.n_layer=2", "--model.d_model=32", "--model.n_head=2",
+                       "--model.seq_len=16", "--train.batch_size=2", "--data.source=synthetic"});
   std::ostringstream progress;
   const CompileBench b = run_compile_bench(c, 4, 1, progress);
   EXPECT_TRUE(b.losses_equal) << progress.str();
