@@ -97,6 +97,7 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
   }
   std::vector<Tensor> in, out;
   // Poisoning: what a node reads must have been written in this run, by the node the plan says.
+  if (arena) asan_unpoison(arena_->data, arena_->nbytes);  // poisoned since the last run's end
   if (arena && options_.poison) std::memset(arena_->data, 0xFF, arena_->nbytes);
   if (arena) asan_poison(arena_->data, arena_->nbytes);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
