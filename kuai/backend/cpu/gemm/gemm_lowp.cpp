@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <vector>
 
 #include "kuai/backend/cpu/gemm/gemm.h"
@@ -143,6 +144,33 @@ const float* panel(const void* x, DType t, int64_t ld, bool trans, int64_t r0, i
   return scratch;
 }
 
+// The widened panels of one product. Called from inside a parallel loop (attention's per-head
+// products), a worker thread takes them from three per-thread buffers kept between calls (up to
+// 1 MiB each, as the packed kernels' per-thread packing buffers): no allocator round trip per
+// head, and nothing a compiled step would have to allocate on a worker. Otherwise they are
+// tracked scratch from the calling thread.
+constexpr int64_t kLocalWidenFloats = int64_t{1} << 18;
+
+class WidenBuffer {
+ public:
+  WidenBuffer(int64_t count, int slot) {
+    if (count > 0 && count <= kLocalWidenFloats && omp_in_parallel()) {
+      thread_local std::vector<float> local[3];
+      std::vector<float>& v = local[slot];
+      if (static_cast<int64_t>(v.size()) < count) v.resize(static_cast<size_t>(count));
+      data_ = v.data();
+    } else {
+      scratch_.emplace(count);
+      data_ = scratch_->data();
+    }
+  }
+  float* data() const { return data_; }
+
+ private:
+  std::optional<ScratchFloats> scratch_;
+  float* data_ = nullptr;
+};
+
 // bias (N floats, fp32) is added on the first K block through gemm_bias (alpha 1, beta 0 only),
 // so a low-precision C is still rounded once.
 void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -153,9 +181,9 @@ void gemm_convert_fp32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t
   const bool widen_c = c_dtype != DType::kF32;
   const Blocking blk = choose_blocking(M, N, K, widen_a, widen_b, widen_c, panel_budget());
   const int64_t kb = std::min(blk.kb, K);  // 0 when K == 0: one empty K block
-  ScratchFloats a_buf(widen_a ? std::min(blk.mb, M) * kb : 0);
-  ScratchFloats b_buf(widen_b ? kb * std::min(blk.nb, N) : 0);
-  ScratchFloats c_buf(widen_c ? std::min(blk.mb, M) * std::min(blk.nb, N) : 0);
+  WidenBuffer a_buf(widen_a ? std::min(blk.mb, M) * kb : 0, 0);
+  WidenBuffer b_buf(widen_b ? kb * std::min(blk.nb, N) : 0, 1);
+  WidenBuffer c_buf(widen_c ? std::min(blk.mb, M) * std::min(blk.nb, N) : 0, 2);
   // The panels last widened, so a panel that does not change between consecutive products (one
   // K block, or one M or N block) is widened once.
   int64_t a_at[2] = {-1, -1}, b_at[2] = {-1, -1};
