@@ -16,16 +16,9 @@
 #include <vector>
 
 #include "kuai/compile/graph.h"
+#include "kuai/compile/pass_options.h"
 
 namespace kuai::compiler {
-
-struct PassOptions {
-  bool dead_values = true;
-  bool add_layer_norm = true;
-  // "dead_values,add_layer_norm": the passes named are switched off (unknown names throw).
-  static PassOptions all_but(const std::string& disabled);
-  static const std::vector<std::string>& names();
-};
 
 struct PassReport {
   std::vector<std::pair<std::string, int64_t>> rewrites;  // pass -> nodes it rewrote or removed

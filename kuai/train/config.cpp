@@ -12,7 +12,7 @@
 #include <sstream>
 #include <variant>
 
-#include "kuai/compile/passes.h"
+#include "kuai/compile/pass_options.h"
 
 namespace kuai::train {
 namespace {
