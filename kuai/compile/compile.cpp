@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 
 #include "kuai/amp/autocast.h"
@@ -159,6 +161,14 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
     return outputs;
   }
   report_ = compiler::run_passes(graph, options_.passes);
+  // KUAI_COMPILE_DUMP=FILE writes each graph as replayed (after its passes), a node a line.
+  if (const char* path = std::getenv("KUAI_COMPILE_DUMP"); path != nullptr && *path != '\0') {
+    std::ofstream f(path, std::ios::app);
+    f << fmt::format("# graph {}: {} nodes before the passes, {} after\n", captures_,
+                     report_.nodes_before, report_.nodes_after)
+      << graph.dump();
+    if (!f) say(fmt::format("KUAI_COMPILE_DUMP: cannot write {}", path));
+  }
   // The eager step's freed blocks go back to the system before the arena is allocated: replays
   // never ask for them, and holding both would double the step's memory.
   Allocator::get().empty_cache();

@@ -2,6 +2,7 @@
 #include "kuai/compile/pass_options.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -9,7 +10,9 @@
 namespace kuai::compiler {
 
 const std::vector<std::string>& PassOptions::names() {
-  static const std::vector<std::string> n = {"dead_values", "add_layer_norm"};
+  static const std::vector<std::string> n = {"dead_values", "add_layer_norm",
+                                             "layer_norm_backward_add", "gelu_backward_sum",
+                                             "cross_entropy"};
   return n;
 }
 
@@ -18,13 +21,16 @@ PassOptions PassOptions::all_but(const std::string& disabled) {
   std::stringstream in(disabled);
   for (std::string name; std::getline(in, name, ',');) {
     if (name.empty()) continue;
-    if (name == "dead_values")
-      o.dead_values = false;
-    else if (name == "add_layer_norm")
-      o.add_layer_norm = false;
-    else
+    bool* flag = name == "dead_values"               ? &o.dead_values
+                 : name == "add_layer_norm"          ? &o.add_layer_norm
+                 : name == "layer_norm_backward_add" ? &o.layer_norm_backward_add
+                 : name == "gelu_backward_sum"       ? &o.gelu_backward_sum
+                 : name == "cross_entropy"           ? &o.cross_entropy
+                                                     : nullptr;
+    if (flag == nullptr)
       throw std::invalid_argument(
-          fmt::format("unknown compile pass '{}' (passes: dead_values, add_layer_norm)", name));
+          fmt::format("unknown compile pass '{}' (passes: {})", name, fmt::join(names(), ", ")));
+    *flag = false;
   }
   return o;
 }

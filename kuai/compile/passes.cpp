@@ -108,11 +108,218 @@ int64_t fuse_add_layer_norm(Graph& graph) {
   return fused;
 }
 
+namespace {
+
+// The value a view value aliases, following view nodes to the buffer that owns the memory.
+int root_of(const Graph& g, int id) {
+  while (true) {
+    const Value& v = g.values[static_cast<size_t>(id)];
+    if (!v.view || v.producer < 0) return id;
+    id = g.nodes[static_cast<size_t>(v.producer)].inputs[0];
+  }
+}
+
+// Whether a node of (first, last) other than those in `skip` reads (when `reads`) or writes the
+// memory of `root`: moving an access to `root` across such a node would change what it sees.
+bool touched_between(const Graph& g, size_t first, size_t last, int root, bool reads,
+                     const std::vector<bool>* skip = nullptr) {
+  for (size_t i = first + 1; i < last; ++i) {
+    if (skip && (*skip)[i]) continue;
+    const Node& n = g.nodes[i];
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (root_of(g, n.inputs[k]) == root && (reads || n.primitive->mutates_input(k))) return true;
+  }
+  return false;
+}
+
+// Per root value: the nodes that read it or a view of it (view nodes themselves excepted).
+std::vector<std::vector<int>> readers_by_root(const Graph& g) {
+  std::vector<std::vector<int>> r(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].primitive->is_view()) continue;
+    for (int id : g.nodes[i].inputs) r[static_cast<size_t>(root_of(g, id))].push_back(int(i));
+  }
+  return r;
+}
+
+std::vector<Node> without(std::vector<Node>& nodes, const std::vector<bool>& remove) {
+  std::vector<Node> kept;
+  for (size_t i = 0; i < nodes.size(); ++i)
+    if (!remove[i]) kept.push_back(std::move(nodes[i]));
+  return kept;
+}
+
+}  // namespace
+
+int64_t fuse_layer_norm_backward_add(Graph& graph) {
+  const std::vector<std::vector<int>> readers = readers_by_root(graph);
+  std::vector<bool> remove(graph.nodes.size(), false);
+  int64_t fused = 0;
+  for (size_t a = 0; a < graph.nodes.size(); ++a) {
+    const Node& add = graph.nodes[a];
+    if (dynamic_cast<const AddInPlace*>(add.primitive.get()) == nullptr) continue;
+    const int r = add.inputs[0], d = add.inputs[1];
+    const Value &rv = graph.values[static_cast<size_t>(r)],
+                &dv = graph.values[static_cast<size_t>(d)];
+    if (dv.view || dv.producer < 0 || rv.view || rv.dtype != DType::kF32 || dv.dtype != DType::kF32)
+      continue;
+    const auto l = static_cast<size_t>(dv.producer);
+    Node& lnb = graph.nodes[l];
+    if (dynamic_cast<const LayerNormBackward*>(lnb.primitive.get()) == nullptr ||
+        lnb.outputs[0] != d || remove[l])
+      continue;
+    // dx is read by the add alone; the accumulator exists before the LayerNorm backward and
+    // nothing between the two reads or writes it (its update moves up to the backward).
+    if (readers[static_cast<size_t>(d)] != std::vector<int>{static_cast<int>(a)}) continue;
+    if (rv.producer >= static_cast<int>(l) || touched_between(graph, l, a, root_of(graph, r), true))
+      continue;
+    Node f;
+    f.primitive = std::make_shared<LayerNormBackwardAdd>();
+    f.inputs = lnb.inputs;
+    f.inputs.push_back(r);
+    f.outputs = {lnb.outputs[1], lnb.outputs[2]};
+    f.backward = true;
+    f.scratch_bytes = std::max(lnb.scratch_bytes, add.scratch_bytes);
+    lnb = std::move(f);
+    remove[a] = true;
+    ++fused;
+  }
+  graph.nodes = without(graph.nodes, remove);
+  renumber(graph);
+  return fused;
+}
+
+int64_t fuse_gelu_backward_sum(Graph& graph) {
+  std::vector<bool> remove(graph.nodes.size(), false);
+  int64_t fused = 0;
+  for (size_t s = 0; s < graph.nodes.size(); ++s) {
+    const Node& sum = graph.nodes[s];
+    const auto* red = dynamic_cast<const Sum*>(sum.primitive.get());
+    if (red == nullptr) continue;
+    // The summed value is dx itself or a reshape of it (view nodes only, no permutation).
+    int id = sum.inputs[0];
+    bool reshapes = true;
+    while (graph.values[static_cast<size_t>(id)].view && reshapes) {
+      const Node& v =
+          graph.nodes[static_cast<size_t>(graph.values[static_cast<size_t>(id)].producer)];
+      reshapes = dynamic_cast<const View*>(v.primitive.get()) != nullptr;
+      id = v.inputs[0];
+    }
+    const Value& dx = graph.values[static_cast<size_t>(id)];
+    if (!reshapes || dx.producer < 0 || dx.dtype != DType::kF32) continue;
+    const auto g = static_cast<size_t>(dx.producer);
+    Node& gb = graph.nodes[g];
+    if (dynamic_cast<const GeluBackward*>(gb.primitive.get()) == nullptr || gb.outputs[0] != id ||
+        remove[g])
+      continue;
+    bool f32 = true;
+    for (int in : gb.inputs)
+      f32 = f32 && graph.values[static_cast<size_t>(in)].dtype == DType::kF32;
+    // A sum over every row: the axes before the summed one are all 1, the ones after it are the
+    // last axis of dx.
+    const Shape& shape = graph.values[static_cast<size_t>(sum.inputs[0])].shape;
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < red->dim(); ++i) outer *= shape[static_cast<size_t>(i)];
+    for (size_t i = static_cast<size_t>(red->dim()) + 1; i < shape.size(); ++i) inner *= shape[i];
+    if (!f32 || dx.shape.empty() || outer != 1 || inner != dx.shape.back()) continue;
+    // The sum moves up to the backward: nothing in between may write dx.
+    if (touched_between(graph, g, s, id, false)) continue;
+    const int db = sum.outputs[0];
+    Node f;
+    f.primitive = std::make_shared<GeluBackwardSum>(graph.values[static_cast<size_t>(db)].shape);
+    f.inputs = gb.inputs;
+    f.outputs = {id, db};
+    f.backward = true;
+    f.scratch_bytes = std::max(gb.scratch_bytes, sum.scratch_bytes);
+    gb = std::move(f);
+    remove[s] = true;
+    ++fused;
+  }
+  graph.nodes = without(graph.nodes, remove);
+  renumber(graph);
+  return fused;
+}
+
+int64_t fuse_cross_entropy(Graph& graph) {
+  int64_t fused = 0;
+  for (size_t b = 0; b < graph.nodes.size(); ++b) {
+    const auto* ceb = dynamic_cast<const CrossEntropyBackward*>(graph.nodes[b].primitive.get());
+    if (ceb == nullptr) continue;
+    const std::vector<int> bin = graph.nodes[b].inputs;  // logits, targets, lse, count, dloss
+    const Value& lse = graph.values[static_cast<size_t>(bin[2])];
+    if (lse.producer < 0) continue;
+    const auto f = static_cast<size_t>(lse.producer);
+    const Node& fwd = graph.nodes[f];
+    const auto* ce = dynamic_cast<const CrossEntropy*>(fwd.primitive.get());
+    if (ce == nullptr || ce->ignore_index() != ceb->ignore_index() || fwd.outputs[1] != bin[2] ||
+        fwd.outputs[2] != bin[3] || fwd.inputs[0] != bin[0] || fwd.inputs[1] != bin[1])
+      continue;
+    const Value& seed = graph.values[static_cast<size_t>(bin[4])];
+    if (seed.dtype != DType::kF32 || seed.shape.size() > 1 ||
+        (seed.shape.size() == 1 && seed.shape[0] != 1))
+      continue;
+    // The nodes between the two that make dloss (backward's seed, scaled) move up before the
+    // forward: they may not read what the forward made or what a node in between writes.
+    std::vector<bool> move(graph.nodes.size(), false), after_f(graph.values.size(), false);
+    for (int id : fwd.outputs) after_f[static_cast<size_t>(id)] = true;
+    std::vector<int> todo = {bin[4]};
+    bool ok = true;
+    while (!todo.empty() && ok) {
+      const int id = todo.back();
+      todo.pop_back();
+      const Value& v = graph.values[static_cast<size_t>(id)];
+      if (after_f[static_cast<size_t>(id)] || v.producer >= static_cast<int>(b)) ok = false;
+      if (!ok || v.producer < static_cast<int>(f)) continue;  // external or made before
+      const auto p = static_cast<size_t>(v.producer);
+      if (move[p]) continue;
+      move[p] = true;
+      const Node& n = graph.nodes[p];
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        ok = ok && !n.primitive->mutates_input(k);
+        todo.push_back(n.inputs[k]);
+      }
+    }
+    if (!ok) continue;
+    for (size_t i = f + 1; i < b && ok; ++i)
+      if (move[i])
+        for (int id : graph.nodes[i].inputs)
+          ok = ok && !touched_between(graph, f, i, root_of(graph, id), false, &move);
+    const int logits = root_of(graph, bin[0]), targets = root_of(graph, bin[1]);
+    if (!ok || touched_between(graph, f, b, logits, false) ||
+        touched_between(graph, f, b, targets, false))
+      continue;
+    Node fusedn;
+    fusedn.primitive = std::make_shared<CrossEntropyWithGrad>(ce->ignore_index());
+    fusedn.inputs = {bin[0], bin[1], bin[4]};
+    fusedn.outputs = fwd.outputs;
+    fusedn.outputs.insert(fusedn.outputs.end(), graph.nodes[b].outputs.begin(),
+                          graph.nodes[b].outputs.end());
+    fusedn.scratch_bytes = std::max(fwd.scratch_bytes, graph.nodes[b].scratch_bytes);
+    std::vector<Node> order;
+    for (size_t i = 0; i < f; ++i) order.push_back(std::move(graph.nodes[i]));
+    for (size_t i = f + 1; i < b; ++i)
+      if (move[i]) order.push_back(std::move(graph.nodes[i]));
+    order.push_back(std::move(fusedn));
+    for (size_t i = f + 1; i < graph.nodes.size(); ++i)
+      if (!move[i] && i != b) order.push_back(std::move(graph.nodes[i]));
+    graph.nodes = std::move(order);
+    renumber(graph);
+    ++fused;
+    b = f;  // the fused node's position; the scan continues after it
+  }
+  return fused;
+}
+
 PassReport run_passes(Graph& graph, const PassOptions& options) {
   PassReport r;
   r.nodes_before = static_cast<int64_t>(graph.nodes.size());
   if (options.dead_values) r.rewrites.emplace_back("dead_values", eliminate_dead_values(graph));
   if (options.add_layer_norm) r.rewrites.emplace_back("add_layer_norm", fuse_add_layer_norm(graph));
+  if (options.layer_norm_backward_add)
+    r.rewrites.emplace_back("layer_norm_backward_add", fuse_layer_norm_backward_add(graph));
+  if (options.gelu_backward_sum)
+    r.rewrites.emplace_back("gelu_backward_sum", fuse_gelu_backward_sum(graph));
+  if (options.cross_entropy) r.rewrites.emplace_back("cross_entropy", fuse_cross_entropy(graph));
   r.nodes_after = static_cast<int64_t>(graph.nodes.size());
   return r;
 }

@@ -6,6 +6,17 @@
 //   add_layer_norm  a residual add whose sum feeds a LayerNorm becomes one AddLayerNorm node (the
 //                   sum is still an output: the residual stream reads it again), so the rows are
 //                   normalised while they are in cache instead of being read back from memory.
+//   layer_norm_backward_add
+//                   a LayerNorm backward whose dx is only added into the residual gradient (add_)
+//                   becomes one node that adds each block of dx into it while the block is in
+//                   cache (LayerNormBackwardAdd): dx never goes through memory;
+//   gelu_backward_sum
+//                   GELU's backward and the bias gradient of the linear before it (a sum of its
+//                   dx over every row) in one pass (GeluBackwardSum): each block of dx is summed
+//                   as it is made, instead of being read back from memory;
+//   cross_entropy   the loss's forward and backward in one pass over each block of logit rows
+//                   (CrossEntropyWithGrad), its gradient written over the logits when they die
+//                   there; the nodes that make backward's seed move up before it.
 //
 // A pass rewrites Graph::nodes; values keep their ids (a removed node's outputs are left unread, as
 // empty externals), and producers are renumbered.
@@ -30,6 +41,9 @@ PassReport run_passes(Graph& graph, const PassOptions& options = {});
 
 int64_t eliminate_dead_values(Graph& graph);
 int64_t fuse_add_layer_norm(Graph& graph);
+int64_t fuse_layer_norm_backward_add(Graph& graph);
+int64_t fuse_gelu_backward_sum(Graph& graph);
+int64_t fuse_cross_entropy(Graph& graph);
 
 // After nodes were removed or replaced: every value's producer is its node's index again.
 void renumber(Graph& graph);

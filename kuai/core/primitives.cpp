@@ -416,6 +416,52 @@ std::vector<Tensor> LayerNorm::vjp(std::span<const Tensor> in, std::span<const T
   return dispatch(std::make_shared<LayerNormBackward>(), {in[0], in[1], out[1], out[2], g[0]});
 }
 
+std::vector<TensorSpec> LayerNormBackwardAdd::infer(std::span<const Tensor> in) const {
+  if (in.size() != 6)
+    throw std::invalid_argument("layer_norm_backward_add_: takes (x, w, mean, rstd, dy, acc)");
+  for (const Tensor& t : in) check_float32(name(), t);
+  check_same_shape(name(), in[0], in[5]);
+  std::vector<TensorSpec> s = LayerNormBackward().infer(in.first(5));
+  return {s[1], s[2]};
+}
+std::vector<Tensor> LayerNormBackwardAdd::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                              std::span<const Tensor>,
+                                              const std::vector<bool>&) const {
+  throw std::logic_error("layer_norm_backward_add_ is made by graph fusion and has no vjp");
+}
+
+std::vector<TensorSpec> GeluBackwardSum::infer(std::span<const Tensor> in) const {
+  if (in.size() != 2) throw std::invalid_argument("gelu_backward_sum: takes (x, dy)");
+  for (const Tensor& t : in) check_float32(name(), t);
+  check_same_shape(name(), in[0], in[1]);
+  int64_t n = 1;
+  for (int64_t d : db_shape_) n *= d;
+  if (in[0].dim() < 1 || n != in[0].shape().back())
+    throw std::invalid_argument(
+        fmt::format("gelu_backward_sum: db {} does not fit {}", shape_str(db_shape_), in[0].str()));
+  return {{in[0].shape(), DType::kF32}, {db_shape_, DType::kF32}};
+}
+std::vector<Tensor> GeluBackwardSum::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                         std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("gelu_backward_sum is made by graph fusion and has no vjp");
+}
+
+std::vector<TensorSpec> CrossEntropyWithGrad::infer(std::span<const Tensor> in) const {
+  if (in.size() != 3)
+    throw std::invalid_argument("cross_entropy_with_grad: takes (logits, targets, dloss)");
+  std::vector<TensorSpec> s = CrossEntropy(ignore_).infer(in.first(2));
+  if (in[2].numel() != 1 || in[2].dtype() != DType::kF32)
+    throw std::invalid_argument(
+        fmt::format("cross_entropy_with_grad: dloss must be one float32, got {}", in[2].str()));
+  s.push_back({in[0].shape(), in[0].dtype()});
+  return s;
+}
+std::vector<Tensor> CrossEntropyWithGrad::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                              std::span<const Tensor>,
+                                              const std::vector<bool>&) const {
+  throw std::logic_error("cross_entropy_with_grad is made by graph fusion and has no vjp");
+}
+
 std::vector<TensorSpec> LayerNormBackward::infer(std::span<const Tensor> in) const {
   check_same_shape(name(), in[0], in[4]);
   return {{in[0].shape(), DType::kF32}, {in[1].shape(), DType::kF32}, {in[1].shape(), DType::kF32}};

@@ -202,6 +202,7 @@ class GeluBackward final : public Primitive {  // (x, dy) -> dx
 class Sum final : public Primitive {
  public:
   Sum(int64_t dim, bool keepdim) : dim_(dim), keepdim_(keepdim) {}
+  int64_t dim() const { return dim_; }
   KUAI_PRIMITIVE_COMMON("sum", OpClass::kReduction)
   bool saves_input(size_t) const override { return false; }
 
@@ -279,6 +280,44 @@ class LayerNormBackward final : public Primitive {  // (x, w, mean, rstd, dy) ->
   int in_place_input(size_t out) const override { return out == 0 ? 4 : -1; }
 };
 
+// Graph fusions of the backward pass (kuai/compile/passes.h), never recorded by autograd; each is
+// bit for bit the ops it replaces.
+//
+// (x, w, mean, rstd, dy, acc!) -> (dw, db): layer_norm_backward with its dx added into acc (the
+// residual gradient) instead of stored, so dx never goes through memory.
+class LayerNormBackwardAdd final : public Primitive {
+ public:
+  KUAI_PRIMITIVE_COMMON("layer_norm_backward_add_", OpClass::kNormalization)
+  bool mutates_input(size_t i) const override { return i == 5; }
+  bool updates_in_place() const override { return true; }
+};
+
+// (x, dy) -> (dx, db): gelu_backward and the bias gradient sum(dx) over every row (db of the
+// shape the replaced sum gave), each block of dx summed while it is in cache.
+class GeluBackwardSum final : public Primitive {
+ public:
+  explicit GeluBackwardSum(Shape db_shape) : db_shape_(std::move(db_shape)) {}
+  KUAI_PRIMITIVE_COMMON("gelu_backward_sum", OpClass::kElementwise)
+  int in_place_input(size_t out) const override { return out == 0 ? 1 : -1; }  // dx over dy
+
+ private:
+  Shape db_shape_;
+};
+
+// (logits, targets, dloss) -> (loss, lse, count, dlogits): cross_entropy and its backward in one
+// pass over each block of rows; dlogits may be written over the logits.
+class CrossEntropyWithGrad final : public Primitive {
+ public:
+  explicit CrossEntropyWithGrad(int32_t ignore_index) : ignore_(ignore_index) {}
+  KUAI_PRIMITIVE_COMMON("cross_entropy_with_grad", OpClass::kNormalization)
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
+  int in_place_input(size_t out) const override { return out == 3 ? 0 : -1; }
+  int32_t ignore_index() const { return ignore_; }
+
+ private:
+  int32_t ignore_;
+};
+
 class Embedding final : public Primitive {  // (weight, indices) -> rows
  public:
   KUAI_PRIMITIVE_COMMON("embedding", OpClass::kOther)
@@ -298,6 +337,7 @@ class EmbeddingBackward final : public Primitive {  // (indices, dout) -> dweigh
 class CrossEntropy final : public Primitive {  // (logits, targets) -> (loss, lse, count)
  public:
   explicit CrossEntropy(int32_t ignore_index) : ignore_(ignore_index) {}
+  int32_t ignore_index() const { return ignore_; }
   KUAI_PRIMITIVE_COMMON("cross_entropy", OpClass::kNormalization)
   // fp32 arithmetic on logits of any floating dtype: no fp32 copy of (N, V) under autocast.
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
@@ -312,6 +352,7 @@ class CrossEntropy final : public Primitive {  // (logits, targets) -> (loss, ls
 class CrossEntropyBackward final : public Primitive {
  public:
   explicit CrossEntropyBackward(int32_t ignore_index) : ignore_(ignore_index) {}
+  int32_t ignore_index() const { return ignore_; }
   KUAI_PRIMITIVE_COMMON("cross_entropy_backward", OpClass::kNormalization)
   int reusable_input(size_t out) const override { return 0; }  // dlogits over the logits
 

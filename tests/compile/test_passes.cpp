@@ -4,6 +4,7 @@
 // that write an input, the add_layer_norm pass fuses every residual add that feeds a LayerNorm
 // (2 per layer), and passes can be switched off by name. That the rewritten
 // step still gives eager execution's numbers is test_replay.cpp's and test_compile_training.cpp's.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "kuai/compile/capture.h"
@@ -32,6 +33,72 @@ TEST(Passes, AddLayerNormEqualsAddThenLayerNormBitForBit) {
       EXPECT_EQ(f[j + 1].to_vector<float>(), ln[j].to_vector<float>())
           << N << "x" << C << " output " << j;
   }
+}
+
+// Odd sizes: one row, widths off the vector length, enough rows for several threads and blocks.
+const std::vector<std::pair<int64_t, int64_t>> kOddSizes = {
+    {1, 1}, {3, 17}, {5, 256}, {33, 100}, {300, 130}, {2, 4099}, {4100, 33}};
+
+TEST(Passes, LayerNormBackwardAddEqualsBackwardThenAddBitForBit) {
+  for (const auto& [N, C] : kOddSizes) {
+    Generator g(static_cast<uint64_t>(N * 1000 + C), 1);
+    const Tensor x = g.normal({N, C}), w = g.normal({C}), b = g.normal({C}), dy = g.normal({N, C});
+    autograd::NoGradGuard no_grad;
+    const std::vector<Tensor> ln = dispatch(std::make_shared<LayerNorm>(1e-5f), {x, w, b});
+    const std::vector<Tensor> ref =
+        dispatch(std::make_shared<LayerNormBackward>(), {x, w, ln[1], ln[2], dy});
+    const Tensor acc_ref = g.normal({N, C});
+    const Tensor acc = acc_ref.clone();
+    dispatch(std::make_shared<AddInPlace>(), {acc_ref, ref[0]});
+    const std::vector<Tensor> f =
+        dispatch(std::make_shared<LayerNormBackwardAdd>(), {x, w, ln[1], ln[2], dy, acc});
+    ASSERT_EQ(f.size(), 2u);
+    EXPECT_EQ(acc.to_vector<float>(), acc_ref.to_vector<float>()) << N << "x" << C << " acc";
+    EXPECT_EQ(f[0].to_vector<float>(), ref[1].to_vector<float>()) << N << "x" << C << " dw";
+    EXPECT_EQ(f[1].to_vector<float>(), ref[2].to_vector<float>()) << N << "x" << C << " db";
+  }
+}
+
+TEST(Passes, GeluBackwardSumEqualsGeluBackwardThenSumBitForBit) {
+  for (const auto& [N, C] : kOddSizes) {
+    Generator g(static_cast<uint64_t>(N * 1000 + C), 2);
+    const Tensor x = g.normal({N, C}), dy = g.normal({N, C});
+    autograd::NoGradGuard no_grad;
+    const Tensor dx = dispatch(std::make_shared<GeluBackward>(), {x, dy})[0];
+    const Tensor db = dispatch(std::make_shared<Sum>(0, false), {dx})[0];
+    const std::vector<Tensor> f = dispatch(std::make_shared<GeluBackwardSum>(Shape{C}), {x, dy});
+    ASSERT_EQ(f.size(), 2u);
+    EXPECT_EQ(f[0].to_vector<float>(), dx.to_vector<float>()) << N << "x" << C << " dx";
+    EXPECT_EQ(f[1].to_vector<float>(), db.to_vector<float>()) << N << "x" << C << " db";
+  }
+}
+
+TEST(Passes, CrossEntropyWithGradEqualsForwardThenBackwardBitForBit) {
+  for (const DType dt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const auto& [N, V] : kOddSizes) {
+      Generator g(static_cast<uint64_t>(N * 1000 + V), 3);
+      const Tensor logits = cast(g.normal({N, V}), dt);
+      std::vector<int32_t> t(static_cast<size_t>(N));
+      for (int64_t i = 0; i < N; ++i)
+        t[static_cast<size_t>(i)] = i % 7 == 3 ? -100 : int32_t(i * 31 % V);
+      const Tensor targets = from_vector(t, {N});
+      const Tensor dloss = full({}, 0.37f);
+      autograd::NoGradGuard no_grad;
+      const std::vector<Tensor> fw =
+          dispatch(std::make_shared<CrossEntropy>(-100), {logits, targets});
+      // (A clone: the eager backward writes over a logits buffer that only its handle holds.)
+      const Tensor dl = dispatch(std::make_shared<CrossEntropyBackward>(-100),
+                                 {logits.clone(), targets, fw[1], fw[2], dloss})[0];
+      const std::vector<Tensor> f =
+          dispatch(std::make_shared<CrossEntropyWithGrad>(-100), {logits, targets, dloss});
+      ASSERT_EQ(f.size(), 4u);
+      const std::string at = fmt::format("{} {}x{}", dtype_name(dt), N, V);
+      for (size_t j = 0; j < 3; ++j)
+        EXPECT_EQ(f[j].to_vector<float>(), fw[j].to_vector<float>()) << at << " output " << j;
+      EXPECT_EQ(cast(f[3], DType::kF32).to_vector<float>(),
+                cast(dl, DType::kF32).to_vector<float>())
+          << at << " dlogits";
+    }
 }
 
 Graph tiny_step() {
@@ -78,10 +145,40 @@ TEST(Passes, EveryResidualAddThatFeedsALayerNormIsFused) {
   EXPECT_EQ(r.nodes_after, static_cast<int64_t>(g.nodes.size()));
 }
 
+// The backward fusions on the captured tiny step: every LayerNorm backward but the first (whose dx
+// starts the residual gradient) adds into it; each MLP's GELU backward takes its bias gradient;
+// the loss's forward and backward become one node.
+TEST(Passes, BackwardFusionsFindTheirPatternsInTheTinyStep) {
+  Graph g = tiny_step();
+  const int64_t lnb = g.count("layer_norm_backward"), sums = g.count("sum"),
+                gelus = g.count("gelu_backward"), adds = g.count("add_");
+  const PassReport r = run_passes(g);
+  const int64_t L = test::tiny().n_layer;
+  EXPECT_EQ(r.get("layer_norm_backward_add"), 2 * L);
+  EXPECT_EQ(g.count("layer_norm_backward_add_"), 2 * L);
+  EXPECT_EQ(g.count("layer_norm_backward"), lnb - 2 * L);
+  EXPECT_EQ(g.count("add_"), adds - 2 * L);
+  EXPECT_EQ(r.get("gelu_backward_sum"), L);
+  EXPECT_EQ(g.count("gelu_backward_sum"), gelus);
+  EXPECT_EQ(g.count("sum"), sums - L);
+  EXPECT_EQ(r.get("cross_entropy"), 1);
+  EXPECT_EQ(g.count("cross_entropy_with_grad"), 1);
+  EXPECT_EQ(g.count("cross_entropy") + g.count("cross_entropy_backward"), 0);
+  // Each node's outputs are made before they are read.
+  std::vector<bool> made(g.values.size(), false);
+  for (size_t v = 0; v < g.values.size(); ++v) made[v] = g.values[v].producer < 0;
+  for (const Node& n : g.nodes) {
+    for (int id : n.inputs) EXPECT_TRUE(made[static_cast<size_t>(id)]) << n.primitive->name();
+    for (int id : n.outputs) made[static_cast<size_t>(id)] = true;
+  }
+}
+
 TEST(Passes, AreSwitchedOffByName) {
   Graph g = tiny_step();
   const size_t before = g.nodes.size();
-  const PassReport r = run_passes(g, PassOptions::all_but("dead_values,add_layer_norm"));
+  const PassReport r = run_passes(
+      g, PassOptions::all_but(
+             "dead_values,add_layer_norm,layer_norm_backward_add,gelu_backward_sum,cross_entropy"));
   EXPECT_EQ(g.nodes.size(), before);
   EXPECT_TRUE(r.rewrites.empty());
   EXPECT_THROW(PassOptions::all_but("fuse_everything"), std::invalid_argument);

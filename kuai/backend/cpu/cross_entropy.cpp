@@ -175,4 +175,36 @@ void cross_entropy_backward(const float* logits, const int32_t* targets, const f
   }
 }
 
+double cross_entropy_forward_backward(const float* logits, const int32_t* targets, float* lse,
+                                      float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                                      float dloss, int64_t* count) {
+  check_targets("cross_entropy_forward_backward", targets, N, V, ignore_index);
+  int64_t n = 0;
+  for (int64_t i = 0; i < N; ++i) n += targets[i] != ignore_index;
+  if (count) *count = n;
+  if (N <= 0) return 0.0;
+  // The eager backward's scale: the loss gradient over the count, as a float.
+  const float cnt = static_cast<float>(n);
+  const float grad_scale = cnt > 0 ? dloss / cnt : 0.0f;
+  static thread_local std::vector<double> row_loss;
+  if (row_loss.size() < static_cast<size_t>(N)) row_loss.resize(N);
+  double* rl = row_loss.data();
+  // Blocks of about 64 KiB of logits: the forward reads them, the backward finds them in cache.
+  const int64_t block = std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(1, V));
+#pragma omp parallel if (N * V >= kMinParallel && N > 1)
+  {
+    int64_t r0, r1;
+    thread_range(N, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+    for (int64_t r = r0; r < r1; r += block) {
+      const int64_t e = std::min(r1, r + block);
+      forward_rows(logits, targets, lse, rl, r, e, V, ignore_index);
+      backward_rows(logits, targets, lse, dlogits, r, e, V, ignore_index, grad_scale);
+    }
+  }
+  double loss = 0.0;
+  for (int64_t i = 0; i < N; ++i)
+    if (targets[i] != ignore_index) loss += rl[i];
+  return loss;
+}
+
 }  // namespace kuai::cpu

@@ -277,6 +277,10 @@ void add_f32_lowp(const float* a, const uint16_t* b, float* y, int64_t n, DType 
   });
 }
 
+void gelu_backward_serial(const float* x, const float* dy, float* dx, int64_t n) {
+  if (n > 0) gelu_backward_chunk(x, dy, dx, n);
+}
+
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n) {
   parallel_chunks(n, kGeluChunk,
                   [&](int64_t i, int64_t e) { gelu_backward_chunk(x + i, dy + i, dx + i, e - i); });

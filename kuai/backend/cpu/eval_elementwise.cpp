@@ -197,4 +197,11 @@ void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) c
   cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), in[0].numel());
 }
 
+void GeluBackwardSum::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const int64_t inner = in[0].shape().back();
+  const int64_t n = inner == 0 ? 0 : in[0].numel() / inner;
+  cpu::gelu_backward_sum(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
+                         out[1].data<float>(), n, inner);
+}
+
 }  // namespace kuai

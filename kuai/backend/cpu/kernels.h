@@ -25,6 +25,7 @@ void mul_row(const float* x, const float* b, float* y, int64_t rows, int64_t col
 // GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 void gelu_forward(const float* x, float* y, int64_t n);
 void gelu_backward(const float* x, const float* dy, float* dx, int64_t n);  // dx = dy * gelu'(x)
+void gelu_backward_serial(const float* x, const float* dy, float* dx, int64_t n);  // this thread
 // The same on bf16 or f16 storage (t; mixed precision): fp32 math in registers, each output
 // rounded once to nearest even. Equal to widening, the fp32 kernel and rounding, bit for bit.
 void gelu_forward_lowp(const uint16_t* x, uint16_t* y, int64_t n, DType t);
@@ -36,6 +37,10 @@ void add_f32_lowp(const float* a, const uint16_t* b, float* y, int64_t n, DType 
 // x viewed as (outer, n, inner): y(outer, inner) = sum over the middle axis. Fixed summation
 // order (deterministic whatever the thread count).
 void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner);
+// dx (n, inner) = gelu_backward(x, dy) and db (inner) = sum_axis(dx, 1, n, inner), each block of
+// dx summed while it is in cache: bit for bit the two calls. dx may alias dy.
+void gelu_backward_sum(const float* x, const float* dy, float* dx, float* db, int64_t n,
+                       int64_t inner);
 double sum_squares(const float* x, int64_t n);  // deterministic
 
 // ---- softmax over the last axis of (rows, cols) ----
@@ -58,6 +63,11 @@ void layer_norm_forward(const float* x, const float* w, const float* b, float* y
 // Writes dx (N, C), dw (C) and db (C) (overwrites, does not accumulate).
 void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
                          const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C);
+// layer_norm_backward whose dx is added into acc (N, C) instead of being stored: bit for bit
+// layer_norm_backward then acc += dx (a compiled graph's fusion of the residual gradient).
+void layer_norm_backward_add(const float* dy, const float* x, const float* w, const float* mean,
+                             const float* rstd, float* acc, float* dw, float* db, int64_t N,
+                             int64_t C);
 
 // ---- embedding: out(N, C) = W[idx[i]] ----
 void embedding_forward(const float* W, const int32_t* idx, float* out, int64_t N, int64_t C);
@@ -75,6 +85,12 @@ double cross_entropy_forward(const float* logits, const int32_t* targets, float*
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
                             float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
                             float grad_scale);
+// Both in one pass over each block of rows while it is in cache, grad_scale = dloss / count with
+// count counted from the targets first: returns the forward's loss sum and writes lse, *count
+// and dlogits bit for bit as the two calls do. dlogits may alias logits.
+double cross_entropy_forward_backward(const float* logits, const int32_t* targets, float* lse,
+                                      float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
+                                      float dloss, int64_t* count);
 
 // ---- optimizers: one pass over a parameter's elements ----
 struct AdamWParams {

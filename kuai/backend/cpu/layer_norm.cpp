@@ -74,13 +74,17 @@ KUAI_KERNEL void forward_rows_kernel(const float* x, const float* w, const float
 }
 KUAI_CLONE(forward_rows, forward_rows_kernel)
 
-// Rows [r0, r1) of (N, C): writes dx and this block's partial dw, db (C each, overwritten).
+// Rows [r0, r1) of (N, C): writes dx and this block's partial dw, db (C each), overwritten when
+// `zero`, else added to (a block may be processed as consecutive pieces: the same sums in the
+// same order).
 KUAI_KERNEL void backward_block_kernel(const float* dy, const float* x, const float* w,
                                        const float* mean, const float* rstd, float* dx, float* pdw,
-                                       float* pdb, int64_t r0, int64_t r1, int64_t C) {
+                                       float* pdb, int64_t r0, int64_t r1, int64_t C, bool zero) {
   const int64_t cv = C - C % kLanes;
-  for (int64_t c = 0; c < C; ++c) pdw[c] = 0.0f;
-  for (int64_t c = 0; c < C; ++c) pdb[c] = 0.0f;
+  if (zero) {
+    for (int64_t c = 0; c < C; ++c) pdw[c] = 0.0f;
+    for (int64_t c = 0; c < C; ++c) pdb[c] = 0.0f;
+  }
   for (int64_t r = r0; r < r1; ++r) {
     const float* dyr = dy + r * C;
     const float* xr = x + r * C;
@@ -129,6 +133,18 @@ KUAI_KERNEL void sum_partials_kernel(const float* part, int64_t blocks, int64_t 
 }
 KUAI_CLONE(sum_partials, sum_partials_kernel)
 
+// acc[i] += d[i]: its own function, so the sum is rounded exactly as a separate add_ rounds it.
+KUAI_KERNEL void accumulate_kernel(float* acc, const float* d, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) acc[i] = acc[i] + d[i];
+}
+KUAI_CLONE(accumulate, accumulate_kernel)
+
+// The row partition of the dw/db reduction: a function of N only.
+inline int64_t backward_rows_per_block(int64_t N) {
+  return std::max((N + kMaxBwdBlocks - 1) / kMaxBwdBlocks, std::min(N, kMinBwdBlockRows));
+}
+
 }  // namespace
 
 void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
@@ -173,8 +189,7 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
     return;
   }
   // The block partition is a function of N only: that is what makes dw, db deterministic.
-  const int64_t rows_per_block =
-      std::max((N + kMaxBwdBlocks - 1) / kMaxBwdBlocks, std::min(N, kMinBwdBlockRows));
+  const int64_t rows_per_block = backward_rows_per_block(N);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   // (blocks, 2, C): per block, partial dw then partial db.
   static thread_local std::vector<float> partials;
@@ -189,7 +204,55 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
       const int64_t r0 = blk * rows_per_block;
       const int64_t r1 = std::min(N, r0 + rows_per_block);
       float* pdw = part + blk * 2 * C;
-      backward_block(dy, x, w, mean, rstd, dx, pdw, pdw + C, r0, r1, C);
+      backward_block(dy, x, w, mean, rstd, dx, pdw, pdw + C, r0, r1, C, true);
+    }
+#pragma omp for schedule(static)
+    for (int64_t k = 0; k < 2 * col_chunks; ++k) {
+      const bool is_db = k >= col_chunks;
+      const int64_t c0 = (k % col_chunks) * kReduceColChunk;
+      const int64_t c1 = std::min(C, c0 + kReduceColChunk);
+      sum_partials(part + (is_db ? C : 0), blocks, 2 * C, is_db ? db : dw, c0, c1);
+    }
+  }
+}
+
+void layer_norm_backward_add(const float* dy, const float* x, const float* w, const float* mean,
+                             const float* rstd, float* acc, float* dw, float* db, int64_t N,
+                             int64_t C) {
+  if (C <= 0) return;
+  if (N <= 0) {
+    std::fill(dw, dw + C, 0.0f);
+    std::fill(db, db + C, 0.0f);
+    return;
+  }
+  // layer_norm_backward's blocks and partials, each block cut into pieces of about 32 KiB of dx
+  // that live in a thread-private buffer from the moment they are written to their add into acc.
+  constexpr int64_t kPieceFloats = 8192;
+  const int64_t rows_per_block = backward_rows_per_block(N);
+  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
+  const int64_t piece = std::max<int64_t>(1, kPieceFloats / C);
+  static thread_local std::vector<float> partials;
+  if (partials.size() < static_cast<size_t>(blocks * 2 * C)) partials.resize(blocks * 2 * C);
+  float* part = partials.data();
+  const int64_t col_chunks = (C + kReduceColChunk - 1) / kReduceColChunk;
+
+#pragma omp parallel if (N * C >= kMinParallel && N > 1)
+  {
+    alignas(64) float local[kPieceFloats];
+    static thread_local std::vector<float> wide;  // one row wider than the local buffer
+    if (C > kPieceFloats && wide.size() < static_cast<size_t>(C)) wide.resize(C);
+    float* buf = C > kPieceFloats ? wide.data() : local;
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t r0 = blk * rows_per_block;
+      const int64_t r1 = std::min(N, r0 + rows_per_block);
+      float* pdw = part + blk * 2 * C;
+      for (int64_t s = r0; s < r1; s += piece) {
+        const int64_t n = std::min(r1, s + piece) - s;
+        backward_block(dy + s * C, x + s * C, w, mean + s, rstd + s, buf, pdw, pdw + C, 0, n, C,
+                       s == r0);
+        accumulate(acc + s * C, buf, n * C);
+      }
     }
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < 2 * col_chunks; ++k) {

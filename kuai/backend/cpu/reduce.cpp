@@ -141,4 +141,35 @@ double sum_squares(const float* x, int64_t n) {
   return s;
 }
 
+void gelu_backward_sum(const float* x, const float* dy, float* dx, float* db, int64_t n,
+                       int64_t inner) {
+  if (inner <= 0) return;
+  if (n <= 0 || inner == 1) {
+    gelu_backward(x, dy, dx, n * inner);
+    sum_axis(dx, db, 1, n, inner);
+    return;
+  }
+  // sum_axis's tiles for outer = 1: each tile's rows of dx are made by gelu_backward, then summed
+  // into the tile's double partials while they are in cache.
+  const int64_t width = std::min(inner, kCols);
+  const int64_t ncol = (inner + width - 1) / width;
+  const int64_t rows_per_blk = std::max(kMinRows, kBlock / width);
+  const int64_t nblk = (n + rows_per_blk - 1) / rows_per_blk;
+  std::vector<double> partial(nblk * inner);
+  parallel_tasks(nblk * ncol, n * inner > kBlock, [&](int64_t t) {
+    const int64_t c = t % ncol, b = t / ncol;
+    const int64_t r0 = b * rows_per_blk, c0 = c * width;
+    const int64_t rows = std::min(rows_per_blk, n - r0), w = std::min(width, inner - c0);
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      const int64_t o = r * inner + c0;
+      gelu_backward_serial(x + o, dy + o, dx + o, w);
+    }
+    sum_rows(dx + r0 * inner + c0, rows, inner, w, partial.data() + b * inner + c0);
+  });
+  parallel_tasks(ncol, nblk * inner > kBlock, [&](int64_t t) {
+    const int64_t c0 = t * width;
+    combine_blocks(partial.data() + c0, nblk, inner, std::min(width, inner - c0), db + c0);
+  });
+}
+
 }  // namespace kuai::cpu
