@@ -10,9 +10,9 @@
 namespace kuai::compiler {
 
 const std::vector<std::string>& PassOptions::names() {
-  static const std::vector<std::string> n = {"dead_values", "add_layer_norm",
-                                             "layer_norm_backward_add", "gelu_backward_sum",
-                                             "cross_entropy"};
+  static const std::vector<std::string> n = {
+      "dead_values",       "add_layer_norm", "layer_norm_backward_add",
+      "gelu_backward_sum", "cross_entropy",  "recompute"};
   return n;
 }
 
@@ -26,6 +26,7 @@ PassOptions PassOptions::all_but(const std::string& disabled) {
                  : name == "layer_norm_backward_add" ? &o.layer_norm_backward_add
                  : name == "gelu_backward_sum"       ? &o.gelu_backward_sum
                  : name == "cross_entropy"           ? &o.cross_entropy
+                 : name == "recompute"               ? &o.recompute
                                                      : nullptr;
     if (flag == nullptr)
       throw std::invalid_argument(

@@ -310,6 +310,106 @@ int64_t fuse_cross_entropy(Graph& graph) {
   return fused;
 }
 
+int64_t recompute_layer_norms(Graph& graph) {
+  size_t bwd0 = 0;  // the first node of the backward pass
+  while (bwd0 < graph.nodes.size() && !graph.nodes[bwd0].backward) ++bwd0;
+  int64_t recomputed = 0;
+  for (size_t i = 0; i < bwd0; ++i) {
+    // y: the value the backward reads, the normalised rows or their low-precision cast (under
+    // autocast); ln: the node that normalised them, remade by a LayerNorm of `in` (then the cast).
+    const Node* cast = nullptr;
+    size_t ln = i;
+    if (dynamic_cast<const Cast*>(graph.nodes[i].primitive.get()) != nullptr) {
+      const Value& src = graph.values[static_cast<size_t>(graph.nodes[i].inputs[0])];
+      if (src.view || src.producer < 0) continue;
+      cast = &graph.nodes[i];
+      ln = static_cast<size_t>(src.producer);
+    }
+    const Node& node = graph.nodes[ln];
+    int y = -1;
+    std::vector<int> in;
+    float eps = 0;
+    if (const auto* l = dynamic_cast<const LayerNorm*>(node.primitive.get())) {
+      y = node.outputs[0];
+      in = node.inputs;
+      eps = l->eps();
+    } else if (const auto* aln = dynamic_cast<const AddLayerNorm*>(node.primitive.get())) {
+      y = node.outputs[1];
+      in = {node.outputs[0], node.inputs[2], node.inputs[3]};
+      eps = aln->eps();
+    } else {
+      continue;
+    }
+    if (cast != nullptr) {
+      if (cast->inputs[0] != y) continue;
+      y = cast->outputs[0];
+    }
+    // The first backward node that reads y, directly or through a view made in the backward; a
+    // view of y made in the forward and read in the backward keeps y whole.
+    size_t first = graph.nodes.size();
+    bool ok = true;
+    for (size_t j = i + 1; j < graph.nodes.size() && ok; ++j) {
+      const Node& r = graph.nodes[j];
+      for (int id : r.inputs) {
+        if (root_of(graph, id) != y) continue;
+        if (j >= bwd0) {
+          first = std::min(first, j);
+        } else if (r.primitive->is_view()) {
+          for (size_t k = bwd0; k < graph.nodes.size() && ok; ++k)
+            for (int o : r.outputs)
+              for (int x : graph.nodes[k].inputs) ok = ok && root_of(graph, x) != o;
+        }
+      }
+    }
+    if (!ok || first == graph.nodes.size()) continue;
+    // What the LayerNorm reads must be unchanged there and still alive after it (remaking y must
+    // not keep anything longer than the step already does).
+    for (int id : in) {
+      const int r = root_of(graph, id);
+      ok = ok && !touched_between(graph, ln, first, r, false);
+      if (graph.values[static_cast<size_t>(r)].producer < 0) continue;
+      bool read_later = false;
+      for (size_t j = first + 1; j < graph.nodes.size() && !read_later; ++j)
+        for (int x : graph.nodes[j].inputs) read_later = read_later || root_of(graph, x) == r;
+      ok = ok && read_later;
+    }
+    if (!ok) continue;
+    auto new_value = [&](int like) {
+      Value v = graph.values[static_cast<size_t>(like)];
+      v.producer = 0;  // set by renumber
+      v.external = Tensor();
+      v.view = v.written = false;
+      graph.values.push_back(std::move(v));
+      return static_cast<int>(graph.values.size() - 1);
+    };
+    std::vector<Node> again(1);
+    again[0].primitive = std::make_shared<LayerNorm>(eps);
+    again[0].inputs = in;
+    again[0].outputs = {new_value(cast != nullptr ? cast->inputs[0] : y),
+                        new_value(node.outputs.back()), new_value(node.outputs.back())};
+    if (cast != nullptr) {
+      again.emplace_back();
+      again[1].primitive = cast->primitive;
+      again[1].inputs = {again[0].outputs[0]};
+      again[1].outputs = {new_value(y)};
+      again[1].scratch_bytes = cast->scratch_bytes;
+    }
+    for (Node& n : again) n.backward = true;
+    const int remade = again.back().outputs[0];
+    for (size_t j = first; j < graph.nodes.size(); ++j)
+      for (int& id : graph.nodes[j].inputs)
+        if (id == y) id = remade;
+    for (auto& [name, id] : graph.outputs)
+      if (id == y) id = remade;
+    graph.nodes.insert(graph.nodes.begin() + static_cast<std::ptrdiff_t>(first),
+                       std::make_move_iterator(again.begin()),
+                       std::make_move_iterator(again.end()));
+    renumber(graph);
+    ++recomputed;
+  }
+  return recomputed;
+}
+
 PassReport run_passes(Graph& graph, const PassOptions& options) {
   PassReport r;
   r.nodes_before = static_cast<int64_t>(graph.nodes.size());
@@ -320,6 +420,7 @@ PassReport run_passes(Graph& graph, const PassOptions& options) {
   if (options.gelu_backward_sum)
     r.rewrites.emplace_back("gelu_backward_sum", fuse_gelu_backward_sum(graph));
   if (options.cross_entropy) r.rewrites.emplace_back("cross_entropy", fuse_cross_entropy(graph));
+  if (options.recompute) r.rewrites.emplace_back("recompute", recompute_layer_norms(graph));
   r.nodes_after = static_cast<int64_t>(graph.nodes.size());
   return r;
 }

@@ -17,6 +17,11 @@
 //   cross_entropy   the loss's forward and backward in one pass over each block of logit rows
 //                   (CrossEntropyWithGrad), its gradient written over the logits when they die
 //                   there; the nodes that make backward's seed move up before it.
+//   recompute       the normalised rows of every LayerNorm of the forward are made again by a
+//                   LayerNorm just before the backward's first read of them (the weight-gradient
+//                   GEMM of the linear they fed), from the input and parameters the backward holds
+//                   anyway, so they are not kept across the step's peak: the same bits (one
+//                   kernel, the same inputs) for one more LayerNorm pass each.
 //
 // A pass rewrites Graph::nodes; values keep their ids (a removed node's outputs are left unread, as
 // empty externals), and producers are renumbered.
@@ -44,6 +49,7 @@ int64_t fuse_add_layer_norm(Graph& graph);
 int64_t fuse_layer_norm_backward_add(Graph& graph);
 int64_t fuse_gelu_backward_sum(Graph& graph);
 int64_t fuse_cross_entropy(Graph& graph);
+int64_t recompute_layer_norms(Graph& graph);
 
 // After nodes were removed or replaced: every value's producer is its node's index again.
 void renumber(Graph& graph);

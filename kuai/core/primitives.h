@@ -267,6 +267,7 @@ class AddLayerNorm final : public Primitive {
  public:
   explicit AddLayerNorm(float eps) : eps_(eps) {}
   KUAI_PRIMITIVE_COMMON("add_layer_norm", OpClass::kNormalization)
+  float eps() const { return eps_; }
   int in_place_input(size_t out) const override { return out == 0 ? 0 : -1; }  // x over a
 
  private:

@@ -5,9 +5,11 @@
 // (2 per layer), and passes can be switched off by name. That the rewritten
 // step still gives eager execution's numbers is test_replay.cpp's and test_compile_training.cpp's.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include "kuai/compile/capture.h"
+#include "kuai/compile/memory_plan.h"
 #include "kuai/compile/passes.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/dispatch.h"
@@ -133,7 +135,7 @@ TEST(Passes, DeadValueEliminationKeepsWhatIsReadOrWrites) {
 TEST(Passes, EveryResidualAddThatFeedsALayerNormIsFused) {
   Graph g = tiny_step();
   const int64_t adds = g.count("add"), norms = g.count("layer_norm");
-  const PassReport r = run_passes(g);
+  const PassReport r = run_passes(g, PassOptions::all_but("recompute"));
   // ln_2 of each block and ln_1 of the next (ln_f after the last). ln_1 of block 0 reads the
   // embedding sum, token rows plus position rows broadcast over the batch: not a same-shape add,
   // so it stays unfused.
@@ -173,12 +175,38 @@ TEST(Passes, BackwardFusionsFindTheirPatternsInTheTinyStep) {
   }
 }
 
+// Every LayerNorm of the forward is made again just before the backward first reads its rows, from
+// values the backward still holds, and the forward's copy then dies before the backward starts.
+TEST(Passes, RecomputeRemakesEveryLayerNormBeforeItsBackwardRead) {
+  Graph g = tiny_step();
+  run_passes(g, PassOptions::all_but("recompute"));
+  const int64_t forward_norms = g.count("layer_norm") + g.count("add_layer_norm");
+  const int64_t bytes_before = plan_memory(g).arena_bytes;
+  EXPECT_EQ(recompute_layer_norms(g), forward_norms);
+  EXPECT_EQ(recompute_layer_norms(g), 0) << "a second run finds nothing";
+  size_t bwd0 = 0;
+  while (!g.nodes[bwd0].backward) ++bwd0;
+  const std::vector<int> last = last_uses(g);
+  int64_t remade = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    const bool fwd_norm = i < bwd0 && (n.primitive->name() == "layer_norm" ||
+                                       n.primitive->name() == "add_layer_norm");
+    if (fwd_norm) {
+      const int y = n.outputs[n.primitive->name() == "layer_norm" ? 0 : 1];
+      EXPECT_LT(last[static_cast<size_t>(y)], static_cast<int>(bwd0)) << "#" << i;
+    }
+    remade += i >= bwd0 && n.primitive->name() == "layer_norm";
+  }
+  EXPECT_EQ(remade, forward_norms);
+  EXPECT_LT(plan_memory(g).arena_bytes, bytes_before);
+}
+
 TEST(Passes, AreSwitchedOffByName) {
   Graph g = tiny_step();
   const size_t before = g.nodes.size();
-  const PassReport r = run_passes(
-      g, PassOptions::all_but(
-             "dead_values,add_layer_norm,layer_norm_backward_add,gelu_backward_sum,cross_entropy"));
+  const PassReport r =
+      run_passes(g, PassOptions::all_but(fmt::format("{}", fmt::join(PassOptions::names(), ","))));
   EXPECT_EQ(g.nodes.size(), before);
   EXPECT_TRUE(r.rewrites.empty());
   EXPECT_THROW(PassOptions::all_but("fuse_everything"), std::invalid_argument);
