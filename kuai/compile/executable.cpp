@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -14,6 +15,7 @@
 #endif
 
 #include "kuai/core/allocator.h"
+#include "kuai/core/autograd.h"
 #include "kuai/core/dispatch.h"
 
 namespace kuai::compiler {
@@ -111,6 +113,10 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
         asan_unpoison(static_cast<char*>(arena_->data) + buf.offset,
                       static_cast<size_t>(buf.bytes));
       }
+    // Nodes captured in backward run as if in backward (what the process group reads to count
+    // communication overlapped with it).
+    std::optional<autograd::BackwardScope> in_backward;
+    if (node.backward) in_backward.emplace();
     if (p.is_view()) {
       out = p.make_views(in);
     } else {

@@ -167,11 +167,10 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
 
 namespace {
 thread_local int t_backward_depth = 0;
-struct BackwardScope {
-  BackwardScope() { ++t_backward_depth; }
-  ~BackwardScope() { --t_backward_depth; }
-};
 }  // namespace
+
+BackwardScope::BackwardScope() { ++t_backward_depth; }
+BackwardScope::~BackwardScope() { --t_backward_depth; }
 
 bool backward_in_progress() { return t_backward_depth > 0; }
 

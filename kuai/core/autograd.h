@@ -62,5 +62,15 @@ void backward(const Tensor& root, const Tensor& grad_output);
 // Whether this thread is inside backward() (its grad-ready hooks run there): what the process
 // group reads to count the communication launched while backward still runs (DDP's overlap).
 bool backward_in_progress();
+// Marks this thread as inside backward while it lives: backward() itself, and a compiled step's
+// replay around the nodes it captured in backward (so communication they launch counts as
+// overlapped, as it did when captured).
+class BackwardScope {
+ public:
+  BackwardScope();
+  ~BackwardScope();
+  BackwardScope(const BackwardScope&) = delete;
+  BackwardScope& operator=(const BackwardScope&) = delete;
+};
 
 }  // namespace kuai::autograd

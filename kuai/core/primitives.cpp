@@ -780,6 +780,15 @@ std::vector<Tensor> ClipCoefficient::vjp(std::span<const Tensor>, std::span<cons
   return no_vjp(*this);
 }
 
+std::vector<TensorSpec> ZeroInPlace::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 1);
+  return {};
+}
+std::vector<Tensor> ZeroInPlace::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                     std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
 std::vector<TensorSpec> ScaleInPlace::infer(std::span<const Tensor> in) const {
   expect_count(*this, in, 1);
   expect_f32(*this, in[0], 0);

@@ -549,6 +549,14 @@ class ClipCoefficient final : public Primitive {
   float max_norm_;
 };
 
+// (x!) : x = 0, in place (DDP's zero_grad of its gradient buckets, which must stay where they are).
+class ZeroInPlace final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("zero_")
+  bool mutates_input(size_t i) const override { return i == 0; }
+  bool updates_in_place() const override { return true; }
+};
+
 // (x!) : x *= c, in place (clip_grad_norm_'s scaling).
 class ScaleInPlace final : public Primitive {
  public:

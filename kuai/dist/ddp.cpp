@@ -7,8 +7,11 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kuai/core/dispatch.h"
 #include "kuai/core/dtype.h"
 #include "kuai/core/ops.h"
+#include "kuai/core/primitives.h"
+#include "kuai/dist/collective_ops.h"
 
 namespace kuai::dist {
 
@@ -75,10 +78,13 @@ struct DistributedDataParallel::State {
   std::vector<std::vector<int64_t>> members;  // per bucket, parameter indices
   // Per synchronising backward:
   bool sync = true;
-  std::vector<int64_t> pending;              // parameters of each bucket not yet ready
-  std::vector<char> ready;                   // per parameter
-  size_t next_launch = 0;                    // buckets are launched in order
-  std::vector<std::shared_ptr<Work>> works;  // per launched bucket, in bucket order
+  std::vector<int64_t> pending;  // parameters of each bucket not yet ready
+  std::vector<char> ready;       // per parameter
+  size_t next_launch = 0;        // buckets are launched in order
+  // Per launched bucket, in bucket order: the slot its start primitive put the Work in, and the
+  // tensors the collective writes (what its wait primitive names).
+  std::vector<std::shared_ptr<WorkSlot>> works;
+  std::vector<std::vector<Tensor>> written;
 
   bool sharded() const { return !shards.empty(); }
 
@@ -89,6 +95,7 @@ struct DistributedDataParallel::State {
     std::fill(ready.begin(), ready.end(), 0);
     next_launch = 0;
     works.clear();
+    written.clear();
   }
 
   // The bucket's memory, zeroed, with its parameters' gradients as views into it.
@@ -120,7 +127,8 @@ struct DistributedDataParallel::State {
   // ZeRO-2: buckets whose reduce-scatter has completed give their memory back.
   void release_completed() {
     for (size_t b = 0; b < works.size(); ++b) {
-      if (!buckets[b].flat.defined() || !works[b]->is_completed()) continue;
+      if (!buckets[b].flat.defined() || !works[b]->work || !works[b]->work->is_completed())
+        continue;
       for (Tensor& p : buckets[b].params) p.set_grad(Tensor());
       buckets[b].flat = Tensor();
     }
@@ -130,12 +138,17 @@ struct DistributedDataParallel::State {
     while (next_launch < buckets.size() && pending[next_launch] == 0) {
       const size_t i = next_launch++;
       if (!buckets[i].flat.defined()) allocate(i);  // find_unused: a bucket nobody touched
-      if (sharded()) {
-        works.push_back(group->reduce_scatter(buckets[i].flat, shards[i], ReduceOp::kAvg));
+      auto slot = std::make_shared<WorkSlot>();
+      works.push_back(slot);
+      if (sharded()) {  // ZeRO-2 (never captured: the trainer runs it eagerly)
+        slot->work = group->reduce_scatter(buckets[i].flat, shards[i], ReduceOp::kAvg);
+        written.push_back({shards[i]});
         continue;
       }
+      // Dispatched, so a captured step holds its collectives (collective_ops.h).
       if (options.compression == Compression::kNone) {
-        works.push_back(group->all_reduce(buckets[i].flat, ReduceOp::kAvg));
+        dispatch(std::make_shared<AllReduceStart>(group, ReduceOp::kAvg, slot), {buckets[i].flat});
+        written.push_back({buckets[i].flat});
         continue;
       }
       const Compressor c{buckets[i].flat.data<float>(),
@@ -144,8 +157,12 @@ struct DistributedDataParallel::State {
                          buckets[i].flat.numel(),
                          wire[i].dtype(),
                          1.0f / static_cast<float>(group->size())};
-      works.push_back(group->all_reduce(
-          wire[i], ReduceOp::kSum, [c] { c.before(); }, [c] { c.after(); }));
+      std::vector<Tensor> touched = {wire[i], buckets[i].flat};
+      if (!residual.empty()) touched.push_back(residual[i]);
+      dispatch(std::make_shared<AllReduceStart>(
+                   group, ReduceOp::kSum, slot, [c] { c.before(); }, [c] { c.after(); }),
+               touched);
+      written.push_back(std::move(touched));
     }
   }
 
@@ -244,7 +261,7 @@ DistributedDataParallel::~DistributedDataParallel() {
   // Collectives still queued read bucket memory: let them finish before it goes.
   for (auto& w : state_->works) {
     try {
-      w->wait();
+      if (w->work) w->work->wait();
     } catch (const std::exception&) {
     }
   }
@@ -279,15 +296,21 @@ void DistributedDataParallel::finish_backward() {
       }
   }
   s.launch_ready();  // overlap off: all of them; on: whatever the hooks left
-  for (auto& w : s.works) w->wait();
+  for (size_t b = 0; b < s.works.size(); ++b)
+    if (s.sharded())
+      s.works[b]->work->wait();
+    else
+      dispatch(std::make_shared<CollectiveWait>(s.works[b]), s.written[b]);
   if (s.sharded()) s.release_completed();
   s.works.clear();
+  s.written.clear();
   s.sync = true;
 }
 
 void DistributedDataParallel::zero_grad() {
+  // A primitive, so a captured step zeroes its buckets on every replay.
   for (Bucket& b : state_->buckets)
-    if (b.flat.defined()) std::memset(b.flat.raw_data(), 0, static_cast<size_t>(b.flat.nbytes()));
+    if (b.flat.defined()) dispatch(std::make_shared<ZeroInPlace>(), {b.flat});
 }
 
 std::vector<std::vector<Tensor>> DistributedDataParallel::bucket_params() const {

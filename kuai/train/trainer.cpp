@@ -434,6 +434,21 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     std::chrono::steady_clock::time_point t_fb;
   };
   std::shared_ptr<dist::Work> loss_work;
+  // Several ranks: the logged loss is the mean over ranks, averaged by an all-reduce queued
+  // behind the gradient buckets that the logger thread waits for before it reads the loss; and
+  // every rank learns whether any was asked to stop through a flag in host memory (never a
+  // device value), all-reduced now and read at the start of the next step, when it has long
+  // completed. Neither blocks the step nor reads a device value. Run after the step (eager or
+  // compiled): the step's own collectives are the gradient buckets.
+  auto reduce_loss_and_stop = [&](Tensor& loss) {
+    if (world <= 1) return;
+    autograd::NoGradGuard no_grad;
+    loss = contiguous(reshape(loss, {1}));
+    loss_work = group->all_reduce(loss, dist::ReduceOp::kAvg);
+    loss = reshape(loss, {});
+    stop_flag = full({1}, opts.stop && opts.stop->load() ? 1.0f : 0.0f, DType::kF32, kCPU);
+    stop_work = group->all_reduce(stop_flag, dist::ReduceOp::kSum);
+  };
   auto run_step = [&](const std::function<data::Batch(int64_t)>& batch_at) {
     Tensor loss;
     // Technique 1: autocast over every micro-batch of the step, so each weight is cast once per
@@ -461,19 +476,6 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (k > 1 || world > 1) {
       autograd::NoGradGuard no_grad;
       loss = scale(loss, 1.0f / static_cast<float>(k));
-    }
-    // Several ranks: the logged loss is the mean over ranks, averaged by an all-reduce queued
-    // behind the gradient buckets that the logger thread waits for before it reads the loss; and
-    // every rank learns whether any was asked to stop through a flag in host memory (never a
-    // device value), all-reduced now and read at the start of the next step, when it has long
-    // completed. Neither blocks the step nor reads a device value.
-    if (world > 1) {
-      autograd::NoGradGuard no_grad;
-      loss = contiguous(reshape(loss, {1}));
-      loss_work = group->all_reduce(loss, dist::ReduceOp::kAvg);
-      loss = reshape(loss, {});
-      stop_flag = full({1}, opts.stop && opts.stop->load() ? 1.0f : 0.0f, DType::kF32, kCPU);
-      stop_work = group->all_reduce(stop_flag, dist::ReduceOp::kSum);
     }
     // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
     // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
@@ -504,15 +506,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   };
 
   // Technique 4: the step captured on its first call and replayed after, guarded (compile.h).
-  // Collectives are not primitives yet, so DDP and ZeRO steps are not captured.
+  // DDP steps are captured with their bucket collectives; ZeRO steps are not (yet).
   std::optional<CompiledStep> compiled;
   std::vector<Tensor> step_inputs;  // (B, T) int32 x and y per micro-batch: the graph's inputs
-  if (cfg.compile && (world > 1 || zero)) {
+  if (cfg.compile && zero) {
     if (!opts.quiet)
-      out << fmt::format(
-          "train.compile: not applied: {} steps are not captured yet (their "
-          "collectives are not primitives); this run is eager\n",
-          world > 1 ? "multi-rank (DDP)" : "ZeRO");
+      out << "train.compile: not applied: ZeRO steps are not captured yet (their reduce-scatter "
+             "and all-gather are not primitives); this run is eager\n";
   } else if (cfg.compile) {
     adamw->ensure_state();  // state made inside the captured step would be made anew each replay
     for (int64_t i = 0; i < 2 * k; ++i) step_inputs.push_back(Tensor::empty({B, T}, DType::kI32));
@@ -526,6 +526,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       std::vector<Tensor> t = {adamw->step_tensor(), adamw->lr_tensor(), scaler.scale_tensor()};
       for (const auto& g : adamw->exp_avg()) t.insert(t.end(), g.begin(), g.end());
       for (const auto& g : adamw->exp_avg_sq()) t.insert(t.end(), g.begin(), g.end());
+      if (ddp)  // DDP: the gradient buckets the captured collectives reduce
+        for (const auto& b : ddp->buckets()) t.push_back(b.flat);
       return t;
     };
     co.log = [&out, quiet = opts.quiet](const std::string& m) {
@@ -596,7 +598,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       });
       t_fb = st.t_fb;
     }
-    Tensor loss = st.loss;  // (loss_work: set by run_step on several ranks)
+    reduce_loss_and_stop(st.loss);
+    Tensor loss = st.loss;  // (loss_work: set on several ranks)
     const Tensor& norm = st.norm;
     const Tensor& scale_used = st.scale_used;
     if (cfg.sync_every_step) {  // the habit technique 10 removes

@@ -23,9 +23,11 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
-#include <tuple>
 #include <sstream>
+#include <tuple>
 
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
@@ -342,6 +344,58 @@ TEST(MpiTrainer, CountersShowNoHostReadsHalvedPayloadAndOverlap) {
   EXPECT_EQ(off.overlap, 0.0);
 }
 
+// train.compile on 2 ranks (technique 4 over technique 2): the captured step holds DDP's bucket
+// all-reduces (started where backward's hooks started them, waited after backward) and zeroes the
+// buckets, so every replay's averaged loss, gradient norm and the final weights equal the eager
+// run's bit for bit, the lr schedule active: fp32, 2 micro-batches (no_sync on the first), fp16
+// with its loss scaler, bf16 compression with error feedback, overlap off. The replayed
+// collectives are still launched during the (replayed) backward: overlap stays as eager's.
+TEST(MpiTrainer, CompiledStepsEqualEagerBitForBit) {
+  auto pg = group();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kuai_mpi_compile";
+  for (const auto& [name, extra] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"fp32", {}},
+           {"accum2", {"--train.accum_steps=2"}},
+           {"fp16", {"--train.precision=fp16"}},
+           {"bf16_wire_feedback", {"--dist.compression=bf16", "--dist.error_feedback=true"}},
+           {"overlap_off", {"--dist.overlap=false"}}}) {
+    auto run = [&](bool compiled) {
+      std::vector<std::string> o = {
+          "--train.steps=6",
+          "--train.warmup_steps=2",
+          "--train.log_every=1",
+          "--train.threads=1",
+          "--run.dir=" + dir.string(),
+          "--run.name=" + name + (compiled ? "_compiled" : "_eager"),
+          std::string("--train.compile=") + (compiled ? "true" : "false")};
+      o.insert(o.end(), extra.begin(), extra.end());
+      train::TrainOptions opts;
+      opts.group = pg;
+      std::ostringstream out;
+      return train::run_training(train::load_config("", small_run(o)), out, opts);
+    };
+    const train::TrainResult eager = run(false), compiled = run(true);
+    ASSERT_EQ(eager.losses.size(), 6u) << name;
+    EXPECT_EQ(compiled.losses, eager.losses) << name;
+    EXPECT_EQ(compiled.grad_norms, eager.grad_norms) << name;
+    EXPECT_EQ(compiled.compile_captures, 1) << name;
+    EXPECT_FALSE(compiled.compile_eager) << name;
+    EXPECT_EQ(compiled.comm_mib_per_step, eager.comm_mib_per_step) << name;
+    EXPECT_EQ(compiled.overlap, eager.overlap) << name;
+    EXPECT_EQ(compiled.host_reads_per_step, 0.0) << name;
+    if (pg->rank() == 0) {
+      auto bytes = [](const std::string& path) {
+        std::ifstream f(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+      };
+      const std::string a = bytes(eager.run_path + "/model.safetensors");
+      EXPECT_FALSE(a.empty()) << name;
+      EXPECT_EQ(bytes(compiled.run_path + "/model.safetensors"), a) << name << ": final weights";
+    }
+    pg->barrier();
+  }
+}
+
 // Compression: the averaged gradients through fp16 / bf16 on the wire against the fp32 average,
 // relative L2 error per tensor within fp16's 2^-10 and bf16's 2^-7 (two roundings of values
 // below 1: measured well inside); half the bytes; error feedback keeps the residual.
@@ -443,9 +497,9 @@ double summed_error_ratio(bool same_rows) {
   };
   for (int64_t step = 0; step < 24; ++step) {
     const Batch b = kjv_batch(step, same_rows ? 0 : group()->rank(), 4, 16);
-    for (auto [m, d, sum] : {std::tuple{&exact, &d_exact, &s_exact},
-                             std::tuple{&plain, &d_plain, &s_plain},
-                             std::tuple{&fed, &d_fed, &s_fed}}) {
+    for (auto [m, d, sum] :
+         {std::tuple{&exact, &d_exact, &s_exact}, std::tuple{&plain, &d_plain, &s_plain},
+          std::tuple{&fed, &d_fed, &s_fed}}) {
       d->zero_grad();
       d->prepare_backward(true);
       m->loss(b.x, b.y).backward();
@@ -462,9 +516,10 @@ double summed_error_ratio(bool same_rows) {
   e_plain = std::sqrt(e_plain / norm);
   e_fed = std::sqrt(e_fed / norm);
   if (group()->rank() == 0)
-    std::printf("[ note     ] %s rows: summed bf16 error over 24 steps %.3g without feedback, "
-                "%.3g with (%.3fx)\n",
-                same_rows ? "same" : "different", e_plain, e_fed, e_fed / e_plain);
+    std::printf(
+        "[ note     ] %s rows: summed bf16 error over 24 steps %.3g without feedback, "
+        "%.3g with (%.3fx)\n",
+        same_rows ? "same" : "different", e_plain, e_fed, e_fed / e_plain);
   EXPECT_GT(e_plain, 0.0);
   return e_fed / e_plain;
 }
@@ -482,13 +537,21 @@ TEST(MpiDDP, ErrorFeedbackKeepsTheSummedCompressedUpdatesNearTheExactSum) {
 // trains on when its all-reduce is skipped) differs by 1.0%.
 std::vector<float> kjv_losses(const std::vector<std::string>& extra,
                               std::shared_ptr<ProcessGroup> pg) {
-  std::vector<std::string> args = {
-      "--model.n_layer=2",  "--model.d_model=32",       "--model.n_head=2",
-      "--model.seq_len=32", "--train.batch_size=4",     "--train.steps=60",
-      "--train.lr=3e-3",    "--train.warmup_steps=0",   "--train.eval_every=0",
-      "--data.workers=1",   "--data.path=" + std::string(KUAI_SOURCE_DIR) + "/data/kjv.bin",
-      "--log.progress=off", "--log.jsonl=false",        "--log.tensorboard=false",
-      "--log.save_weights=false"};
+  std::vector<std::string> args = {"--model.n_layer=2",
+                                   "--model.d_model=32",
+                                   "--model.n_head=2",
+                                   "--model.seq_len=32",
+                                   "--train.batch_size=4",
+                                   "--train.steps=60",
+                                   "--train.lr=3e-3",
+                                   "--train.warmup_steps=0",
+                                   "--train.eval_every=0",
+                                   "--data.workers=1",
+                                   "--data.path=" + std::string(KUAI_SOURCE_DIR) + "/data/kjv.bin",
+                                   "--log.progress=off",
+                                   "--log.jsonl=false",
+                                   "--log.tensorboard=false",
+                                   "--log.save_weights=false"};
   args.insert(args.end(), extra.begin(), extra.end());
   std::ostringstream out;
   train::TrainOptions o;
@@ -508,10 +571,10 @@ TEST(MpiTrainer, CompressedTrainingFollowsUncompressed) {
   EXPECT_LT(base, 3.3);
   for (auto [comp, ef] :
        {std::pair{"fp16", false}, std::pair{"bf16", false}, std::pair{"bf16", true}}) {
-    const double got = tail_mean(kjv_losses({std::string("--dist.compression=") + comp,
-                                             std::string("--dist.error_feedback=") +
-                                                 (ef ? "true" : "false")},
-                                            group()));
+    const double got =
+        tail_mean(kjv_losses({std::string("--dist.compression=") + comp,
+                              std::string("--dist.error_feedback=") + (ef ? "true" : "false")},
+                             group()));
     EXPECT_NEAR(got, base, 1e-3 * base) << comp << " ef " << ef;
   }
 }

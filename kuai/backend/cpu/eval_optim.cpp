@@ -105,6 +105,10 @@ void ClipCoefficient::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out
   out[0].data<float>()[0] = c;
 }
 
+void ZeroInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  std::memset(in[0].raw_data(), 0, static_cast<size_t>(in[0].nbytes()));
+}
+
 void ScaleInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
   cpu::scale(in[0].data<float>(), c_, in[0].data<float>(), in[0].numel());
 }
