@@ -348,7 +348,8 @@ TEST(MpiTrainer, CountersShowNoHostReadsHalvedPayloadAndOverlap) {
 // all-reduces (started where backward's hooks started them, waited after backward) and zeroes the
 // buckets, so every replay's averaged loss, gradient norm and the final weights equal the eager
 // run's bit for bit, the lr schedule active: fp32, 2 micro-batches (no_sync on the first), fp16
-// with its loss scaler, bf16 compression with error feedback, overlap off. The replayed
+// with its loss scaler, bf16 compression with error feedback, overlap off; so do AdamW's moments
+// (the full checkpoint's optimizer file, byte for byte). The replayed
 // collectives are still launched during the (replayed) backward: overlap stays as eager's.
 TEST(MpiTrainer, CompiledStepsEqualEagerBitForBit) {
   auto pg = group();
@@ -363,6 +364,7 @@ TEST(MpiTrainer, CompiledStepsEqualEagerBitForBit) {
       std::vector<std::string> o = {
           "--train.steps=6",
           "--train.warmup_steps=2",
+          "--checkpoint.save_every=6",
           "--train.log_every=1",
           "--train.threads=1",
           "--run.dir=" + dir.string(),
@@ -391,6 +393,11 @@ TEST(MpiTrainer, CompiledStepsEqualEagerBitForBit) {
       const std::string a = bytes(eager.run_path + "/model.safetensors");
       EXPECT_FALSE(a.empty()) << name;
       EXPECT_EQ(bytes(compiled.run_path + "/model.safetensors"), a) << name << ": final weights";
+      // AdamW's moments and step count, from the full checkpoint of the last step.
+      const std::string m = bytes(eager.run_path + "/ckpt-6/optimizer.rank0.safetensors");
+      EXPECT_FALSE(m.empty()) << name;
+      EXPECT_EQ(bytes(compiled.run_path + "/ckpt-6/optimizer.rank0.safetensors"), m)
+          << name << ": optimizer state";
     }
     pg->barrier();
   }
