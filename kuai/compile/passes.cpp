@@ -30,6 +30,63 @@ void renumber(Graph& graph) {
     }
 }
 
+namespace {
+
+// The value a view value aliases, following view nodes to the buffer that owns the memory.
+int root_of(const Graph& g, int id) {
+  while (true) {
+    const Value& v = g.values[static_cast<size_t>(id)];
+    if (!v.view || v.producer < 0) return id;
+    id = g.nodes[static_cast<size_t>(v.producer)].inputs[0];
+  }
+}
+
+// Whether a node of (first, last) other than those in `skip` reads (when `reads`) or writes the
+// memory of `root`: moving an access to `root` across such a node would change what it sees.
+bool touched_between(const Graph& g, size_t first, size_t last, int root, bool reads,
+                     const std::vector<bool>* skip = nullptr) {
+  for (size_t i = first + 1; i < last; ++i) {
+    if (skip && (*skip)[i]) continue;
+    const Node& n = g.nodes[i];
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (root_of(g, n.inputs[k]) == root && (reads || n.primitive->mutates_input(k))) return true;
+  }
+  return false;
+}
+
+// Per root value: the nodes that read it or a view of it (view nodes themselves excepted).
+std::vector<std::vector<int>> readers_by_root(const Graph& g) {
+  std::vector<std::vector<int>> r(g.values.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (g.nodes[i].primitive->is_view()) continue;
+    for (int id : g.nodes[i].inputs) r[static_cast<size_t>(root_of(g, id))].push_back(int(i));
+  }
+  return r;
+}
+
+// The node that replaces `a` and `b` (run in backward; kernel scratch as the larger of theirs).
+Node fused_node(std::shared_ptr<const Primitive> p, std::vector<int> inputs,
+                std::vector<int> outputs, const Node& a, const Node& b) {
+  Node f;
+  f.primitive = std::move(p);
+  f.inputs = std::move(inputs);
+  f.outputs = std::move(outputs);
+  f.backward = true;
+  f.scratch_bytes = std::max(a.scratch_bytes, b.scratch_bytes);
+  return f;
+}
+
+// Removes the marked nodes and renumbers the producers.
+void drop(Graph& graph, const std::vector<bool>& remove) {
+  std::vector<Node> kept;
+  for (size_t i = 0; i < graph.nodes.size(); ++i)
+    if (!remove[i]) kept.push_back(std::move(graph.nodes[i]));
+  graph.nodes = std::move(kept);
+  renumber(graph);
+}
+
+}  // namespace
+
 int64_t eliminate_dead_values(Graph& graph) {
   std::vector<bool> read(graph.values.size(), false);
   for (const auto& [name, id] : graph.outputs) read[static_cast<size_t>(id)] = true;
@@ -100,56 +157,9 @@ int64_t fuse_add_layer_norm(Graph& graph) {
     remove[a] = true;
     ++fused;
   }
-  std::vector<Node> kept;
-  for (size_t i = 0; i < n; ++i)
-    if (!remove[i]) kept.push_back(std::move(graph.nodes[i]));
-  graph.nodes = std::move(kept);
-  renumber(graph);
+  drop(graph, remove);
   return fused;
 }
-
-namespace {
-
-// The value a view value aliases, following view nodes to the buffer that owns the memory.
-int root_of(const Graph& g, int id) {
-  while (true) {
-    const Value& v = g.values[static_cast<size_t>(id)];
-    if (!v.view || v.producer < 0) return id;
-    id = g.nodes[static_cast<size_t>(v.producer)].inputs[0];
-  }
-}
-
-// Whether a node of (first, last) other than those in `skip` reads (when `reads`) or writes the
-// memory of `root`: moving an access to `root` across such a node would change what it sees.
-bool touched_between(const Graph& g, size_t first, size_t last, int root, bool reads,
-                     const std::vector<bool>* skip = nullptr) {
-  for (size_t i = first + 1; i < last; ++i) {
-    if (skip && (*skip)[i]) continue;
-    const Node& n = g.nodes[i];
-    for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (root_of(g, n.inputs[k]) == root && (reads || n.primitive->mutates_input(k))) return true;
-  }
-  return false;
-}
-
-// Per root value: the nodes that read it or a view of it (view nodes themselves excepted).
-std::vector<std::vector<int>> readers_by_root(const Graph& g) {
-  std::vector<std::vector<int>> r(g.values.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) {
-    if (g.nodes[i].primitive->is_view()) continue;
-    for (int id : g.nodes[i].inputs) r[static_cast<size_t>(root_of(g, id))].push_back(int(i));
-  }
-  return r;
-}
-
-std::vector<Node> without(std::vector<Node>& nodes, const std::vector<bool>& remove) {
-  std::vector<Node> kept;
-  for (size_t i = 0; i < nodes.size(); ++i)
-    if (!remove[i]) kept.push_back(std::move(nodes[i]));
-  return kept;
-}
-
-}  // namespace
 
 int64_t fuse_layer_norm_backward_add(Graph& graph) {
   const std::vector<std::vector<int>> readers = readers_by_root(graph);
@@ -173,19 +183,14 @@ int64_t fuse_layer_norm_backward_add(Graph& graph) {
     if (readers[static_cast<size_t>(d)] != std::vector<int>{static_cast<int>(a)}) continue;
     if (rv.producer >= static_cast<int>(l) || touched_between(graph, l, a, root_of(graph, r), true))
       continue;
-    Node f;
-    f.primitive = std::make_shared<LayerNormBackwardAdd>();
-    f.inputs = lnb.inputs;
-    f.inputs.push_back(r);
-    f.outputs = {lnb.outputs[1], lnb.outputs[2]};
-    f.backward = true;
-    f.scratch_bytes = std::max(lnb.scratch_bytes, add.scratch_bytes);
-    lnb = std::move(f);
+    std::vector<int> in = lnb.inputs;
+    in.push_back(r);
+    lnb = fused_node(std::make_shared<LayerNormBackwardAdd>(), std::move(in),
+                     {lnb.outputs[1], lnb.outputs[2]}, lnb, add);
     remove[a] = true;
     ++fused;
   }
-  graph.nodes = without(graph.nodes, remove);
-  renumber(graph);
+  drop(graph, remove);
   return fused;
 }
 
@@ -225,18 +230,12 @@ int64_t fuse_gelu_backward_sum(Graph& graph) {
     // The sum moves up to the backward: nothing in between may write dx.
     if (touched_between(graph, g, s, id, false)) continue;
     const int db = sum.outputs[0];
-    Node f;
-    f.primitive = std::make_shared<GeluBackwardSum>(graph.values[static_cast<size_t>(db)].shape);
-    f.inputs = gb.inputs;
-    f.outputs = {id, db};
-    f.backward = true;
-    f.scratch_bytes = std::max(gb.scratch_bytes, sum.scratch_bytes);
-    gb = std::move(f);
+    gb = fused_node(std::make_shared<GeluBackwardSum>(graph.values[static_cast<size_t>(db)].shape),
+                    gb.inputs, {id, db}, gb, sum);
     remove[s] = true;
     ++fused;
   }
-  graph.nodes = without(graph.nodes, remove);
-  renumber(graph);
+  drop(graph, remove);
   return fused;
 }
 
@@ -288,13 +287,11 @@ int64_t fuse_cross_entropy(Graph& graph) {
     if (!ok || touched_between(graph, f, b, logits, false) ||
         touched_between(graph, f, b, targets, false))
       continue;
-    Node fusedn;
-    fusedn.primitive = std::make_shared<CrossEntropyWithGrad>(ce->ignore_index());
-    fusedn.inputs = {bin[0], bin[1], bin[4]};
-    fusedn.outputs = fwd.outputs;
-    fusedn.outputs.insert(fusedn.outputs.end(), graph.nodes[b].outputs.begin(),
-                          graph.nodes[b].outputs.end());
-    fusedn.scratch_bytes = std::max(fwd.scratch_bytes, graph.nodes[b].scratch_bytes);
+    std::vector<int> out = fwd.outputs;
+    out.insert(out.end(), graph.nodes[b].outputs.begin(), graph.nodes[b].outputs.end());
+    Node fusedn = fused_node(std::make_shared<CrossEntropyWithGrad>(ce->ignore_index()),
+                             {bin[0], bin[1], bin[4]}, std::move(out), fwd, graph.nodes[b]);
+    fusedn.backward = false;
     std::vector<Node> order;
     for (size_t i = 0; i < f; ++i) order.push_back(std::move(graph.nodes[i]));
     for (size_t i = f + 1; i < b; ++i)

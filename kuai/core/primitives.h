@@ -443,7 +443,7 @@ class Fill final : public Primitive {
 // optimizer). Inputs marked "!" are written in place (contiguous, never recorded by autograd).
 // Per-step numbers (the learning rate, Adam's bias corrections, the loss scale) are tensor
 // inputs, not constructor arguments, so the same primitive serves every step. None of them is
-// differentiable.
+// differentiable. (The macro stays defined: kuai/dist's collectives are updates too.)
 #define KUAI_UPDATE_COMMON(NAME)                                                            \
   std::string_view name() const override { return NAME; }                                   \
   OpClass op_class() const override { return OpClass::kOther; }                             \
@@ -595,7 +595,6 @@ class ScalerUpdate final : public Primitive {
   int64_t growth_interval_;
 };
 
-#undef KUAI_UPDATE_COMMON
 #undef KUAI_PRIMITIVE_COMMON
 
 }  // namespace kuai

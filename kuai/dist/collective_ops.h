@@ -15,7 +15,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kuai/core/primitive.h"
+#include "kuai/core/primitives.h"
 #include "kuai/dist/process_group.h"
 
 namespace kuai::dist {
@@ -36,15 +36,7 @@ class AllReduceStart final : public Primitive {
         slot_(std::move(slot)),
         before_(std::move(before)),
         after_(std::move(after)) {}
-  std::string_view name() const override { return "all_reduce_start_"; }
-  OpClass op_class() const override { return OpClass::kOther; }
-  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
-  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;
-  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;
-  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
-                          std::span<const Tensor> grad_out,
-                          const std::vector<bool>& needs) const override;
-  bool differentiable(size_t) const override { return false; }
+  KUAI_UPDATE_COMMON("all_reduce_start_")
   bool mutates_input(size_t) const override { return true; }
   bool updates_in_place() const override { return true; }
 
@@ -59,15 +51,7 @@ class AllReduceStart final : public Primitive {
 class CollectiveWait final : public Primitive {
  public:
   explicit CollectiveWait(std::shared_ptr<WorkSlot> slot) : slot_(std::move(slot)) {}
-  std::string_view name() const override { return "wait_"; }
-  OpClass op_class() const override { return OpClass::kOther; }
-  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
-  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;
-  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;
-  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
-                          std::span<const Tensor> grad_out,
-                          const std::vector<bool>& needs) const override;
-  bool differentiable(size_t) const override { return false; }
+  KUAI_UPDATE_COMMON("wait_")
   bool mutates_input(size_t) const override { return true; }
   bool updates_in_place() const override { return true; }
 

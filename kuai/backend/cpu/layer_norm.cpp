@@ -180,15 +180,19 @@ void add_layer_norm_forward(const float* a, const float* b, float* x, const floa
   }
 }
 
-void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
-                         const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C) {
+namespace {
+
+// The backward's row blocks (a partition that depends on N only: what makes dw, db deterministic)
+// run in parallel: `rows(r0, r1, pdw, pdb)` writes dx of rows [r0, r1) and the block's partial
+// dw, db; then the partials are summed in block order.
+template <class Rows>
+void backward_blocks(float* dw, float* db, int64_t N, int64_t C, Rows&& rows) {
   if (C <= 0) return;
   if (N <= 0) {
     std::fill(dw, dw + C, 0.0f);
     std::fill(db, db + C, 0.0f);
     return;
   }
-  // The block partition is a function of N only: that is what makes dw, db deterministic.
   const int64_t rows_per_block = backward_rows_per_block(N);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
   // (blocks, 2, C): per block, partial dw then partial db.
@@ -202,9 +206,8 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t r0 = blk * rows_per_block;
-      const int64_t r1 = std::min(N, r0 + rows_per_block);
       float* pdw = part + blk * 2 * C;
-      backward_block(dy, x, w, mean, rstd, dx, pdw, pdw + C, r0, r1, C, true);
+      rows(r0, std::min(N, r0 + rows_per_block), pdw, pdw + C);
     }
 #pragma omp for schedule(static)
     for (int64_t k = 0; k < 2 * col_chunks; ++k) {
@@ -216,52 +219,31 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
   }
 }
 
+}  // namespace
+
+void layer_norm_backward(const float* dy, const float* x, const float* w, const float* mean,
+                         const float* rstd, float* dx, float* dw, float* db, int64_t N, int64_t C) {
+  backward_blocks(dw, db, N, C, [&](int64_t r0, int64_t r1, float* pdw, float* pdb) {
+    backward_block(dy, x, w, mean, rstd, dx, pdw, pdb, r0, r1, C, true);
+  });
+}
+
 void layer_norm_backward_add(const float* dy, const float* x, const float* w, const float* mean,
                              const float* rstd, float* acc, float* dw, float* db, int64_t N,
                              int64_t C) {
-  if (C <= 0) return;
-  if (N <= 0) {
-    std::fill(dw, dw + C, 0.0f);
-    std::fill(db, db + C, 0.0f);
-    return;
-  }
-  // layer_norm_backward's blocks and partials, each block cut into pieces of about 32 KiB of dx
-  // that live in a thread-private buffer from the moment they are written to their add into acc.
-  constexpr int64_t kPieceFloats = 8192;
-  const int64_t rows_per_block = backward_rows_per_block(N);
-  const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
-  const int64_t piece = std::max<int64_t>(1, kPieceFloats / C);
-  static thread_local std::vector<float> partials;
-  if (partials.size() < static_cast<size_t>(blocks * 2 * C)) partials.resize(blocks * 2 * C);
-  float* part = partials.data();
-  const int64_t col_chunks = (C + kReduceColChunk - 1) / kReduceColChunk;
-
-#pragma omp parallel if (N * C >= kMinParallel && N > 1)
-  {
-    alignas(64) float local[kPieceFloats];
-    static thread_local std::vector<float> wide;  // one row wider than the local buffer
-    if (C > kPieceFloats && wide.size() < static_cast<size_t>(C)) wide.resize(C);
-    float* buf = C > kPieceFloats ? wide.data() : local;
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t r0 = blk * rows_per_block;
-      const int64_t r1 = std::min(N, r0 + rows_per_block);
-      float* pdw = part + blk * 2 * C;
-      for (int64_t s = r0; s < r1; s += piece) {
-        const int64_t n = std::min(r1, s + piece) - s;
-        backward_block(dy + s * C, x + s * C, w, mean + s, rstd + s, buf, pdw, pdw + C, 0, n, C,
-                       s == r0);
-        accumulate(acc + s * C, buf, n * C);
-      }
+  // Each block cut into pieces of about 32 KiB of dx, which live in a thread-private buffer from
+  // the moment they are written to their add into acc.
+  const int64_t piece = std::max<int64_t>(1, (int64_t{1} << 13) / std::max<int64_t>(1, C));
+  backward_blocks(dw, db, N, C, [&](int64_t r0, int64_t r1, float* pdw, float* pdb) {
+    static thread_local std::vector<float> buf;
+    if (buf.size() < static_cast<size_t>(piece * C)) buf.resize(static_cast<size_t>(piece * C));
+    for (int64_t s = r0; s < r1; s += piece) {
+      const int64_t n = std::min(r1, s + piece) - s;
+      backward_block(dy + s * C, x + s * C, w, mean + s, rstd + s, buf.data(), pdw, pdb, 0, n, C,
+                     s == r0);
+      accumulate(acc + s * C, buf.data(), n * C);
     }
-#pragma omp for schedule(static)
-    for (int64_t k = 0; k < 2 * col_chunks; ++k) {
-      const bool is_db = k >= col_chunks;
-      const int64_t c0 = (k % col_chunks) * kReduceColChunk;
-      const int64_t c1 = std::min(C, c0 + kReduceColChunk);
-      sum_partials(part + (is_db ? C : 0), blocks, 2 * C, is_db ? db : dw, c0, c1);
-    }
-  }
+  });
 }
 
 }  // namespace kuai::cpu
