@@ -129,10 +129,14 @@ int64_t fuse_add_layer_norm(Graph& graph) {
     const auto* bin = dynamic_cast<const Binary*>(add.primitive.get());
     if (bin == nullptr || bin->op() != BinaryOp::kAdd || add.outputs.size() != 1 || remove[a])
       continue;
-    const Value &x = graph.values[static_cast<size_t>(add.inputs[0])],
-                &y = graph.values[static_cast<size_t>(add.inputs[1])];
+    // a fp32; b fp32 or a low-precision branch (fp32 + bf16 is the residual add under autocast;
+    // the sum is commutative, so the fp32 operand goes first).
+    int ia = add.inputs[0], ib = add.inputs[1];
+    if (graph.values[static_cast<size_t>(ia)].dtype != DType::kF32) std::swap(ia, ib);
+    const Value &x = graph.values[static_cast<size_t>(ia)],
+                &y = graph.values[static_cast<size_t>(ib)];
     if (x.shape != s.shape || y.shape != s.shape || x.dtype != DType::kF32 ||
-        y.dtype != DType::kF32)
+        !(y.dtype == DType::kF32 || y.dtype == DType::kBF16 || y.dtype == DType::kF16))
       continue;
     // The add moves down to the LayerNorm: nothing in between may read its sum or write what it
     // adds.
@@ -148,7 +152,7 @@ int64_t fuse_add_layer_norm(Graph& graph) {
     if (!clear) continue;
     Node f;
     f.primitive = std::make_shared<AddLayerNorm>(norm->eps());
-    f.inputs = {add.inputs[0], add.inputs[1], ln.inputs[1], ln.inputs[2]};
+    f.inputs = {ia, ib, ln.inputs[1], ln.inputs[2]};
     f.outputs = {sum};
     f.outputs.insert(f.outputs.end(), ln.outputs.begin(), ln.outputs.end());
     f.backward = ln.backward;

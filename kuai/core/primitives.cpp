@@ -383,7 +383,8 @@ std::vector<Tensor> SoftmaxBackward::vjp(std::span<const Tensor>, std::span<cons
 
 std::vector<TensorSpec> AddLayerNorm::infer(std::span<const Tensor> in) const {
   if (in.size() != 4) throw std::invalid_argument("add_layer_norm: takes (a, b, weight, bias)");
-  for (const Tensor& t : in) check_float32(name(), t);
+  for (size_t i : {0, 2, 3}) check_float32(name(), in[i]);
+  check_floating(name(), in[1]);  // fp32, or an autocast branch widened into the fp32 sum
   if (in[0].shape() != in[1].shape())
     throw std::invalid_argument(fmt::format("add_layer_norm: a {} and b {} differ",
                                             shape_str(in[0].shape()), shape_str(in[1].shape())));

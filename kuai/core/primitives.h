@@ -260,7 +260,8 @@ class LayerNorm final : public Primitive {  // (x, w, b) -> (y, mean, rstd)
 };
 
 // The residual add and the LayerNorm that reads its sum, in one pass over the rows (a compiled
-// graph's fusion, kuai/compile/passes.h): (a, b, w, bias) -> (x = a + b, y, mean, rstd), each
+// graph's fusion, kuai/compile/passes.h): (a, b, w, bias) -> (x = a + b, y, mean, rstd), a fp32,
+// b fp32 or a bf16 / f16 branch (widened exactly, as the mixed add does), each
 // output bit for bit what add then layer_norm give (the sum is rounded once either way, and each
 // row's statistics are the same function of the same row). Never recorded by autograd.
 class AddLayerNorm final : public Primitive {

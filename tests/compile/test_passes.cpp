@@ -19,22 +19,27 @@
 namespace kuai::compiler {
 namespace {
 
+// b fp32, or a bf16 / f16 branch as autocast makes it (the fp32 residual plus a low-precision
+// linear's output).
 TEST(Passes, AddLayerNormEqualsAddThenLayerNormBitForBit) {
-  for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{
-           {1, 1}, {3, 17}, {5, 256}, {33, 100}, {300, 130}, {2, 4099}}) {
-    Generator g(static_cast<uint64_t>(N * 1000 + C), 0);
-    const Tensor a = g.normal({N, C}), b = g.normal({N, C}), w = g.normal({C}),
-                 bias = g.normal({C});
-    autograd::NoGradGuard no_grad;
-    const Tensor x = add(a, b);
-    const std::vector<Tensor> ln = dispatch(std::make_shared<LayerNorm>(1e-5f), {x, w, bias});
-    const std::vector<Tensor> f = dispatch(std::make_shared<AddLayerNorm>(1e-5f), {a, b, w, bias});
-    ASSERT_EQ(f.size(), 4u);
-    EXPECT_EQ(f[0].to_vector<float>(), x.to_vector<float>()) << N << "x" << C << " sum";
-    for (size_t j = 0; j < 3; ++j)
-      EXPECT_EQ(f[j + 1].to_vector<float>(), ln[j].to_vector<float>())
-          << N << "x" << C << " output " << j;
-  }
+  for (const DType bt : {DType::kF32, DType::kBF16, DType::kF16})
+    for (const auto& [N, C] : std::vector<std::pair<int64_t, int64_t>>{
+             {1, 1}, {3, 17}, {5, 256}, {33, 100}, {300, 130}, {2, 4099}, {3, 9000}}) {
+      Generator g(static_cast<uint64_t>(N * 1000 + C), 0);
+      const Tensor a = g.normal({N, C}), b = cast(g.normal({N, C}), bt), w = g.normal({C}),
+                   bias = g.normal({C});
+      autograd::NoGradGuard no_grad;
+      const Tensor x = add(a, b);
+      ASSERT_EQ(x.dtype(), DType::kF32);
+      const std::vector<Tensor> ln = dispatch(std::make_shared<LayerNorm>(1e-5f), {x, w, bias});
+      const std::vector<Tensor> f =
+          dispatch(std::make_shared<AddLayerNorm>(1e-5f), {a, b, w, bias});
+      ASSERT_EQ(f.size(), 4u);
+      const std::string at = fmt::format("{} {}x{}", dtype_name(bt), N, C);
+      EXPECT_EQ(f[0].to_vector<float>(), x.to_vector<float>()) << at << " sum";
+      for (size_t j = 0; j < 3; ++j)
+        EXPECT_EQ(f[j + 1].to_vector<float>(), ln[j].to_vector<float>()) << at << " output " << j;
+    }
 }
 
 // Odd sizes: one row, widths off the vector length, enough rows for several threads and blocks.
@@ -109,6 +114,16 @@ Graph tiny_step() {
   const std::vector<Tensor> batch = test::batch_of(0, 1);
   return capture([&] { losses = t.step(batch); },
                  [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
+}
+
+// Under bf16 autocast the residual add is fp32 + bf16: fused all the same.
+TEST(Passes, TheBf16ResidualAddIsFusedToo) {
+  test::Trainer t(DType::kBF16);
+  std::vector<Tensor> losses;
+  const std::vector<Tensor> batch = test::batch_of(0, 1);
+  Graph g = capture([&] { losses = t.step(batch); },
+                    [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
+  EXPECT_EQ(run_passes(g).get("add_layer_norm"), 2 * test::tiny().n_layer);
 }
 
 TEST(Passes, DeadValueEliminationKeepsWhatIsReadOrWrites) {

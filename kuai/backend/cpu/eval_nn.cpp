@@ -41,9 +41,10 @@ void LayerNorm::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
 void AddLayerNorm::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t C = in[0].shape().back();
   const int64_t N = out[2].numel();
-  cpu::add_layer_norm_forward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
-                              in[2].data<float>(), in[3].data<float>(), out[1].data<float>(),
-                              out[2].data<float>(), out[3].data<float>(), N, C, eps_);
+  cpu::add_layer_norm_forward(in[0].data<float>(), in[1].raw_data(), in[1].dtype(),
+                              out[0].data<float>(), in[2].data<float>(), in[3].data<float>(),
+                              out[1].data<float>(), out[2].data<float>(), out[3].data<float>(), N,
+                              C, eps_);
 }
 
 void LayerNormBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {

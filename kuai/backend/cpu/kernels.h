@@ -54,8 +54,9 @@ void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, 
 
 // ---- LayerNorm over the last axis of x (N, C) ----
 // x = a + b, then layer_norm_forward of x, a block of rows at a time (while the block is in
-// cache); bit for bit the two calls.
-void add_layer_norm_forward(const float* a, const float* b, float* x, const float* w,
+// cache); bit for bit the two calls. b is fp32, bf16 or f16 (an autocast branch, widened: the
+// fp32 sum a mixed add gives).
+void add_layer_norm_forward(const float* a, const void* b, DType b_dtype, float* x, const float* w,
                             const float* bias, float* y, float* mean, float* rstd, int64_t N,
                             int64_t C, float eps);
 void layer_norm_forward(const float* x, const float* w, const float* b, float* y, float* mean,

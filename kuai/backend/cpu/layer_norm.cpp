@@ -12,6 +12,7 @@
 
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
+#include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
 namespace {
@@ -158,21 +159,33 @@ void layer_norm_forward(const float* x, const float* w, const float* b, float* y
   }
 }
 
-void add_layer_norm_forward(const float* a, const float* b, float* x, const float* w,
+void add_layer_norm_forward(const float* a, const void* b, DType b_dtype, float* x, const float* w,
                             const float* bias, float* y, float* mean, float* rstd, int64_t N,
                             int64_t C, float eps) {
   if (N <= 0 || C <= 0) return;
   // Blocks of about 32 KiB of x: the add writes them, the statistics read them back from L1/L2.
   const int64_t block = std::max<int64_t>(1, (int64_t{1} << 13) / C);
+  const size_t b_size = dtype_size(b_dtype);
 #pragma omp parallel if (N * C >= kMinParallel && N > 1)
   {
+    // A bf16 / f16 branch is widened a block at a time (exactly: every value is an fp32 value),
+    // so each sum is the fp32 a + b the separate add rounds.
+    static thread_local std::vector<float> wide;
+    if (b_dtype != DType::kF32 && wide.size() < static_cast<size_t>(block * C))
+      wide.resize(static_cast<size_t>(block * C));
     int64_t r0, r1;
     thread_range(N, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
     for (int64_t r = r0; r < r1; r += block) {
       const int64_t e = std::min(r1, r + block);
-      const float *pa = a + r * C, *pb = b + r * C;
-      float* px = x + r * C;
       const int64_t n = (e - r) * C;
+      const float* pa = a + r * C;
+      const float* pb = static_cast<const float*>(b) + r * C;
+      if (b_dtype != DType::kF32) {
+        convert_serial(static_cast<const char*>(b) + static_cast<size_t>(r * C) * b_size, b_dtype,
+                       wide.data(), DType::kF32, n);
+        pb = wide.data();
+      }
+      float* px = x + r * C;
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) px[i] = pa[i] + pb[i];
       forward_rows(x, w, bias, y, mean, rstd, r, e, C, eps);
