@@ -12,7 +12,8 @@ namespace kuai::compiler {
 const std::vector<std::string>& PassOptions::names() {
   static const std::vector<std::string> n = {
       "dead_values",       "add_layer_norm", "layer_norm_backward_add",
-      "gelu_backward_sum", "cross_entropy",  "recompute"};
+      "gelu_backward_sum", "cross_entropy",  "elementwise",
+      "recompute"};
   return n;
 }
 
@@ -26,6 +27,7 @@ PassOptions PassOptions::all_but(const std::string& disabled) {
                  : name == "layer_norm_backward_add" ? &o.layer_norm_backward_add
                  : name == "gelu_backward_sum"       ? &o.gelu_backward_sum
                  : name == "cross_entropy"           ? &o.cross_entropy
+                 : name == "elementwise"             ? &o.elementwise
                  : name == "recompute"               ? &o.recompute
                                                      : nullptr;
     if (flag == nullptr)

@@ -13,6 +13,7 @@ struct PassOptions {
   bool layer_norm_backward_add = true;
   bool gelu_backward_sum = true;
   bool cross_entropy = true;
+  bool elementwise = true;
   bool recompute = true;
   // "dead_values,add_layer_norm": the passes named are switched off (unknown names throw).
   static PassOptions all_but(const std::string& disabled);

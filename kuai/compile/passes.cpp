@@ -2,6 +2,9 @@
 #include "kuai/compile/passes.h"
 
 #include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
 
 #include <memory>
 #include <stdexcept>
@@ -311,6 +314,96 @@ int64_t fuse_cross_entropy(Graph& graph) {
   return fused;
 }
 
+namespace {
+
+// An fp32 elementwise node the chain fuser can take: one output, every operand of its shape.
+bool chainable(const Graph& g, const Node& n) {
+  const Primitive* p = n.primitive.get();
+  if (dynamic_cast<const Binary*>(p) == nullptr && dynamic_cast<const Scale*>(p) == nullptr &&
+      dynamic_cast<const Gelu*>(p) == nullptr && dynamic_cast<const GeluBackward*>(p) == nullptr)
+    return false;
+  if (n.outputs.size() != 1) return false;
+  const Value& o = g.values[static_cast<size_t>(n.outputs[0])];
+  if (o.dtype != DType::kF32) return false;
+  for (int id : n.inputs) {
+    const Value& v = g.values[static_cast<size_t>(id)];
+    if (v.dtype != DType::kF32 || v.shape != o.shape || v.view) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int64_t fuse_elementwise_chains(Graph& graph) {
+  const std::vector<std::vector<int>> readers = readers_by_root(graph);
+  std::vector<bool> is_output(graph.values.size(), false);
+  for (const auto& [name, id] : graph.outputs) is_output[static_cast<size_t>(id)] = true;
+  // A value read by views too is not private to the chain.
+  std::vector<bool> viewed(graph.values.size(), false);
+  for (const Node& n : graph.nodes)
+    if (n.primitive->is_view())
+      for (int id : n.inputs) viewed[static_cast<size_t>(root_of(graph, id))] = true;
+  std::vector<bool> remove(graph.nodes.size(), false), taken(graph.nodes.size(), false);
+  int64_t fused = 0;
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    if (taken[i] || !chainable(graph, graph.nodes[i])) continue;
+    // Follow the single reader of each result while it is chainable too.
+    std::vector<size_t> chain = {i};
+    while (true) {
+      const int v = graph.nodes[chain.back()].outputs[0];
+      const std::vector<int>& r = readers[static_cast<size_t>(v)];
+      if (r.size() != 1 || is_output[static_cast<size_t>(v)] || viewed[static_cast<size_t>(v)])
+        break;
+      const auto next = static_cast<size_t>(r[0]);
+      int uses = 0;  // the reader takes the value once (x * x stays two reads of one buffer)
+      for (int id : graph.nodes[next].inputs) uses += id == v;
+      if (uses != 1 || taken[next] || !chainable(graph, graph.nodes[next])) break;
+      chain.push_back(next);
+    }
+    if (chain.size() < 2) continue;
+    // Every step runs at the last one's position: what each reads must be unchanged until then.
+    const size_t last = chain.back();
+    bool ok = true;
+    for (size_t c = 0; c + 1 < chain.size() && ok; ++c)
+      for (int id : graph.nodes[chain[c]].inputs)
+        ok = ok && !touched_between(graph, chain[c], last + 1, root_of(graph, id), false);
+    if (!ok) continue;
+    std::vector<int> inputs;
+    std::vector<FusedElementwise::Step> steps;
+    int64_t scratch = 0;
+    for (size_t c = 0; c < chain.size(); ++c) {
+      const Node& n = graph.nodes[chain[c]];
+      FusedElementwise::Step st{n.primitive, {}};
+      for (int id : n.inputs) {
+        if (c > 0 && id == graph.nodes[chain[c - 1]].outputs[0]) {
+          st.args.push_back(-static_cast<int>(c));  // the previous step's result: -1 - (c - 1)
+          continue;
+        }
+        auto at = std::find(inputs.begin(), inputs.end(), id);
+        if (at == inputs.end()) at = inputs.insert(inputs.end(), id);
+        st.args.push_back(static_cast<int>(at - inputs.begin()));
+      }
+      steps.push_back(std::move(st));
+      scratch = std::max(scratch, n.scratch_bytes);
+    }
+    auto p = std::make_shared<FusedElementwise>(std::move(steps));
+    Node f;
+    f.inputs = std::move(inputs);
+    f.outputs = {graph.nodes[last].outputs[0]};
+    f.backward = graph.nodes[last].backward;
+    f.scratch_bytes = std::max(scratch, p->scratch_bytes(omp_get_max_threads()));
+    f.primitive = std::move(p);
+    for (size_t c : chain) {
+      taken[c] = true;
+      remove[c] = c != last;
+    }
+    graph.nodes[last] = std::move(f);
+    ++fused;
+  }
+  drop(graph, remove);
+  return fused;
+}
+
 int64_t recompute_layer_norms(Graph& graph) {
   size_t bwd0 = 0;  // the first node of the backward pass
   while (bwd0 < graph.nodes.size() && !graph.nodes[bwd0].backward) ++bwd0;
@@ -421,6 +514,7 @@ PassReport run_passes(Graph& graph, const PassOptions& options) {
   if (options.gelu_backward_sum)
     r.rewrites.emplace_back("gelu_backward_sum", fuse_gelu_backward_sum(graph));
   if (options.cross_entropy) r.rewrites.emplace_back("cross_entropy", fuse_cross_entropy(graph));
+  if (options.elementwise) r.rewrites.emplace_back("elementwise", fuse_elementwise_chains(graph));
   if (options.recompute) r.rewrites.emplace_back("recompute", recompute_layer_norms(graph));
   r.nodes_after = static_cast<int64_t>(graph.nodes.size());
   return r;

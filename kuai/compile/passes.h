@@ -17,6 +17,11 @@
 //   cross_entropy   the loss's forward and backward in one pass over each block of logit rows
 //                   (CrossEntropyWithGrad), its gradient written over the logits when they die
 //                   there; the nodes that make backward's seed move up before it.
+//   elementwise     a chain of fp32 elementwise nodes of one shape (add, sub, mul, div, scale,
+//                   gelu, gelu_backward), each result read only by the next, becomes one node
+//                   that runs the chain a block of 4096 elements at a time (FusedElementwise):
+//                   the intermediates stay in a thread's cache. (The GPT's own graph has no such
+//                   chain left after the passes above; models built from elementwise ops do.)
 //   recompute       the normalised rows of every LayerNorm of the forward are made again by a
 //                   LayerNorm just before the backward's first read of them (the weight-gradient
 //                   GEMM of the linear they fed), from the input and parameters the backward holds
@@ -49,6 +54,7 @@ int64_t fuse_add_layer_norm(Graph& graph);
 int64_t fuse_layer_norm_backward_add(Graph& graph);
 int64_t fuse_gelu_backward_sum(Graph& graph);
 int64_t fuse_cross_entropy(Graph& graph);
+int64_t fuse_elementwise_chains(Graph& graph);
 int64_t recompute_layer_norms(Graph& graph);
 
 // After nodes were removed or replaced: every value's producer is its node's index again.

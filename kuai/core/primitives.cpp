@@ -417,6 +417,29 @@ std::vector<Tensor> LayerNorm::vjp(std::span<const Tensor> in, std::span<const T
   return dispatch(std::make_shared<LayerNormBackward>(), {in[0], in[1], out[1], out[2], g[0]});
 }
 
+std::vector<TensorSpec> FusedElementwise::infer(std::span<const Tensor> in) const {
+  if (in.empty() || steps_.empty())
+    throw std::invalid_argument("fused_elementwise: takes at least one input and one step");
+  for (const Tensor& t : in) {
+    check_float32(name(), t);
+    check_same_shape(name(), in[0], t);
+  }
+  for (const Step& st : steps_)
+    for (int a : st.args)
+      if (a >= static_cast<int>(in.size()))
+        throw std::invalid_argument(
+            fmt::format("fused_elementwise: a step reads input {} of {}", a, in.size()));
+  return {{in[0].shape(), DType::kF32}};
+}
+std::vector<Tensor> FusedElementwise::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                          std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("fused_elementwise is made by graph fusion and has no vjp");
+}
+int64_t FusedElementwise::scratch_bytes(int threads) const {
+  return static_cast<int64_t>(threads) * static_cast<int64_t>(steps_.size() - 1) * kBlock *
+         static_cast<int64_t>(sizeof(float));
+}
+
 std::vector<TensorSpec> LayerNormBackwardAdd::infer(std::span<const Tensor> in) const {
   if (in.size() != 6)
     throw std::invalid_argument("layer_norm_backward_add_: takes (x, w, mean, rstd, dy, acc)");

@@ -282,6 +282,30 @@ class LayerNormBackward final : public Primitive {  // (x, w, mean, rstd, dy) ->
   int in_place_input(size_t out) const override { return out == 0 ? 4 : -1; }
 };
 
+// A chain of fp32 elementwise primitives (add, sub, mul, div of one shape, scale, gelu,
+// gelu_backward) evaluated a block of elements at a time (a compiled graph's fusion,
+// kuai/compile/passes.h): each step runs its own kernel on the block, its result kept in a
+// thread-private buffer until the next step reads it, so only the chain's inputs and its last
+// output go through memory. The same kernels on the same elements: bit for bit the chain.
+class FusedElementwise final : public Primitive {
+ public:
+  struct Step {
+    std::shared_ptr<const Primitive> op;
+    std::vector<int> args;  // k >= 0: input k of the fused node; -1 - j: the result of step j
+  };
+  static constexpr int64_t kBlock = 4096;  // elements per block (a multiple of every vector width)
+  explicit FusedElementwise(std::vector<Step> steps) : steps_(std::move(steps)) {}
+  KUAI_PRIMITIVE_COMMON("fused_elementwise", OpClass::kElementwise)
+  // The last step's output over an input: every step of a block reads it before the last writes.
+  int in_place_input(size_t) const override { return 0; }
+  const std::vector<Step>& steps() const { return steps_; }
+  // Scratch its evaluation takes with `threads` OpenMP threads (the per-thread step buffers).
+  int64_t scratch_bytes(int threads) const;
+
+ private:
+  std::vector<Step> steps_;
+};
+
 // Graph fusions of the backward pass (kuai/compile/passes.h), never recorded by autograd; each is
 // bit for bit the ops it replaces.
 //

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "kuai/compile/capture.h"
+#include "kuai/compile/executable.h"
 #include "kuai/compile/memory_plan.h"
 #include "kuai/compile/passes.h"
 #include "kuai/core/autograd.h"
@@ -106,6 +107,40 @@ TEST(Passes, CrossEntropyWithGradEqualsForwardThenBackwardBitForBit) {
                 cast(dl, DType::kF32).to_vector<float>())
           << at << " dlogits";
     }
+}
+
+// The chain fuser on a graph of elementwise ops: y = gelu(a * b + c) * 0.5 - gelu'(a) * d over
+// sizes around the block (4096) and the vector widths; one fused node per chain, replayed with
+// the same bits as the ops one by one, with the arena poisoned (a block read before it is written
+// would show). x * x and a broadcast add are left alone.
+TEST(Passes, ElementwiseChainsFuseIntoOneBlockedNodeBitForBit) {
+  for (const int64_t n : {1, 17, 4095, 4097, 3 * 4096 + 5, 70001}) {
+    Generator g(static_cast<uint64_t>(n), 4);
+    const Tensor a = g.normal({n}), b = g.normal({n}), c = g.normal({n}), d = g.normal({n});
+    autograd::NoGradGuard no_grad;
+    auto f = [&] {
+      const Tensor h = scale(gelu(add(mul(a, b), c)), 0.5f);
+      return sub(h, mul(gelu_backward(a, d), d));
+    };
+    const Tensor want = f();
+    Tensor got;
+    Graph graph = capture([&] { got = f(); }, [&](CaptureMode& m) { m.mark_output("y", got); });
+    const int64_t before = static_cast<int64_t>(graph.nodes.size());
+    EXPECT_EQ(fuse_elementwise_chains(graph), 2) << n;  // the two branches; sub joins one
+    EXPECT_EQ(graph.count("fused_elementwise"), 2) << n;
+    EXPECT_LT(static_cast<int64_t>(graph.nodes.size()), before) << n;
+    ExecutableOptions options;
+    options.poison = true;
+    Executable exe(std::move(graph), {}, options);
+    EXPECT_EQ(exe.run({})[0].to_vector<float>(), want.to_vector<float>()) << n;
+  }
+  // Not chains: a value read twice by its reader, a broadcast operand.
+  const Tensor x = full({100}, 1.5f), row = full({4, 100}, 2.0f);
+  autograd::NoGradGuard no_grad;
+  Tensor y;
+  Graph graph =
+      capture([&] { y = add(mul(x, x), row); }, [&](CaptureMode& m) { m.mark_output("y", y); });
+  EXPECT_EQ(fuse_elementwise_chains(graph), 0);
 }
 
 Graph tiny_step() {

@@ -1,11 +1,13 @@
 // CPU evaluation of the copy and elementwise primitives: strided copies, casts, concatenation,
 // broadcasting binary ops (flat and row-broadcast fast paths, a strided general path), scale
 // and GELU.
+#include <omp.h>
 #include <cstring>
 
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/strided.h"
 #include "kuai/backend/cpu/widen.h"
+#include "kuai/core/allocator.h"
 #include "kuai/core/primitives.h"
 
 namespace kuai {
@@ -202,6 +204,34 @@ void GeluBackwardSum::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out
   const int64_t n = inner == 0 ? 0 : in[0].numel() / inner;
   cpu::gelu_backward_sum(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
                          out[1].data<float>(), n, inner);
+}
+
+void FusedElementwise::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const int64_t n = out[0].numel();
+  if (n == 0) return;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  const int threads = static_cast<int>(std::min<int64_t>(omp_get_max_threads(), blocks));
+  const size_t per_thread = (steps_.size() - 1) * static_cast<size_t>(kBlock);
+  ScratchBytes scratch(static_cast<size_t>(scratch_bytes(threads)));  // on the calling thread
+  float* buffers = static_cast<float*>(scratch.data());
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t begin = b * kBlock, m = std::min(kBlock, n - begin);
+    float* mine = buffers + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    std::vector<Tensor> results(steps_.size()), args;
+    for (size_t j = 0; j < steps_.size(); ++j) {
+      args.clear();
+      for (int a : steps_[j].args)
+        args.push_back(a >= 0 ? Tensor::borrow(in[static_cast<size_t>(a)].data<float>() + begin,
+                                               {m}, DType::kF32)
+                              : results[static_cast<size_t>(-1 - a)]);
+      float* dst = j + 1 == steps_.size() ? out[0].data<float>() + begin
+                                          : mine + j * static_cast<size_t>(kBlock);
+      Tensor o = Tensor::borrow(dst, {m}, DType::kF32);
+      steps_[j].op->eval_cpu(args, std::span<Tensor>(&o, 1));
+      results[j] = std::move(o);
+    }
+  }
 }
 
 }  // namespace kuai
