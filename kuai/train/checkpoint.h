@@ -160,13 +160,16 @@ void restore_model(const Checkpoint& ckpt, nn::GPT& model);
 // run_lock.h): the model of the newest committed checkpoint of `run_dir`, verified and loaded.
 // Pruning renames a checkpoint away before removing it, so a reader finds it whole or not at all;
 // when the checkpoint `latest` named is gone by the time it is read, `latest` is read again, up to
-// `attempts` times. Any other failure (a corrupt file) is thrown as it is.
+// `attempts` times (each retry reads the newest checkpoint, which has a whole save interval before
+// it can be pruned; many attempts, so that a reader slowed for a moment, by a loaded machine or a
+// sanitizer, still gets through beside a trainer that saves every few milliseconds). Any other
+// failure (a corrupt file) is thrown as it is.
 struct CommittedModel {
   std::string path;  // the ckpt-<step> directory it came from
   int64_t step = 0;
   std::unique_ptr<nn::GPT> model;
 };
-CommittedModel read_latest_model(const std::string& run_dir, int attempts = 8);
+CommittedModel read_latest_model(const std::string& run_dir, int attempts = 100);
 
 // The checkpoint directories of a run, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
