@@ -405,10 +405,15 @@ int64_t fuse_elementwise_chains(Graph& graph) {
 }
 
 int64_t recompute_layer_norms(Graph& graph) {
-  size_t bwd0 = 0;  // the first node of the backward pass
-  while (bwd0 < graph.nodes.size() && !graph.nodes[bwd0].backward) ++bwd0;
   int64_t recomputed = 0;
-  for (size_t i = 0; i < bwd0; ++i) {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    // Each micro-batch's forward is followed by its backward: bwd0 is the first backward node
+    // after this one (the first micro-batch's LayerNorms are remade in its backward, the second's
+    // in its own).
+    if (graph.nodes[i].backward) continue;
+    size_t bwd0 = i + 1;
+    while (bwd0 < graph.nodes.size() && !graph.nodes[bwd0].backward) ++bwd0;
+    if (bwd0 == graph.nodes.size()) break;
     // y: the value the backward reads, the normalised rows or their low-precision cast (under
     // autocast); ln: the node that normalised them, remade by a LayerNorm of `in` (then the cast).
     const Node* cast = nullptr;

@@ -22,11 +22,11 @@
 //                   that runs the chain a block of 4096 elements at a time (FusedElementwise):
 //                   the intermediates stay in a thread's cache. (The GPT's own graph has no such
 //                   chain left after the passes above; models built from elementwise ops do.)
-//   recompute       the normalised rows of every LayerNorm of the forward are made again by a
-//                   LayerNorm just before the backward's first read of them (the weight-gradient
-//                   GEMM of the linear they fed), from the input and parameters the backward holds
-//                   anyway, so they are not kept across the step's peak: the same bits (one
-//                   kernel, the same inputs) for one more LayerNorm pass each.
+//   recompute       the normalised rows of every LayerNorm of a forward (each micro-batch's) are
+//                   made again by a LayerNorm just before its backward's first read of them (the
+//                   weight-gradient GEMM of the linear they fed), from the input and parameters the
+//                   backward holds anyway, so they are not kept across the step's peak: the same
+//                   bits (one kernel, the same inputs) for one more LayerNorm pass each.
 //
 // A pass rewrites Graph::nodes; values keep their ids (a removed node's outputs are left unread, as
 // empty externals), and producers are renumbered.

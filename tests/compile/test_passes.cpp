@@ -252,6 +252,21 @@ TEST(Passes, RecomputeRemakesEveryLayerNormBeforeItsBackwardRead) {
   EXPECT_LT(plan_memory(g).arena_bytes, bytes_before);
 }
 
+// With 2 micro-batches each forward's LayerNorms are remade in its own backward, so the second
+// micro-batch's rows are not held across its backward either (where the step's peak is).
+TEST(Passes, RecomputeCoversEveryMicroBatch) {
+  test::Trainer t(DType::kF32);
+  std::vector<Tensor> losses;
+  const std::vector<Tensor> batch = test::batch_of(0, 2);
+  Graph g = capture([&] { losses = t.step(batch); },
+                    [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
+  run_passes(g, PassOptions::all_but("recompute"));
+  const int64_t norms = g.count("layer_norm") + g.count("add_layer_norm");
+  const int64_t bytes_before = plan_memory(g).arena_bytes;
+  EXPECT_EQ(recompute_layer_norms(g), norms);
+  EXPECT_LT(plan_memory(g).arena_bytes, bytes_before);
+}
+
 TEST(Passes, AreSwitchedOffByName) {
   Graph g = tiny_step();
   const size_t before = g.nodes.size();
