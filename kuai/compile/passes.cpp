@@ -67,15 +67,16 @@ std::vector<std::vector<int>> readers_by_root(const Graph& g) {
   return r;
 }
 
-// The node that replaces `a` and `b` (run in backward; kernel scratch as the larger of theirs).
+// The node that replaces `at` (taking its place and its forward / backward side) and `other`;
+// its kernel scratch is the larger of theirs.
 Node fused_node(std::shared_ptr<const Primitive> p, std::vector<int> inputs,
-                std::vector<int> outputs, const Node& a, const Node& b) {
+                std::vector<int> outputs, const Node& at, const Node& other) {
   Node f;
   f.primitive = std::move(p);
   f.inputs = std::move(inputs);
   f.outputs = std::move(outputs);
-  f.backward = true;
-  f.scratch_bytes = std::max(a.scratch_bytes, b.scratch_bytes);
+  f.backward = at.backward;
+  f.scratch_bytes = std::max(at.scratch_bytes, other.scratch_bytes);
   return f;
 }
 
@@ -153,14 +154,10 @@ int64_t fuse_add_layer_norm(Graph& graph) {
           clear = false;
     }
     if (!clear) continue;
-    Node f;
-    f.primitive = std::make_shared<AddLayerNorm>(norm->eps());
-    f.inputs = {ia, ib, ln.inputs[1], ln.inputs[2]};
-    f.outputs = {sum};
-    f.outputs.insert(f.outputs.end(), ln.outputs.begin(), ln.outputs.end());
-    f.backward = ln.backward;
-    f.scratch_bytes = std::max(add.scratch_bytes, ln.scratch_bytes);
-    ln = std::move(f);
+    std::vector<int> out = {sum};
+    out.insert(out.end(), ln.outputs.begin(), ln.outputs.end());
+    ln = fused_node(std::make_shared<AddLayerNorm>(norm->eps()),
+                    {ia, ib, ln.inputs[1], ln.inputs[2]}, std::move(out), ln, add);
     remove[a] = true;
     ++fused;
   }
@@ -298,7 +295,6 @@ int64_t fuse_cross_entropy(Graph& graph) {
     out.insert(out.end(), graph.nodes[b].outputs.begin(), graph.nodes[b].outputs.end());
     Node fusedn = fused_node(std::make_shared<CrossEntropyWithGrad>(ce->ignore_index()),
                              {bin[0], bin[1], bin[4]}, std::move(out), fwd, graph.nodes[b]);
-    fusedn.backward = false;
     std::vector<Node> order;
     for (size_t i = 0; i < f; ++i) order.push_back(std::move(graph.nodes[i]));
     for (size_t i = f + 1; i < b; ++i)

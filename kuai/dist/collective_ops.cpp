@@ -21,8 +21,7 @@ std::vector<Tensor> AllReduceStart::vjp(std::span<const Tensor>, std::span<const
 
 std::vector<TensorSpec> CollectiveWait::infer(std::span<const Tensor>) const { return {}; }
 void CollectiveWait::eval_cpu(std::span<const Tensor>, std::span<Tensor>) const {
-  const std::shared_ptr<Work> w = std::move(slot_->work);
-  slot_->work.reset();
+  const std::shared_ptr<Work> w = std::move(slot_->work);  // leaves the slot empty
   if (w) w->wait();
 }
 std::vector<Tensor> CollectiveWait::vjp(std::span<const Tensor>, std::span<const Tensor>,

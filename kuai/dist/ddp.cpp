@@ -81,10 +81,8 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> pending;  // parameters of each bucket not yet ready
   std::vector<char> ready;       // per parameter
   size_t next_launch = 0;        // buckets are launched in order
-  // Per launched bucket, in bucket order: the slot its start primitive put the Work in, and the
-  // tensors the collective writes (what its wait primitive names).
+  // Per launched bucket, in bucket order: the slot its collective's Work is in.
   std::vector<std::shared_ptr<WorkSlot>> works;
-  std::vector<std::vector<Tensor>> written;
 
   bool sharded() const { return !shards.empty(); }
 
@@ -95,7 +93,6 @@ struct DistributedDataParallel::State {
     std::fill(ready.begin(), ready.end(), 0);
     next_launch = 0;
     works.clear();
-    written.clear();
   }
 
   // The bucket's memory, zeroed, with its parameters' gradients as views into it.
@@ -134,6 +131,15 @@ struct DistributedDataParallel::State {
     }
   }
 
+  // What bucket i's all-reduce writes, named by its start and wait primitives: the bucket, and
+  // with compression its wire copy and the error-feedback residual the hooks update.
+  std::vector<Tensor> all_reduced(size_t i) const {
+    std::vector<Tensor> t = {buckets[i].flat};
+    if (options.compression != Compression::kNone) t.push_back(wire[i]);
+    if (!residual.empty()) t.push_back(residual[i]);
+    return t;
+  }
+
   void launch_ready() {
     while (next_launch < buckets.size() && pending[next_launch] == 0) {
       const size_t i = next_launch++;
@@ -142,27 +148,25 @@ struct DistributedDataParallel::State {
       works.push_back(slot);
       if (sharded()) {  // ZeRO-2 (never captured: the trainer runs it eagerly)
         slot->work = group->reduce_scatter(buckets[i].flat, shards[i], ReduceOp::kAvg);
-        written.push_back({shards[i]});
         continue;
       }
       // Dispatched, so a captured step holds its collectives (collective_ops.h).
       if (options.compression == Compression::kNone) {
-        dispatch(std::make_shared<AllReduceStart>(group, ReduceOp::kAvg, slot), {buckets[i].flat});
-        written.push_back({buckets[i].flat});
+        dispatch(std::make_shared<AllReduceStart>(group, ReduceOp::kAvg, slot), all_reduced(i));
         continue;
       }
+      // The wire copy goes through the collective; the hooks cast the bucket into and out of it.
       const Compressor c{buckets[i].flat.data<float>(),
                          wire[i].data<uint16_t>(),
                          residual.empty() ? nullptr : residual[i].data<float>(),
                          buckets[i].flat.numel(),
                          wire[i].dtype(),
                          1.0f / static_cast<float>(group->size())};
-      std::vector<Tensor> touched = {wire[i], buckets[i].flat};
-      if (!residual.empty()) touched.push_back(residual[i]);
+      std::vector<Tensor> touched = all_reduced(i);
+      std::swap(touched[0], touched[1]);  // the reduced tensor first
       dispatch(std::make_shared<AllReduceStart>(
                    group, ReduceOp::kSum, slot, [c] { c.before(); }, [c] { c.after(); }),
-               touched);
-      written.push_back(std::move(touched));
+               std::move(touched));
     }
   }
 
@@ -300,10 +304,9 @@ void DistributedDataParallel::finish_backward() {
     if (s.sharded())
       s.works[b]->work->wait();
     else
-      dispatch(std::make_shared<CollectiveWait>(s.works[b]), s.written[b]);
+      dispatch(std::make_shared<CollectiveWait>(s.works[b]), s.all_reduced(b));
   if (s.sharded()) s.release_completed();
   s.works.clear();
-  s.written.clear();
   s.sync = true;
 }
 

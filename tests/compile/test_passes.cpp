@@ -143,21 +143,18 @@ TEST(Passes, ElementwiseChainsFuseIntoOneBlockedNodeBitForBit) {
   EXPECT_EQ(fuse_elementwise_chains(graph), 0);
 }
 
-Graph tiny_step() {
-  test::Trainer t(DType::kF32);
+// The captured training step of the tiny model (`micro` micro-batches, autocast to `dtype`).
+Graph tiny_step(DType dtype = DType::kF32, int micro = 1) {
+  test::Trainer t(dtype);
   std::vector<Tensor> losses;
-  const std::vector<Tensor> batch = test::batch_of(0, 1);
+  const std::vector<Tensor> batch = test::batch_of(0, micro);
   return capture([&] { losses = t.step(batch); },
                  [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
 }
 
 // Under bf16 autocast the residual add is fp32 + bf16: fused all the same.
 TEST(Passes, TheBf16ResidualAddIsFusedToo) {
-  test::Trainer t(DType::kBF16);
-  std::vector<Tensor> losses;
-  const std::vector<Tensor> batch = test::batch_of(0, 1);
-  Graph g = capture([&] { losses = t.step(batch); },
-                    [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
+  Graph g = tiny_step(DType::kBF16);
   EXPECT_EQ(run_passes(g).get("add_layer_norm"), 2 * test::tiny().n_layer);
 }
 
@@ -255,11 +252,7 @@ TEST(Passes, RecomputeRemakesEveryLayerNormBeforeItsBackwardRead) {
 // With 2 micro-batches each forward's LayerNorms are remade in its own backward, so the second
 // micro-batch's rows are not held across its backward either (where the step's peak is).
 TEST(Passes, RecomputeCoversEveryMicroBatch) {
-  test::Trainer t(DType::kF32);
-  std::vector<Tensor> losses;
-  const std::vector<Tensor> batch = test::batch_of(0, 2);
-  Graph g = capture([&] { losses = t.step(batch); },
-                    [&](CaptureMode& m) { m.mark_output("loss", losses[0]); });
+  Graph g = tiny_step(DType::kF32, 2);
   run_passes(g, PassOptions::all_but("recompute"));
   const int64_t norms = g.count("layer_norm") + g.count("add_layer_norm");
   const int64_t bytes_before = plan_memory(g).arena_bytes;

@@ -177,15 +177,9 @@ void cross_entropy_backward(const float* logits, const int32_t* targets, const f
 
 double cross_entropy_forward_backward(const float* logits, const int32_t* targets, float* lse,
                                       float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
-                                      float dloss, int64_t* count) {
+                                      float grad_scale) {
   check_targets("cross_entropy_forward_backward", targets, N, V, ignore_index);
-  int64_t n = 0;
-  for (int64_t i = 0; i < N; ++i) n += targets[i] != ignore_index;
-  if (count) *count = n;
   if (N <= 0) return 0.0;
-  // The eager backward's scale: the loss gradient over the count, as a float.
-  const float cnt = static_cast<float>(n);
-  const float grad_scale = cnt > 0 ? dloss / cnt : 0.0f;
   static thread_local std::vector<double> row_loss;
   if (row_loss.size() < static_cast<size_t>(N)) row_loss.resize(N);
   double* rl = row_loss.data();

@@ -214,22 +214,24 @@ void FusedElementwise::eval_cpu(std::span<const Tensor> in, std::span<Tensor> ou
   const size_t per_thread = (steps_.size() - 1) * static_cast<size_t>(kBlock);
   ScratchBytes scratch(static_cast<size_t>(scratch_bytes(threads)));  // on the calling thread
   float* buffers = static_cast<float*>(scratch.data());
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (int64_t b = 0; b < blocks; ++b) {
-    const int64_t begin = b * kBlock, m = std::min(kBlock, n - begin);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
     float* mine = buffers + static_cast<size_t>(omp_get_thread_num()) * per_thread;
     std::vector<Tensor> results(steps_.size()), args;
-    for (size_t j = 0; j < steps_.size(); ++j) {
-      args.clear();
-      for (int a : steps_[j].args)
-        args.push_back(a >= 0 ? Tensor::borrow(in[static_cast<size_t>(a)].data<float>() + begin,
-                                               {m}, DType::kF32)
-                              : results[static_cast<size_t>(-1 - a)]);
-      float* dst = j + 1 == steps_.size() ? out[0].data<float>() + begin
-                                          : mine + j * static_cast<size_t>(kBlock);
-      Tensor o = Tensor::borrow(dst, {m}, DType::kF32);
-      steps_[j].op->eval_cpu(args, std::span<Tensor>(&o, 1));
-      results[j] = std::move(o);
+#pragma omp for schedule(static)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kBlock, m = std::min(kBlock, n - begin);
+      for (size_t j = 0; j < steps_.size(); ++j) {
+        args.clear();
+        for (int a : steps_[j].args)
+          args.push_back(a >= 0 ? Tensor::borrow(in[static_cast<size_t>(a)].data<float>() + begin,
+                                                 {m}, DType::kF32)
+                                : results[static_cast<size_t>(-1 - a)]);
+        float* dst = j + 1 == steps_.size() ? out[0].data<float>() + begin
+                                            : mine + j * static_cast<size_t>(kBlock);
+        results[j] = Tensor::borrow(dst, {m}, DType::kF32);
+        steps_[j].op->eval_cpu(args, std::span<Tensor>(&results[j], 1));
+      }
     }
   }
 }

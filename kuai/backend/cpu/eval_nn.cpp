@@ -154,7 +154,7 @@ void CrossEntropy::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) c
 void CrossEntropyBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t N = in[0].shape()[0], V = in[0].shape()[1];
   const float count = in[3].data<float>()[0];
-  const float grad_scale = count > 0 ? in[4].data<float>()[0] / count : 0.0f;
+  const float grad_scale = cpu::cross_entropy_grad_scale(in[4].data<float>()[0], count);
   if (in[0].dtype() == DType::kF32) {
     cpu::cross_entropy_backward(in[0].data<float>(), in[1].data<int32_t>(), in[2].data<float>(),
                                 out[0].data<float>(), N, V, ignore_, grad_scale);
@@ -172,27 +172,26 @@ void CrossEntropyBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor
 void CrossEntropyWithGrad::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t N = in[0].shape()[0], V = in[0].shape()[1];
   check_indices(name(), in[1], V, ignore_);
-  const float dloss = in[2].data<float>()[0];
+  // The rows that count are known from the targets, so the backward's scale is too, before any
+  // logit is read: the same float the separate backward computes from the forward's count.
+  const int32_t* targets = in[1].data<int32_t>();
   int64_t count = 0;
+  for (int64_t i = 0; i < N; ++i) count += targets[i] != ignore_;
+  const float grad_scale =
+      cpu::cross_entropy_grad_scale(in[2].data<float>()[0], static_cast<float>(count));
   double total = 0.0;
   if (in[0].dtype() == DType::kF32) {
-    total = cpu::cross_entropy_forward_backward(in[0].data<float>(), in[1].data<int32_t>(),
-                                                out[1].data<float>(), out[3].data<float>(), N, V,
-                                                ignore_, dloss, &count);
+    total = cpu::cross_entropy_forward_backward(in[0].data<float>(), targets, out[1].data<float>(),
+                                                out[3].data<float>(), N, V, ignore_, grad_scale);
   } else {
     // CrossEntropy's and CrossEntropyBackward's chunks, each widened once: its loss and lse
     // from the fp32 rows, then its gradient over them, rounded once into dlogits.
-    const int32_t* targets = in[1].data<int32_t>();
-    for (int64_t i = 0; i < N; ++i) count += targets[i] != ignore_;
-    const float cnt = static_cast<float>(count);
-    const float grad_scale = cnt > 0 ? dloss / cnt : 0.0f;
     const int64_t chunks = N > 0 ? (N + chunk_rows(N, V) - 1) / chunk_rows(N, V) : 0;
     std::vector<double> totals(static_cast<size_t>(chunks));
-    std::vector<int64_t> counts(static_cast<size_t>(chunks));
     const DType t = in[0].dtype();
     for_widened_chunks(in[0], [&](int64_t c, int64_t r0, int64_t n, float* buf) {
       totals[c] = cpu::cross_entropy_forward(buf, targets + r0, out[1].data<float>() + r0, n, V,
-                                             ignore_, &counts[c]);
+                                             ignore_, nullptr);
       cpu::cross_entropy_backward(buf, targets + r0, out[1].data<float>() + r0, buf, n, V, ignore_,
                                   grad_scale);
       convert_serial(buf, DType::kF32, const_cast<char*>(row_ptr(out[3], r0)), t, n * V);

@@ -86,12 +86,16 @@ double cross_entropy_forward(const float* logits, const int32_t* targets, float*
 void cross_entropy_backward(const float* logits, const int32_t* targets, const float* lse,
                             float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
                             float grad_scale);
-// Both in one pass over each block of rows while it is in cache, grad_scale = dloss / count with
-// count counted from the targets first: returns the forward's loss sum and writes lse, *count
-// and dlogits bit for bit as the two calls do. dlogits may alias logits.
+// The backward's grad_scale: the loss gradient over the number of counted rows (0 when none).
+inline float cross_entropy_grad_scale(float dloss, float count) {
+  return count > 0 ? dloss / count : 0.0f;
+}
+// Both in one pass over each block of rows while it is in cache (grad_scale known beforehand):
+// returns the forward's loss sum and writes lse and dlogits bit for bit as the two calls do.
+// dlogits may alias logits.
 double cross_entropy_forward_backward(const float* logits, const int32_t* targets, float* lse,
                                       float* dlogits, int64_t N, int64_t V, int32_t ignore_index,
-                                      float dloss, int64_t* count);
+                                      float grad_scale);
 
 // ---- optimizers: one pass over a parameter's elements ----
 struct AdamWParams {
