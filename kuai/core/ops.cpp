@@ -125,6 +125,19 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   return dispatch(std::make_shared<Chunk>(chunks, dim), {x});
 }
 
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  dim = normalize_dim("split", dim, x.dim());
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) throw std::invalid_argument(fmt::format("split: negative size {}", n));
+    total += n;
+  }
+  if (total != x.shape()[dim])
+    throw std::invalid_argument(fmt::format("split: sizes [{}] do not add up to dim {} of {}",
+                                            fmt::join(sizes, ", "), dim, x.str()));
+  return dispatch(std::make_shared<Split>(sizes, dim), {x});
+}
+
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
   dim = normalize_dim("narrow", dim, x.dim());
   if (start < 0 || length < 0 || start + length > x.shape()[dim])
@@ -163,6 +176,14 @@ Tensor scale(const Tensor& x, float s) { return run1(std::make_shared<Scale>(s),
 Tensor gelu(const Tensor& x) { return run1(std::make_shared<Gelu>(), {x}); }
 Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
   return run1(std::make_shared<GeluBackward>(), {x, grad});
+}
+
+Tensor silu(const Tensor& x) { return run1(std::make_shared<Silu>(), {x}); }
+Tensor swiglu(const Tensor& h) { return run1(std::make_shared<SwiGLU>(), {h}); }
+Tensor rope(const Tensor& x, double theta, int64_t rotated_heads, int64_t pos0) {
+  return run1(std::make_shared<Rope>(theta, rotated_heads < 0 ? x.size(2) : rotated_heads, pos0,
+                                     /*inverse=*/false),
+              {x});
 }
 
 void add_(const Tensor& a, const Tensor& b) {
@@ -236,6 +257,10 @@ LayerNormOut layer_norm_with_stats(const Tensor& x, const Tensor& w, const Tenso
 }
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps) {
   return layer_norm_with_stats(x, w, b, eps).y;
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps) {
+  return run1(std::make_shared<RMSNorm>(eps), {x, w});
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

@@ -27,6 +27,8 @@ Tensor reshape(const Tensor& x, Shape shape);  // one dim may be -1; copies only
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);  // equal parts
+// Consecutive slices of the given sizes (they must add up to the dim): PyTorch's split(list).
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim);
 Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
 Tensor expand(const Tensor& x, const Shape& shape);  // broadcast view (stride 0)
 
@@ -44,6 +46,14 @@ Tensor div(const Tensor& a, const Tensor& b);
 Tensor scale(const Tensor& x, float s);  // s * x
 Tensor gelu(const Tensor& x);            // tanh approximation
 Tensor gelu_backward(const Tensor& x, const Tensor& grad);
+Tensor silu(const Tensor& x);  // x sigmoid(x) (SiLU, swish)
+// LLaMA's gated MLP activation on the fused gate|up projection h (..., 2F): silu(h[..., :F]) *
+// h[..., F:] -> (..., F), forward and backward each one pass.
+Tensor swiglu(const Tensor& h);
+// Rotary position embedding of x (B, T, heads, d), Hugging Face's rotate-half layout: each head's
+// dims i and i + d/2 rotated by (pos0 + t) theta^(-2i/d). Heads from rotated_heads on (-1: none)
+// are copied unrotated (-1: every head is rotated). Returns a contiguous (B, T, heads, d) tensor.
+Tensor rope(const Tensor& x, double theta, int64_t rotated_heads = -1, int64_t pos0 = 0);
 // In place, outside autograd: a += b (same shape). Used for gradient accumulation.
 void add_(const Tensor& a, const Tensor& b);
 
@@ -69,6 +79,8 @@ struct LayerNormOut {
 };
 Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, float eps = 1e-5f);
 LayerNormOut layer_norm_with_stats(const Tensor& x, const Tensor& w, const Tensor& b, float eps);
+// x * rsqrt(mean(x^2, -1) + eps) * w over the last axis (fp32, like layer_norm).
+Tensor rms_norm(const Tensor& x, const Tensor& w, float eps = 1e-5f);
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // (V, C), (...) -> (..., C)
 // Mean over targets != ignore_index of -log softmax(logits)[target]. logits (N, V), targets (N).
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int32_t ignore_index = -1);

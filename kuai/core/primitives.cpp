@@ -74,7 +74,7 @@ std::vector<Tensor> Expand::vjp(std::span<const Tensor> in, std::span<const Tens
 namespace {
 // When the parts are views of one storage with equal strides that sit one after another along
 // `dim` (as when a primitive wrote the gradients of several chunks into one buffer), the view
-// spanning all of them; otherwise an undefined tensor.
+// spanning all of them; otherwise an undefined tensor. Their sizes along `dim` may differ.
 Tensor join_adjacent_views(std::span<const Tensor> parts, int64_t dim) {
   if (parts.empty()) return {};
   const Tensor& first = parts[0];
@@ -82,9 +82,16 @@ Tensor join_adjacent_views(std::span<const Tensor> parts, int64_t dim) {
   int64_t next = first.offset();
   Shape shape = first.shape();
   shape[dim] = 0;
+  auto same_but_dim = [&](const Shape& a, const Shape& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (static_cast<int64_t>(i) != dim && a[i] != b[i]) return false;
+    return true;
+  };
   for (const Tensor& p : parts) {
     if (!p.defined() || !p.has_storage() || p.storage() != first.storage() ||
-        p.shape() != first.shape() || p.strides() != first.strides() || p.offset() != next)
+        !same_but_dim(p.shape(), first.shape()) || p.strides() != first.strides() ||
+        p.offset() != next)
       return {};
     next += p.shape()[dim] * p.strides()[dim];
     shape[dim] += p.shape()[dim];
@@ -105,6 +112,27 @@ std::vector<Tensor> Chunk::make_views(std::span<const Tensor> in) const {
   return out;
 }
 std::vector<Tensor> Chunk::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                               std::span<const Tensor> g, const std::vector<bool>&) const {
+  if (const Tensor joined = join_adjacent_views(g, dim_); joined.defined()) return one(joined);
+  std::vector<Tensor> parts;
+  for (size_t c = 0; c < g.size(); ++c)
+    parts.push_back(g[c].defined() ? g[c] : zeros(out[c].shape(), out[c].dtype(), out[c].device()));
+  return one(cat(parts, dim_));
+}
+
+std::vector<Tensor> Split::make_views(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  std::vector<Tensor> out;
+  Shape shape = x.shape();
+  int64_t at = 0;
+  for (int64_t n : sizes_) {
+    shape[dim_] = n;
+    out.push_back(Tensor::view_of(x, shape, x.strides(), x.offset() + at * x.strides()[dim_]));
+    at += n;
+  }
+  return out;
+}
+std::vector<Tensor> Split::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
                                std::span<const Tensor> g, const std::vector<bool>&) const {
   if (const Tensor joined = join_adjacent_views(g, dim_); joined.defined()) return one(joined);
   std::vector<Tensor> parts;
@@ -248,6 +276,69 @@ std::vector<TensorSpec> Gelu::infer(std::span<const Tensor> in) const {
 std::vector<Tensor> Gelu::vjp(std::span<const Tensor> in, std::span<const Tensor>,
                               std::span<const Tensor> g, const std::vector<bool>&) const {
   return one(gelu_backward(in[0], g[0]));
+}
+
+std::vector<TensorSpec> Silu::infer(std::span<const Tensor> in) const {
+  check_floating(name(), in[0]);
+  return {{in[0].shape(), in[0].dtype()}};
+}
+std::vector<Tensor> Silu::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                              std::span<const Tensor> g, const std::vector<bool>&) const {
+  const Tensor gy = g[0].dtype() == in[0].dtype() ? g[0] : cast(g[0], in[0].dtype());
+  return dispatch(std::make_shared<SiluBackward>(), {in[0], gy});
+}
+std::vector<TensorSpec> SiluBackward::infer(std::span<const Tensor> in) const {
+  check_same_shape(name(), in[0], in[1]);
+  check_same_floating(name(), in);
+  return {{in[0].shape(), in[0].dtype()}};
+}
+std::vector<Tensor> SiluBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                      std::span<const Tensor>, const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+std::vector<TensorSpec> SwiGLU::infer(std::span<const Tensor> in) const {
+  const Tensor& h = in[0];
+  check_floating(name(), h);
+  if (h.dim() < 1 || h.shape().back() % 2 != 0)
+    throw std::invalid_argument(
+        fmt::format("swiglu: the last dimension of {} must hold gate and up halves", h.str()));
+  Shape s = h.shape();
+  s.back() /= 2;
+  return {{s, h.dtype()}};
+}
+std::vector<Tensor> SwiGLU::vjp(std::span<const Tensor> in, std::span<const Tensor>,
+                                std::span<const Tensor> g, const std::vector<bool>&) const {
+  const Tensor gy = g[0].dtype() == in[0].dtype() ? g[0] : cast(g[0], in[0].dtype());
+  return dispatch(std::make_shared<SwiGLUBackward>(), {in[0], gy});
+}
+std::vector<TensorSpec> SwiGLUBackward::infer(std::span<const Tensor> in) const {
+  check_same_floating(name(), in);
+  Shape half = in[0].shape();
+  if (!half.empty()) half.back() /= 2;
+  if (in[1].shape() != half)
+    throw std::invalid_argument(
+        fmt::format("swiglu_backward: dy {} does not fit h {}", in[1].str(), in[0].str()));
+  return {{in[0].shape(), in[0].dtype()}};
+}
+std::vector<Tensor> SwiGLUBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                        std::span<const Tensor>, const std::vector<bool>&) const {
+  not_twice(name());
+}
+
+std::vector<TensorSpec> Rope::infer(std::span<const Tensor> in) const {
+  const Tensor& x = in[0];
+  check_floating(name(), x);
+  if (x.dim() != 4 || x.size(3) % 2 != 0 || rotated_heads_ < 0 || rotated_heads_ > x.size(2) ||
+      pos0_ < 0)
+    throw std::invalid_argument(fmt::format(
+        "rope: x must be (B, T, heads, d) with d even and rotated heads ({}) at most heads, got {}",
+        rotated_heads_, x.str()));
+  return {{x.shape(), x.dtype()}};
+}
+std::vector<Tensor> Rope::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                              std::span<const Tensor> g, const std::vector<bool>&) const {
+  return dispatch(std::make_shared<Rope>(theta_, rotated_heads_, pos0_, !inverse_), {g[0]});
 }
 
 std::vector<TensorSpec> GeluBackward::infer(std::span<const Tensor> in) const {
@@ -486,6 +577,33 @@ std::vector<Tensor> CrossEntropyWithGrad::vjp(std::span<const Tensor>, std::span
   throw std::logic_error("cross_entropy_with_grad is made by graph fusion and has no vjp");
 }
 
+std::vector<TensorSpec> RMSNorm::infer(std::span<const Tensor> in) const {
+  for (const Tensor& t : in) check_float32(name(), t);
+  const Tensor& x = in[0];
+  if (x.dim() < 1) throw std::invalid_argument("rms_norm: needs at least one dimension");
+  const int64_t C = x.shape().back();
+  if (in[1].dim() != 1 || in[1].shape()[0] != C)
+    throw std::invalid_argument(fmt::format("rms_norm: weight {} does not fit input {}",
+                                            shape_str(in[1].shape()), shape_str(x.shape())));
+  const int64_t N = C == 0 ? 0 : x.numel() / C;
+  return {{x.shape(), DType::kF32}, {{N}, DType::kF32}};
+}
+std::vector<Tensor> RMSNorm::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                                 std::span<const Tensor> g, const std::vector<bool>&) const {
+  if (!g[0].defined()) return std::vector<Tensor>(2);
+  const Tensor gy = g[0].dtype() == DType::kF32 ? g[0] : cast(g[0], DType::kF32);
+  return dispatch(std::make_shared<RMSNormBackward>(), {in[0], in[1], out[1], gy});
+}
+std::vector<TensorSpec> RMSNormBackward::infer(std::span<const Tensor> in) const {
+  for (const Tensor& t : in) check_float32(name(), t);
+  check_same_shape(name(), in[0], in[3]);
+  return {{in[0].shape(), DType::kF32}, {in[1].shape(), DType::kF32}};
+}
+std::vector<Tensor> RMSNormBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                         std::span<const Tensor>, const std::vector<bool>&) const {
+  not_twice(name());
+}
+
 std::vector<TensorSpec> LayerNormBackward::infer(std::span<const Tensor> in) const {
   check_same_shape(name(), in[0], in[4]);
   return {{in[0].shape(), DType::kF32}, {in[1].shape(), DType::kF32}, {in[1].shape(), DType::kF32}};
@@ -565,15 +683,34 @@ Tensor like(const Tensor& g, const Tensor& q) {
   return g.dtype() == q.dtype() ? g : cast(g, q.dtype());
 }
 
-// The (B, H, T, d) views of dq, dk, dv in an attention backward's (B, T, 3, H, d) output.
-std::vector<Tensor> qkv_grad_views(const Tensor& g3) {
-  const Shape& s = g3.shape();
-  const Shape strides{g3.strides()[0], g3.strides()[3], g3.strides()[1], g3.strides()[4]};
+// The views of dq (B, H, T, d), dk and dv (B, Hkv, T, d) in an attention backward's (B, T, H + 2
+// Hkv, d) output (with Hkv == H, the (B, T, 3, H, d) layout of a fused qkv projection).
+std::vector<Tensor> qkv_grad_views(const Tensor& g, int64_t H, int64_t Hkv) {
+  const Shape& s = g.shape();
+  const Shape strides{g.strides()[0], g.strides()[2], g.strides()[1], g.strides()[3]};
+  const int64_t at[3] = {0, H, H + Hkv}, heads[3] = {H, Hkv, Hkv};
   std::vector<Tensor> grads;
-  for (int64_t c = 0; c < 3; ++c)  // slot c
-    grads.push_back(
-        Tensor::view_of(g3, {s[0], s[3], s[1], s[4]}, strides, g3.offset() + c * g3.strides()[2]));
+  for (int c = 0; c < 3; ++c)
+    grads.push_back(Tensor::view_of(g, {s[0], heads[c], s[1], s[3]}, strides,
+                                    g.offset() + at[c] * g.strides()[2]));
   return grads;
+}
+
+// q (B, H, tq, d), k and v (B, Hkv, tk, d) with Hkv dividing H (grouped-query attention: query
+// head h reads key/value head h / (H / Hkv)); tk == tq unless `tk_may_differ`.
+void check_attention_shapes(std::string_view op, const Tensor& q, const Tensor& k, const Tensor& v,
+                            bool tk_may_differ, bool causal) {
+  const bool ok = q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() &&
+                  q.size(0) == k.size(0) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
+                  q.size(3) == k.size(3) && q.size(3) > 0 &&
+                  (tk_may_differ ? (!causal || q.size(2) <= k.size(2)) : q.size(2) == k.size(2));
+  if (!ok)
+    throw std::invalid_argument(fmt::format(
+        "{}: q must be (B, H, {}, d) and k, v (B, Hkv, {}, d) with Hkv dividing H{}, got {}, {}, "
+        "{}",
+        op, tk_may_differ ? "tq" : "T", tk_may_differ ? "tk" : "T",
+        tk_may_differ && causal ? " and tq <= tk" : "", shape_str(q.shape()), shape_str(k.shape()),
+        shape_str(v.shape())));
 }
 
 }  // namespace
@@ -581,10 +718,7 @@ std::vector<Tensor> qkv_grad_views(const Tensor& g3) {
 std::vector<TensorSpec> Attention::infer(std::span<const Tensor> in) const {
   check_same_floating(name(), in);
   const Tensor& q = in[0];
-  if (q.dim() != 4 || in[1].shape() != q.shape() || in[2].shape() != q.shape())
-    throw std::invalid_argument(
-        fmt::format("attention: q, k, v must be equal (B, H, T, d), got {}, {}, {}",
-                    shape_str(q.shape()), shape_str(in[1].shape()), shape_str(in[2].shape())));
+  check_attention_shapes(name(), q, in[1], in[2], false, causal_);
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   return {{{B, T, H, d}, q.dtype()}, {{B, H, T, T}, q.dtype()}};
 }
@@ -594,12 +728,12 @@ std::vector<Tensor> Attention::vjp(std::span<const Tensor> in, std::span<const T
   if (!g[0].defined()) return std::vector<Tensor>(3);
   std::vector<Tensor> d = dispatch(std::make_shared<AttentionBackward>(scale_, causal_),
                                    {in[0], in[1], in[2], out[1], like(g[0], in[0])});
-  return qkv_grad_views(d[0]);
+  return qkv_grad_views(d[0], in[0].size(1), in[1].size(1));
 }
 
 std::vector<TensorSpec> AttentionBackward::infer(std::span<const Tensor> in) const {
   const Shape& s = in[4].shape();  // (B, T, H, d)
-  return {{{s[0], s[1], 3, s[2], s[3]}, in[0].dtype()}};
+  return {{{s[0], s[1], s[2] + 2 * in[1].size(1), s[3]}, in[0].dtype()}};
 }
 
 std::vector<Tensor> AttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,
@@ -613,15 +747,8 @@ std::vector<Tensor> AttentionBackward::vjp(std::span<const Tensor>, std::span<co
 
 std::vector<TensorSpec> FlashAttention::infer(std::span<const Tensor> in) const {
   check_same_floating(name(), in);
-  const Tensor &q = in[0], &k = in[1], &v = in[2];
-  const bool ok = q.dim() == 4 && k.dim() == 4 && k.shape() == v.shape() &&
-                  q.size(0) == k.size(0) && q.size(1) == k.size(1) && q.size(3) == k.size(3) &&
-                  q.size(3) > 0 && (!causal_ || q.size(2) <= k.size(2));
-  if (!ok)
-    throw std::invalid_argument(fmt::format(
-        "flash_attention: q must be (B, H, tq, d) and k, v (B, H, tk, d) with tq <= tk when "
-        "causal, got {}, {}, {}",
-        shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape())));
+  const Tensor& q = in[0];
+  check_attention_shapes(name(), q, in[1], in[2], true, causal_);
   const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
   return {{{B, T, H, d}, q.dtype()}, {{B, H, T}, DType::kF32}};
 }
@@ -635,12 +762,12 @@ std::vector<Tensor> FlashAttention::vjp(std::span<const Tensor> in, std::span<co
                     in[0].size(2), in[1].size(2)));
   std::vector<Tensor> d = dispatch(std::make_shared<FlashAttentionBackward>(scale_, causal_),
                                    {in[0], in[1], in[2], out[0], out[1], like(g[0], in[0])});
-  return qkv_grad_views(d[0]);
+  return qkv_grad_views(d[0], in[0].size(1), in[1].size(1));
 }
 
 std::vector<TensorSpec> FlashAttentionBackward::infer(std::span<const Tensor> in) const {
   const Shape& s = in[5].shape();  // (B, T, H, d)
-  return {{{s[0], s[1], 3, s[2], s[3]}, in[0].dtype()}};
+  return {{{s[0], s[1], s[2] + 2 * in[1].size(1), s[3]}, in[0].dtype()}};
 }
 
 std::vector<Tensor> FlashAttentionBackward::vjp(std::span<const Tensor>, std::span<const Tensor>,

@@ -98,6 +98,22 @@ class Chunk final : public ViewPrimitive {  // `chunks` equal slices along dim, 
   int64_t chunks_, dim_;
 };
 
+// Consecutive slices of the given sizes along dim (PyTorch's split with a list), as outputs; like
+// chunk, gradients that a primitive wrote side by side into one buffer join back without a copy.
+class Split final : public ViewPrimitive {
+ public:
+  Split(std::vector<int64_t> sizes, int64_t dim) : sizes_(std::move(sizes)), dim_(dim) {}
+  std::string_view name() const override { return "split"; }
+  std::vector<Tensor> make_views(std::span<const Tensor> in) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+
+ private:
+  std::vector<int64_t> sizes_;
+  int64_t dim_;
+};
+
 class Narrow final : public ViewPrimitive {
  public:
   Narrow(int64_t dim, int64_t start, int64_t length) : dim_(dim), start_(start), length_(length) {}
@@ -192,6 +208,52 @@ class Gelu final : public Primitive {
   int in_place_input(size_t) const override { return 0; }
 };
 
+class Silu final : public Primitive {  // x sigmoid(x), in the input's dtype
+ public:
+  KUAI_PRIMITIVE_COMMON("silu", OpClass::kElementwise)
+  int in_place_input(size_t) const override { return 0; }
+};
+
+class SiluBackward final : public Primitive {  // (x, dy) -> dx
+ public:
+  KUAI_PRIMITIVE_COMMON("silu_backward", OpClass::kElementwise)
+  int in_place_input(size_t) const override { return 1; }
+};
+
+// LLaMA's gate: h (..., 2F) holding gate | up side by side (one fused linear) -> (..., F)
+// silu(gate) * up, in h's dtype (fp32 math, one rounding).
+class SwiGLU final : public Primitive {
+ public:
+  KUAI_PRIMITIVE_COMMON("swiglu", OpClass::kElementwise)
+};
+
+// (h, dy) -> dh (..., 2F): the gradients of gate and up side by side, i.e. the gradient of the
+// fused linear's output. Index-wise over h, so dh may be written over h.
+class SwiGLUBackward final : public Primitive {
+ public:
+  KUAI_PRIMITIVE_COMMON("swiglu_backward", OpClass::kElementwise)
+  int in_place_input(size_t) const override { return 0; }
+};
+
+// Rotary position embedding (backend/cpu/rope.cpp; Hugging Face's rotate-half layout) of x (B, T,
+// heads, d), any strides with a unit last one -> (B, T, heads, d) contiguous in x's dtype: heads
+// [0, rotated_heads) rotated by position pos0 + t, the others copied (so one op covers q and k of
+// a fused qkv and carries v along). The backward is the inverse rotation of the gradient.
+class Rope final : public Primitive {
+ public:
+  Rope(double theta, int64_t rotated_heads, int64_t pos0, bool inverse)
+      : theta_(theta), rotated_heads_(rotated_heads), pos0_(pos0), inverse_(inverse) {}
+  KUAI_PRIMITIVE_COMMON("rope", OpClass::kElementwise)
+  bool accepts_strided(size_t) const override { return true; }
+  bool saves_input(size_t) const override { return false; }
+  int in_place_input(size_t) const override { return 0; }
+
+ private:
+  double theta_;
+  int64_t rotated_heads_, pos0_;
+  bool inverse_;
+};
+
 class GeluBackward final : public Primitive {  // (x, dy) -> dx
  public:
   KUAI_PRIMITIVE_COMMON("gelu_backward", OpClass::kElementwise)
@@ -273,6 +335,25 @@ class AddLayerNorm final : public Primitive {
 
  private:
   float eps_;
+};
+
+// RMSNorm (Zhang and Sennrich, 2019), LLaMA's norm: (x, w) -> (y = x rstd w, rstd (N) fp32),
+// rstd = 1 / sqrt(mean(x^2) + eps) over the last axis.
+class RMSNorm final : public Primitive {
+ public:
+  explicit RMSNorm(float eps) : eps_(eps) {}
+  KUAI_PRIMITIVE_COMMON("rms_norm", OpClass::kNormalization)
+  bool saves_output(size_t j) const override { return j == 1; }
+  float eps() const { return eps_; }
+
+ private:
+  float eps_;
+};
+
+class RMSNormBackward final : public Primitive {  // (x, w, rstd, dy) -> (dx, dw)
+ public:
+  KUAI_PRIMITIVE_COMMON("rms_norm_backward", OpClass::kNormalization)
+  int in_place_input(size_t out) const override { return out == 0 ? 3 : -1; }  // dx over dy
 };
 
 class LayerNormBackward final : public Primitive {  // (x, w, mean, rstd, dy) -> (dx, dw, db)
@@ -387,8 +468,10 @@ class CrossEntropyBackward final : public Primitive {
 };
 
 // ---- attention ----
-// Naive (materialised-probability) attention: (q, k, v) each (B, H, T, d), any strides with a
-// unit last one -> (y laid out (B, T, H, d), p (B, H, T, T)). Causal skips masked key blocks.
+// Naive (materialised-probability) attention: (q (B, H, T, d), k, v (B, Hkv, T, d)), any strides
+// with a unit last one -> (y laid out (B, T, H, d), p (B, H, T, T)). Causal skips masked key
+// blocks. Hkv divides H: grouped-query attention, query head h reading key/value head h / (H /
+// Hkv) where it lies (no repeated copies); Hkv == H is multi-head attention.
 class Attention final : public Primitive {
  public:
   Attention(float scale, bool causal) : scale_(scale), causal_(causal) {}
@@ -401,9 +484,10 @@ class Attention final : public Primitive {
   bool causal_;
 };
 
-// (q, k, v, p, dy laid out (B, T, H, d)) -> one (B, T, 3, H, d) tensor holding dq, dk, dv side by
-// side: the layout of the fused qkv projection's output, so the gradients of chunk(qkv) join back
-// into it without a copy. vjp hands out the three (B, H, T, d) views.
+// (q, k, v, p, dy laid out (B, T, H, d)) -> one (B, T, H + 2 Hkv, d) tensor holding dq, dk, dv side
+// by side: the layout of the fused qkv projection's output, so the gradients of its chunks join
+// back into it without a copy. vjp hands out the three (B, heads, T, d) views. With groups, each
+// key/value head's gradient is the sum over its query heads (in fp32, in head order).
 class AttentionBackward final : public Primitive {
  public:
   AttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
@@ -415,10 +499,11 @@ class AttentionBackward final : public Primitive {
   bool causal_;
 };
 
-// FlashAttention (backend/cpu/flash_attention.h): (q (B, H, tq, d), k, v (B, H, tk, d)), any
-// strides with a unit last one -> (y laid out (B, tq, H, d) in q's dtype, lse (B, H, tq) fp32).
-// Nothing of size T x T exists at any time; the backward recomputes the probabilities from lse.
-// With fewer queries than keys (a KV cache) query i sits at position tk - tq + i.
+// FlashAttention (backend/cpu/flash_attention.h): (q (B, H, tq, d), k, v (B, Hkv, tk, d); Hkv
+// dividing H, as for Attention), any strides with a unit last one -> (y laid out (B, tq, H, d) in
+// q's dtype, lse (B, H, tq) fp32). Nothing of size T x T exists at any time; the backward
+// recomputes the probabilities from lse. With fewer queries than keys (a KV cache) query i sits at
+// position tk - tq + i.
 class FlashAttention final : public Primitive {
  public:
   FlashAttention(float scale, bool causal) : scale_(scale), causal_(causal) {}
@@ -431,8 +516,8 @@ class FlashAttention final : public Primitive {
   bool causal_;
 };
 
-// (q, k, v, y, lse, dy laid out (B, T, H, d)) -> (B, T, 3, H, d) holding dq, dk, dv side by side,
-// as AttentionBackward (tq == tk).
+// (q, k, v, y, lse, dy laid out (B, T, H, d)) -> (B, T, H + 2 Hkv, d) holding dq, dk, dv side by
+// side, as AttentionBackward (tq == tk).
 class FlashAttentionBackward final : public Primitive {
  public:
   FlashAttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}

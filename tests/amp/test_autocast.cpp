@@ -148,6 +148,42 @@ TEST(Autocast, LowPrecisionKernelsRoundOnce) {
   }
 }
 
+TEST(Autocast, LlamaOpsRoundOnce) {
+  // SiLU, the SwiGLU gate, RoPE and their backwards on bf16 / f16 storage compute in fp32 and
+  // round once: bit for bit the fp32 op on the widened inputs, rounded. Odd sizes (vector tails).
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    auto f32 = [](const Tensor& u) { return cast(u, DType::kF32); };
+    Tensor h = cast(randn({5, 3, 2 * 37}, 30, 3.0f), t), dy = cast(randn({5, 3, 37}, 31), t);
+    expect_rounded_once(silu(h), silu(f32(h)), t, "silu");
+    expect_rounded_once(swiglu(h), swiglu(f32(h)), t, "swiglu");
+    Tensor hl = h.detach(), h32 = f32(h).detach();
+    hl.requires_grad_();
+    h32.requires_grad_();
+    swiglu(hl).backward(dy);
+    swiglu(h32).backward(f32(dy));
+    expect_rounded_once(hl.grad(), h32.grad(), t, "swiglu backward");
+    Tensor x = cast(randn({2, 7, 5, 10}, 32), t);
+    expect_rounded_once(rope(x, 10000.0, 3, 4), rope(f32(x), 10000.0, 3, 4), t, "rope");
+    // Grouped-query attention in the low dtype against fp32 on the same values, as above.
+    Tensor q = cast(randn({2, 4, 19, 8}, 33), t), k = cast(randn({2, 2, 19, 8}, 34), t),
+           v = cast(randn({2, 2, 19, 8}, 35), t);
+    for (bool flash : {false, true}) {
+      const Tensor got =
+          flash ? flash_attention(q, k, v, true) : scaled_dot_product_attention(q, k, v, true);
+      const Tensor ref = flash ? flash_attention(f32(q), f32(k), f32(v), true)
+                               : scaled_dot_product_attention(f32(q), f32(k), f32(v), true);
+      const auto a = f32(got).contiguous().to_vector<float>(),
+                 b = ref.contiguous().to_vector<float>();
+      double num = 0, den = 0;
+      for (size_t j = 0; j < a.size(); ++j) {
+        num += (a[j] - b[j]) * (a[j] - b[j]);
+        den += b[j] * b[j];
+      }
+      EXPECT_LT(std::sqrt(num / den), 1e-2) << (flash ? "flash" : "naive") << " gqa";
+    }
+  }
+}
+
 TEST(Autocast, AttentionBackwardMatchesFp32OnSameInputs) {
   // The fused attention's backward in bf16 reads bf16 probabilities; against the fp32 backward on
   // the widened inputs it differs by the rounding of p, dy and the outputs: a relative norm well

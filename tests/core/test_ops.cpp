@@ -290,6 +290,126 @@ TEST(Ops, LayerNorm) {
   }
 }
 
+DT rms_norm_ref(const DT& x, const DT& w, double eps) {
+  const int64_t C = x.shape.back(), R = x.numel() / C;
+  DT y{x.shape, std::vector<double>(x.v.size())};
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < C; ++j) ss += x.v[r * C + j] * x.v[r * C + j];
+    const double rs = 1.0 / std::sqrt(ss / C + eps);
+    for (int64_t j = 0; j < C; ++j) y.v[r * C + j] = x.v[r * C + j] * rs * w.v[j];
+  }
+  return y;
+}
+
+double silu_ref(double x) { return x / (1.0 + std::exp(-x)); }
+
+// Hugging Face's rotary embedding: q * cos + rotate_half(q) * sin on each head of (B, T, NH, d),
+// the first `rot` heads, positions pos0 + t.
+DT rope_ref(const DT& x, double theta, int64_t rot, int64_t pos0) {
+  const int64_t B = x.shape[0], T = x.shape[1], NH = x.shape[2], d = x.shape[3], half = d / 2;
+  DT y = x;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < rot; ++h) {
+        const double* xr = x.v.data() + ((b * T + t) * NH + h) * d;
+        double* yr = y.v.data() + ((b * T + t) * NH + h) * d;
+        for (int64_t i = 0; i < d; ++i) {
+          const double a = static_cast<double>(pos0 + t) * std::pow(theta, -2.0 * (i % half) / d);
+          const double rotated = i < half ? -xr[i + half] : xr[i - half];  // rotate_half
+          yr[i] = xr[i] * std::cos(a) + rotated * std::sin(a);
+        }
+      }
+  return y;
+}
+
+TEST(Ops, RMSNorm) {
+  for (Shape s : {Shape{1, 1}, Shape{3, 17}, Shape{2, 5, 64}, Shape{4, 33}}) {
+    const int64_t C = s.back();
+    Tensor x = rand_tensor(s, 140, 2.0f), w = rand_tensor({C}, 141);
+    check_op({"rms_norm",
+              {x, w},
+              [](auto& in) { return rms_norm(in[0], in[1], 1e-5f); },
+              [](auto& in) { return rms_norm_ref(in[0], in[1], 1e-5); },
+              2e-5,
+              2e-4});
+  }
+}
+
+TEST(Ops, SiluAndSwiGLU) {
+  for (Shape s : {Shape{1, 2}, Shape{3, 34}, Shape{2, 5, 40}}) {
+    check_op({"silu",
+              {rand_tensor(s, 150, 4.0f)},
+              [](auto& in) { return silu(in[0]); },
+              [](auto& in) {
+                DT y = in[0];
+                for (double& v : y.v) v = silu_ref(v);
+                return y;
+              }});
+    check_op({"swiglu",
+              {rand_tensor(s, 151, 4.0f)},
+              [](auto& in) { return swiglu(in[0]); },
+              [](const std::vector<DT>& in) {
+                const int64_t F = in[0].shape.back() / 2, R = in[0].numel() / (2 * F);
+                DT y{in[0].shape, std::vector<double>(R * F)};
+                y.shape.back() = F;
+                for (int64_t r = 0; r < R; ++r)
+                  for (int64_t j = 0; j < F; ++j)
+                    y.v[r * F + j] = silu_ref(in[0].v[r * 2 * F + j]) * in[0].v[r * 2 * F + F + j];
+                return y;
+              }});
+  }
+  EXPECT_THROW(swiglu(zeros({2, 3})), std::invalid_argument);
+}
+
+TEST(Ops, Rope) {
+  // Odd head counts, d = 2 (one pair), heads left unrotated (v beside q and k), a start position
+  // (a KV cache's new rows), and a strided input (a slice of a wider buffer).
+  struct Case {
+    Shape s;
+    int64_t rot, pos0;
+    double theta;
+  };
+  for (const Case& c : {Case{{1, 1, 1, 2}, 1, 0, 10000.0}, Case{{2, 5, 3, 8}, 2, 0, 10000.0},
+                        Case{{1, 7, 4, 6}, 4, 3, 500000.0}, Case{{2, 3, 5, 4}, 0, 0, 10.0}}) {
+    check_op({"rope",
+              {rand_tensor(c.s, 160 + c.s[1])},
+              [&](auto& in) { return rope(in[0], c.theta, c.rot, c.pos0); },
+              [&](auto& in) { return rope_ref(in[0], c.theta, c.rot, c.pos0); }});
+  }
+  // Strided: heads 1..3 of a (2, 4, 5, 8) buffer.
+  check_op({"rope strided",
+            {rand_tensor({2, 4, 5, 8}, 170)},
+            [](auto& in) { return rope(narrow(in[0], 2, 1, 3), 10000.0, 3, 2); },
+            [](const std::vector<DT>& in) {
+              DT x{{2, 4, 3, 8}, {}};
+              for (int64_t r = 0; r < 8; ++r)
+                for (int64_t h = 1; h < 4; ++h)
+                  for (int64_t i = 0; i < 8; ++i) x.v.push_back(in[0].v[(r * 5 + h) * 8 + i]);
+              return rope_ref(x, 10000.0, 3, 2);
+            }});
+  EXPECT_THROW(rope(zeros({1, 2, 2, 3}), 10000.0), std::invalid_argument);  // odd d
+}
+
+TEST(Ops, SplitJoinsGradientsWrittenSideBySide) {
+  Tensor x = rand_tensor({2, 7}, 175);
+  check_op({"split",
+            {x},
+            [](auto& in) {
+              auto parts = split(in[0], {3, 1, 3}, 1);
+              return add(mul(parts[0], parts[2]), scale(parts[0], 2.0f));
+            },
+            [](const std::vector<DT>& in) {
+              DT y{{2, 3}, std::vector<double>(6)};
+              for (int64_t r = 0; r < 2; ++r)
+                for (int64_t j = 0; j < 3; ++j)
+                  y.v[r * 3 + j] =
+                      in[0].v[r * 7 + j] * in[0].v[r * 7 + 4 + j] + 2.0 * in[0].v[r * 7 + j];
+              return y;
+            }});
+  EXPECT_THROW(split(x, {3, 3}, 1), std::invalid_argument);
+}
+
 TEST(Ops, Embedding) {
   Tensor w = rand_tensor({11, 5}, 50);
   Tensor idx = from_vector(std::vector<int32_t>{3, 0, 10, 3, 3, 7}, {2, 3});
@@ -482,6 +602,53 @@ TEST(Ops, Attention) {
   const auto a = scaled_dot_product_attention(q, k, v, true).contiguous().to_vector<float>();
   const auto c = attention_composite(q, k, v, true).to_vector<float>();
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], c[i], 1e-5f);
+}
+
+TEST(Ops, GroupedQueryAttention) {
+  // H query heads over Hkv key/value heads (Hkv = 1: multi-query), q, k, v as slices of one fused
+  // (B, T, (H + 2 Hkv) d) buffer like the LLaMA model passes them; naive and flash, causal and
+  // not, T across the blocks. The reference repeats each key/value head over its group.
+  using Op = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, bool);
+  for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
+                          std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
+    for (auto [B, H, Hkv, T, d] : std::vector<std::array<int64_t, 5>>{
+             {1, 2, 1, 1, 3}, {2, 4, 2, 5, 3}, {1, 4, 2, 66, 2}, {1, 2, 1, 131, 1}}) {
+      for (bool causal : {true, false}) {
+        const int64_t W = (H + 2 * Hkv) * d;
+        Tensor qkv = rand_tensor({B, T, W}, 180 + T + H, 1.5f);
+        check_op({name,
+                  {qkv},
+                  [&](auto& in) {
+                    auto p = split(reshape(in[0], {B, T, H + 2 * Hkv, d}), {H, Hkv, Hkv}, 2);
+                    return op(transpose(p[0], 1, 2), transpose(p[1], 1, 2), transpose(p[2], 1, 2),
+                              causal);
+                  },
+                  [&](const std::vector<DT>& in) {
+                    DT q{{B * H, T, d}, {}}, k = q, v = q;
+                    for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
+                    for (int64_t b = 0; b < B; ++b)
+                      for (int64_t t = 0; t < T; ++t)
+                        for (int64_t h = 0; h < H; ++h)
+                          for (int64_t j = 0; j < d; ++j) {
+                            const int64_t row = (b * T + t) * W, kh = h / (H / Hkv);
+                            const int64_t dst = ((b * H + h) * T + t) * d + j;
+                            q.v[dst] = in[0].v[row + h * d + j];
+                            k.v[dst] = in[0].v[row + (H + kh) * d + j];
+                            v.v[dst] = in[0].v[row + (H + Hkv + kh) * d + j];
+                          }
+                    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+                    DT y = matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal),
+                                      v);
+                    y.shape = {B, H, T, d};
+                    return y;
+                  },
+                  2e-5});
+      }
+    }
+  }
+  EXPECT_THROW(
+      scaled_dot_product_attention(zeros({1, 3, 4, 2}), zeros({1, 2, 4, 2}), zeros({1, 2, 4, 2})),
+      std::invalid_argument);  // 2 does not divide 3
 }
 
 TEST(Ops, ShapeErrorsNameTheOpAndShapes) {

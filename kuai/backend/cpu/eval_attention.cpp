@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "kuai/backend/cpu/attention.h"
@@ -20,12 +21,73 @@ Tensor unit_last_stride(const Tensor& t) {
   return t.strides().back() == 1 || t.shape().back() == 1 ? t : contiguous(t.detach());
 }
 
-// Head h of batch b of (B, H, T, d) views q, k, v.
+// Query heads per key/value head (grouped-query attention; 1 for multi-head attention).
+int64_t group_of(const Tensor& q, const Tensor& k) { return q.size(1) / k.size(1); }
+
+// Head h of batch b of (B, H, T, d) views q and (B, Hkv, T, d) views k, v: key/value head h / G.
 cpu::HeadView head_view(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b, int64_t h) {
-  auto at = [&](const Tensor& t) {
-    return t.data<float>() + b * t.strides()[0] + h * t.strides()[1];
+  const int64_t kh = h / group_of(q, k);
+  auto at = [&](const Tensor& t, int64_t head) {
+    return t.data<float>() + b * t.strides()[0] + head * t.strides()[1];
   };
-  return {at(q), at(k), at(v), q.strides()[2], k.strides()[2], v.strides()[2]};
+  return {at(q, h), at(k, kh), at(v, kh), q.strides()[2], k.strides()[2], v.strides()[2]};
+}
+
+// Where an attention backward writes the gradients of head h of batch b. The output is (B, T, H +
+// 2 Hkv, d): dq in heads [0, H), dk in [H, H + Hkv), dv after. With groups (Hkv < H) every query
+// head's dk, dv go to a (B, T, 2, H, d) scratch first and are summed over the group by
+// sum_kv_groups; otherwise straight into the output.
+struct GradTarget {
+  char* g;        // the output (B, T, H + 2 Hkv, d)
+  char* scratch;  // (B, T, 2, H, d) when grouped, else null
+  int64_t T, H, Hkv, d, es;
+  char* dq(int64_t b, int64_t h) const { return g + ((b * T * (H + 2 * Hkv) + h) * d) * es; }
+  int64_t ldq() const { return (H + 2 * Hkv) * d; }
+  char* dkv(int64_t b, int64_t h, int slot) const {
+    if (scratch != nullptr) return scratch + ((b * T * 2 + slot) * H + h) * d * es;
+    return g + ((b * T * (H + 2 * Hkv) + H + slot * Hkv + h) * d) * es;
+  }
+  int64_t ldkv() const { return scratch != nullptr ? 2 * H * d : (H + 2 * Hkv) * d; }
+};
+
+// dk, dv of key/value head j = the sum over its G query heads (in head order, in fp32, rounded
+// once to the output's dtype).
+void sum_kv_groups(const GradTarget& t, int64_t B, DType dtype) {
+  const int64_t G = t.H / t.Hkv, d = t.d, es = t.es;
+#pragma omp parallel
+  {
+    std::vector<float> acc(static_cast<size_t>(d)), wide(static_cast<size_t>(d));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < B * t.T; ++r)
+      for (int slot = 0; slot < 2; ++slot)
+        for (int64_t j = 0; j < t.Hkv; ++j) {
+          std::fill(acc.begin(), acc.end(), 0.0f);
+          for (int64_t gi = 0; gi < G; ++gi) {
+            const char* src = t.scratch + ((r * 2 + slot) * t.H + j * G + gi) * d * es;
+            convert_serial(src, dtype, wide.data(), DType::kF32, d);
+            for (int64_t i = 0; i < d; ++i) acc[i] += wide[i];
+          }
+          char* dst = t.g + ((r * (t.H + 2 * t.Hkv) + t.H + slot * t.Hkv + j) * d) * es;
+          convert_serial(acc.data(), DType::kF32, dst, dtype, d);
+        }
+  }
+}
+
+// The backward's targets for q (B, H, T, d), k (B, Hkv, T, d) into output g; `scratch` holds the
+// grouped case's per-head dk, dv for the call.
+GradTarget grad_target(const Tensor& q, const Tensor& k, Tensor& g,
+                       std::unique_ptr<ScratchBytes>& scratch) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3), Hkv = k.size(1);
+  const int64_t es = dtype_size(q.dtype());
+  if (Hkv != H)
+    scratch = std::make_unique<ScratchBytes>(static_cast<size_t>(B * T * 2 * H * d * es));
+  return {static_cast<char*>(g.raw_data()),
+          scratch ? static_cast<char*>(scratch->data()) : nullptr,
+          T,
+          H,
+          Hkv,
+          d,
+          es};
 }
 
 // Per-thread T x T buffers from the tracking allocator (so the naive kernel's scratch shows in the
@@ -58,8 +120,9 @@ const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
 
 cpu::TypedHeadView typed_head(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b,
                               int64_t h) {
-  return {head_ptr(q, b, h), head_ptr(k, b, h), head_ptr(v, b, h), q.strides()[2],
-          k.strides()[2],    v.strides()[2],    q.dtype()};
+  const int64_t kh = h / group_of(q, k);
+  return {head_ptr(q, b, h), head_ptr(k, b, kh), head_ptr(v, b, kh), q.strides()[2],
+          k.strides()[2],    v.strides()[2],     q.dtype()};
 }
 
 void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale, bool causal) {
@@ -89,7 +152,8 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   const DType t = q.dtype();
   const int64_t es = dtype_size(t);
-  char* dqkv = static_cast<char*>(out[0].raw_data());  // (B, T, 3, H, d)
+  std::unique_ptr<ScratchBytes> kv_scratch;
+  const GradTarget gt = grad_target(q, k, out[0], kv_scratch);
   const HeadScratch scratch(T, B * H, 2);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -99,12 +163,11 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
                    T * T);
     const char* dyh =
         static_cast<const char*>(dy.raw_data()) + (b * dy.strides()[0] + h * dy.strides()[2]) * es;
-    const int64_t o = (b * T * 3 * H + h) * d;  // head h of batch b in (B, T, 3, H, d)
-    cpu::attention_head_backward(typed_head(q, k, v, b, h), p32, dyh, dy.strides()[1],
-                                 dqkv + o * es, 3 * H * d, dqkv + (o + H * d) * es, 3 * H * d,
-                                 dqkv + (o + 2 * H * d) * es, 3 * H * d, T, d, scale, causal,
-                                 scratch.at(0));
+    cpu::attention_head_backward(typed_head(q, k, v, b, h), p32, dyh, dy.strides()[1], gt.dq(b, h),
+                                 gt.ldq(), gt.dkv(b, h, 0), gt.ldkv(), gt.dkv(b, h, 1), gt.ldkv(),
+                                 T, d, scale, causal, scratch.at(0));
   }
+  if (kv_scratch) sum_kv_groups(gt, B, t);
 }
 
 }  // namespace
@@ -134,20 +197,20 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
   const Tensor dy = unit_last_stride(in[4]);  // (B, T, H, d)
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   const float *pp = p.data<float>(), *pdy = dy.data<float>();
-  float* dq = out[0].data<float>();  // (B, T, 3, H, d): dq, dk, dv side by side
-  float* dk = dq + H * d;
-  float* dv = dk + H * d;
+  std::unique_ptr<ScratchBytes> kv_scratch;
+  const GradTarget gt = grad_target(q, k, out[0], kv_scratch);
+  auto f = [](char* c) { return reinterpret_cast<float*>(c); };
   const HeadScratch scratch(T, B * H, 1);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     const cpu::HeadView hv = head_view(q, k, v, b, h);
-    const int64_t o = (b * T * 3 * H + h) * d;  // head h of batch b in (B, T, 3, H, d)
-    cpu::attention_head_backward(hv, pp + bh * T * T,
-                                 pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
-                                 dq + o, 3 * H * d, dk + o, 3 * H * d, dv + o, 3 * H * d, T, d,
-                                 scale_, causal_, scratch.at(0));
+    cpu::attention_head_backward(
+        hv, pp + bh * T * T, pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
+        f(gt.dq(b, h)), gt.ldq(), f(gt.dkv(b, h, 0)), gt.ldkv(), f(gt.dkv(b, h, 1)), gt.ldkv(), T,
+        d, scale_, causal_, scratch.at(0));
   }
+  if (kv_scratch) sum_kv_groups(gt, B, DType::kF32);
 }
 
 namespace {
@@ -167,16 +230,16 @@ char* bh_ptr(Tensor& t, int64_t b, int64_t h, bool bthd = false) {
 void FlashAttention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
                v = unit_last_stride(in[2]);
-  const int64_t B = q.size(0), H = q.size(1);
+  const int64_t B = q.size(0), H = q.size(1), G = group_of(q, k);
   Tensor& y = out[0];                 // (B, tq, H, d)
   float* lse = out[1].data<float>();  // (B, H, tq)
   const cpu::FlashParams p{q.size(2), k.size(2), q.size(3), scale_, causal_, q.dtype()};
   std::vector<cpu::FlashHead> heads;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
-      heads.push_back({bh_ptr(q, b, h), bh_ptr(k, b, h), bh_ptr(v, b, h), bh_ptr(y, b, h, true),
-                       lse + (b * H + h) * p.tq, q.strides()[2], k.strides()[2], v.strides()[2],
-                       y.strides()[1]});
+      heads.push_back({bh_ptr(q, b, h), bh_ptr(k, b, h / G), bh_ptr(v, b, h / G),
+                       bh_ptr(y, b, h, true), lse + (b * H + h) * p.tq, q.strides()[2],
+                       k.strides()[2], v.strides()[2], y.strides()[1]});
   cpu::flash_attention_forward(heads, p);
 }
 
@@ -185,21 +248,20 @@ void FlashAttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tens
                v = unit_last_stride(in[2]), y = unit_last_stride(in[3]);
   const float* lse = in[4].data<float>();     // (B, H, T) contiguous
   const Tensor dy = unit_last_stride(in[5]);  // (B, T, H, d)
-  const int64_t B = q.size(0), H = q.size(1);
+  const int64_t B = q.size(0), H = q.size(1), G = group_of(q, k);
   const cpu::FlashParams p{q.size(2), k.size(2), q.size(3), scale_, causal_, q.dtype()};
-  Tensor& g = out[0];  // (B, T, 3, H, d): dq, dk, dv side by side
-  const int64_t ld = g.strides()[1], slot = g.strides()[2] * dtype_size(g.dtype());
+  std::unique_ptr<ScratchBytes> kv_scratch;
+  const GradTarget gt = grad_target(q, k, out[0], kv_scratch);
   std::vector<cpu::FlashHeadGrad> heads;
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
-      char* dq = static_cast<char*>(g.raw_data()) +
-                 (b * g.strides()[0] + h * g.strides()[3]) * dtype_size(g.dtype());
-      heads.push_back({bh_ptr(q, b, h), bh_ptr(k, b, h), bh_ptr(v, b, h), bh_ptr(y, b, h, true),
-                       bh_ptr(dy, b, h, true), lse + (b * H + h) * p.tq, dq, dq + slot,
-                       dq + 2 * slot, q.strides()[2], k.strides()[2], v.strides()[2],
-                       y.strides()[1], dy.strides()[1], ld, ld, ld});
-    }
+    for (int64_t h = 0; h < H; ++h)
+      heads.push_back({bh_ptr(q, b, h), bh_ptr(k, b, h / G), bh_ptr(v, b, h / G),
+                       bh_ptr(y, b, h, true), bh_ptr(dy, b, h, true), lse + (b * H + h) * p.tq,
+                       gt.dq(b, h), gt.dkv(b, h, 0), gt.dkv(b, h, 1), q.strides()[2],
+                       k.strides()[2], v.strides()[2], y.strides()[1], dy.strides()[1], gt.ldq(),
+                       gt.ldkv(), gt.ldkv()});
   cpu::flash_attention_backward(heads, p);
+  if (kv_scratch) sum_kv_groups(gt, B, q.dtype());
 }
 
 }  // namespace kuai

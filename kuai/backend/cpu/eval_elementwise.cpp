@@ -8,6 +8,7 @@
 #include "kuai/backend/cpu/strided.h"
 #include "kuai/backend/cpu/widen.h"
 #include "kuai/core/allocator.h"
+#include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
 
 namespace kuai {
@@ -197,6 +198,35 @@ void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) c
       cpu::gelu_backward(src[0], src[1], dx, n);
     });
   cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), in[0].numel());
+}
+
+void Silu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  cpu::silu_forward(in[0].raw_data(), out[0].raw_data(), in[0].numel(), in[0].dtype());
+}
+
+void SiluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  cpu::silu_backward(in[0].raw_data(), in[1].raw_data(), out[0].raw_data(), in[0].numel(),
+                     in[0].dtype());
+}
+
+void SwiGLU::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const int64_t F = out[0].shape().empty() ? 1 : out[0].shape().back();
+  cpu::swiglu_forward(in[0].raw_data(), out[0].raw_data(), F == 0 ? 0 : out[0].numel() / F, F,
+                      in[0].dtype());
+}
+
+void SwiGLUBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const int64_t F = in[1].shape().empty() ? 1 : in[1].shape().back();
+  cpu::swiglu_backward(in[0].raw_data(), in[1].raw_data(), out[0].raw_data(),
+                       F == 0 ? 0 : in[1].numel() / F, F, in[0].dtype());
+}
+
+void Rope::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  Tensor x = in[0];
+  if (x.numel() > 0 && x.strides()[3] != 1) x = contiguous(x.detach());
+  const Shape& st = x.strides();
+  cpu::rope({x.raw_data(), st[0], st[1], st[2], out[0].raw_data(), x.size(0), x.size(1), x.size(2),
+             x.size(3), rotated_heads_, pos0_, theta_, inverse_, x.dtype()});
 }
 
 void GeluBackwardSum::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {

@@ -55,6 +55,19 @@ void LayerNormBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
                            out[1].data<float>(), out[2].data<float>(), N, C);
 }
 
+void RMSNorm::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const int64_t C = in[0].shape().back();
+  cpu::rms_norm_forward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
+                        out[1].data<float>(), out[1].numel(), C, eps_);
+}
+
+void RMSNormBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
+  const int64_t C = in[0].shape().back();
+  cpu::rms_norm_backward(in[3].data<float>(), in[0].data<float>(), in[1].data<float>(),
+                         in[2].data<float>(), out[0].data<float>(), out[1].data<float>(),
+                         in[2].numel(), C);
+}
+
 void LayerNormBackwardAdd::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t C = in[0].shape().back();
   const int64_t N = in[2].numel();

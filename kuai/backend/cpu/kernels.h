@@ -33,6 +33,28 @@ void gelu_backward_lowp(const uint16_t* x, const uint16_t* dy, uint16_t* dx, int
 // y = a + widen(b): the fp32 residual stream plus a bf16 / f16 branch (exact fp32 sum).
 void add_f32_lowp(const float* a, const uint16_t* b, float* y, int64_t n, DType t);
 
+// ---- gated activations (gated.cpp), storage of dtype t (f32, bf16, f16), fp32 math ----
+void silu_forward(const void* x, void* y, int64_t n, DType t);  // y = x sigmoid(x)
+void silu_backward(const void* x, const void* dy, void* dx, int64_t n, DType t);
+// h (rows, 2F): gate columns [0, F), up columns [F, 2F). y (rows, F) = silu(gate) * up.
+void swiglu_forward(const void* h, void* y, int64_t rows, int64_t F, DType t);
+// dh (rows, 2F): d gate = dy up silu'(gate), d up = dy silu(gate). dh may alias h.
+void swiglu_backward(const void* h, const void* dy, void* dh, int64_t rows, int64_t F, DType t);
+
+// ---- rotary position embedding (rope.cpp), Hugging Face's rotate-half layout ----
+struct RopeArgs {
+  const void* x;  // (B, T, heads, d) with these element strides and a unit last one
+  int64_t stride_b, stride_t, stride_h;
+  void* y;  // (B, T, heads, d) contiguous; may be x itself when x is contiguous
+  int64_t B, T, heads, d;
+  int64_t rotated_heads;  // heads [0, rotated_heads) are rotated, the rest copied
+  int64_t pos0;           // position of row t = 0
+  double theta;           // base of the frequencies theta^(-2i/d)
+  bool inverse;           // rotate by -angle (the backward)
+  DType dtype;
+};
+void rope(const RopeArgs& args);
+
 // ---- reductions ----
 // x viewed as (outer, n, inner): y(outer, inner) = sum over the middle axis. Fixed summation
 // order (deterministic whatever the thread count).
@@ -69,6 +91,13 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
 void layer_norm_backward_add(const float* dy, const float* x, const float* w, const float* mean,
                              const float* rstd, float* acc, float* dw, float* db, int64_t N,
                              int64_t C);
+
+// ---- RMSNorm over the last axis of x (N, C): y = x rstd w, rstd = 1 / sqrt(mean(x^2) + eps) ----
+void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t N, int64_t C,
+                      float eps);
+// Writes dx (N, C) and dw (C); dw is reduced over a row partition that depends on N only.
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                       float* dx, float* dw, int64_t N, int64_t C);
 
 // ---- embedding: out(N, C) = W[idx[i]] ----
 void embedding_forward(const float* W, const int32_t* idx, float* out, int64_t N, int64_t C);

@@ -1,8 +1,8 @@
-// LayerNorm over the last axis of x (N, C), forward and backward, fp32. Statistics use a corrected
-// two-pass scheme (mean, then the sum of deviations and of their squares, which also corrects the
-// mean), so inputs with a large common offset keep full precision. The weight and bias gradients
-// are reduced over a row partition that depends only on N, never on the thread count, so they are
-// bit-identical whatever OMP_NUM_THREADS is.
+// LayerNorm and RMSNorm over the last axis of x (N, C), forward and backward, fp32. Statistics use
+// a corrected two-pass scheme (mean, then the sum of deviations and of their squares, which also
+// corrects the mean), so inputs with a large common offset keep full precision. The weight and bias
+// gradients are reduced over a row partition that depends only on N, never on the thread count, so
+// they are bit-identical whatever OMP_NUM_THREADS is.
 #include <omp.h>
 
 #include <algorithm>
@@ -141,6 +141,59 @@ KUAI_KERNEL void accumulate_kernel(float* acc, const float* d, int64_t n) {
 }
 KUAI_CLONE(accumulate, accumulate_kernel)
 
+// RMSNorm (N, C) rows [r0, r1): y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps).
+KUAI_KERNEL void rms_forward_rows_kernel(const float* x, const float* w, float* y, float* rstd,
+                                         int64_t r0, int64_t r1, int64_t C, float eps) {
+  const int64_t cv = C - C % kLanes;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    float acc[kLanes] = {};
+    for (int64_t c = 0; c < cv; c += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += xr[c + j] * xr[c + j];
+    float ss = lanes_sum(acc);
+    for (int64_t c = cv; c < C; ++c) ss += xr[c] * xr[c];
+    const float rs = 1.0f / std::sqrt(ss / static_cast<float>(C) + eps);
+    rstd[r] = rs;
+    for (int64_t c = 0; c < C; ++c) yr[c] = xr[c] * rs * w[c];
+  }
+}
+KUAI_CLONE(rms_forward_rows, rms_forward_rows_kernel)
+
+// RMSNorm backward of rows [r0, r1): dx, and this block's partial dw (overwritten when `zero`).
+// With xhat = x rstd and g = dy w: dx = rstd (g - xhat mean(g xhat)), dw = sum over rows dy xhat.
+KUAI_KERNEL void rms_backward_block_kernel(const float* dy, const float* x, const float* w,
+                                           const float* rstd, float* dx, float* pdw, int64_t r0,
+                                           int64_t r1, int64_t C, bool zero) {
+  const int64_t cv = C - C % kLanes;
+  if (zero)
+    for (int64_t c = 0; c < C; ++c) pdw[c] = 0.0f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* dyr = dy + r * C;
+    const float* xr = x + r * C;
+    float* dxr = dx + r * C;
+    const float rs = rstd[r];
+    float a2[kLanes] = {};
+    for (int64_t c = 0; c < cv; c += kLanes)
+      for (int64_t j = 0; j < kLanes; ++j) {
+        const float g = dyr[c + j];
+        const float xh = xr[c + j] * rs;
+        a2[j] += g * w[c + j] * xh;
+        pdw[c + j] += g * xh;
+      }
+    float sum2 = lanes_sum(a2);
+    for (int64_t c = cv; c < C; ++c) {
+      const float g = dyr[c];
+      const float xh = xr[c] * rs;
+      sum2 += g * w[c] * xh;
+      pdw[c] += g * xh;
+    }
+    const float mean2 = sum2 / static_cast<float>(C);
+    for (int64_t c = 0; c < C; ++c) dxr[c] = rs * (dyr[c] * w[c] - xr[c] * rs * mean2);
+  }
+}
+KUAI_CLONE(rms_backward_block, rms_backward_block_kernel)
+
 // The row partition of the dw/db reduction: a function of N only.
 inline int64_t backward_rows_per_block(int64_t N) {
   return std::max((N + kMaxBwdBlocks - 1) / kMaxBwdBlocks, std::min(N, kMinBwdBlockRows));
@@ -197,20 +250,23 @@ namespace {
 
 // The backward's row blocks (a partition that depends on N only: what makes dw, db deterministic)
 // run in parallel: `rows(r0, r1, pdw, pdb)` writes dx of rows [r0, r1) and the block's partial
-// dw, db; then the partials are summed in block order.
+// dw, db; then the partials are summed in block order. db may be null (RMSNorm: no bias), and
+// then pdb is too.
 template <class Rows>
 void backward_blocks(float* dw, float* db, int64_t N, int64_t C, Rows&& rows) {
   if (C <= 0) return;
+  const int64_t parts = db != nullptr ? 2 : 1;
   if (N <= 0) {
     std::fill(dw, dw + C, 0.0f);
-    std::fill(db, db + C, 0.0f);
+    if (db != nullptr) std::fill(db, db + C, 0.0f);
     return;
   }
   const int64_t rows_per_block = backward_rows_per_block(N);
   const int64_t blocks = (N + rows_per_block - 1) / rows_per_block;
-  // (blocks, 2, C): per block, partial dw then partial db.
+  // (blocks, parts, C): per block, partial dw then partial db.
   static thread_local std::vector<float> partials;
-  if (partials.size() < static_cast<size_t>(blocks * 2 * C)) partials.resize(blocks * 2 * C);
+  if (partials.size() < static_cast<size_t>(blocks * parts * C))
+    partials.resize(blocks * parts * C);
   float* part = partials.data();
   const int64_t col_chunks = (C + kReduceColChunk - 1) / kReduceColChunk;
 
@@ -219,15 +275,15 @@ void backward_blocks(float* dw, float* db, int64_t N, int64_t C, Rows&& rows) {
 #pragma omp for schedule(static)
     for (int64_t blk = 0; blk < blocks; ++blk) {
       const int64_t r0 = blk * rows_per_block;
-      float* pdw = part + blk * 2 * C;
-      rows(r0, std::min(N, r0 + rows_per_block), pdw, pdw + C);
+      float* pdw = part + blk * parts * C;
+      rows(r0, std::min(N, r0 + rows_per_block), pdw, parts == 2 ? pdw + C : nullptr);
     }
 #pragma omp for schedule(static)
-    for (int64_t k = 0; k < 2 * col_chunks; ++k) {
+    for (int64_t k = 0; k < parts * col_chunks; ++k) {
       const bool is_db = k >= col_chunks;
       const int64_t c0 = (k % col_chunks) * kReduceColChunk;
       const int64_t c1 = std::min(C, c0 + kReduceColChunk);
-      sum_partials(part + (is_db ? C : 0), blocks, 2 * C, is_db ? db : dw, c0, c1);
+      sum_partials(part + (is_db ? C : 0), blocks, parts * C, is_db ? db : dw, c0, c1);
     }
   }
 }
@@ -256,6 +312,24 @@ void layer_norm_backward_add(const float* dy, const float* x, const float* w, co
                      s == r0);
       accumulate(acc + s * C, buf.data(), n * C);
     }
+  });
+}
+
+void rms_norm_forward(const float* x, const float* w, float* y, float* rstd, int64_t N, int64_t C,
+                      float eps) {
+  if (N <= 0 || C <= 0) return;
+#pragma omp parallel if (N * C >= kMinParallel && N > 1)
+  {
+    int64_t r0, r1;
+    thread_range(N, omp_get_thread_num(), omp_get_num_threads(), &r0, &r1);
+    if (r0 < r1) rms_forward_rows(x, w, y, rstd, r0, r1, C, eps);
+  }
+}
+
+void rms_norm_backward(const float* dy, const float* x, const float* w, const float* rstd,
+                       float* dx, float* dw, int64_t N, int64_t C) {
+  backward_blocks(dw, nullptr, N, C, [&](int64_t r0, int64_t r1, float* pdw, float*) {
+    rms_backward_block(dy, x, w, rstd, dx, pdw, r0, r1, C, true);
   });
 }
 
