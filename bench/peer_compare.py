@@ -1,10 +1,15 @@
 #!/usr/bin/python3
-"""A/B benchmark of kuai against the PyTorch peer (bench/peers/torch_gpt.py) on this machine.
+"""A/B benchmark of kuai against the PyTorch peers on this machine: bench/peers/torch_gpt.py for
+the GPT configurations, bench/peers/torch_llama.py for the LLaMA ones (family "llama").
 
 Run by `make bench-peer`, i.e.
 
-    /usr/bin/python3 bench/peer_compare.py --kuai build/kuai [--configs tiny,gpt2] [--precision bf16]
-        [--rounds 2] [--steps N] [--out build/bench_peer.json]
+    /usr/bin/python3 bench/peer_compare.py --kuai build/kuai [--configs tiny,gpt2,llama]
+        [--precision bf16] [--rounds 2] [--steps N] [--out build/bench_peer.json]
+
+A LLaMA configuration runs kuai with `--model.family=llama --model.n_kv_head=<n>` and the peer
+with `--n_kv_head=<n>`; both use their defaults for the rest: the MLP width
+256 * ceil(int(8 * C / 3) / 256), untied embeddings, rope_theta 10000, RMSNorm eps 1e-5.
 
 For each configuration the two trainers run alternately (kuai, torch, kuai, torch, ...) so that
 machine noise hits both alike; each run prints a final line
@@ -25,7 +30,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TORCH_PEER = os.path.join(HERE, "peers", "torch_gpt.py")
+TORCH_PEERS = {
+    "gpt": os.path.join(HERE, "peers", "torch_gpt.py"),
+    "llama": os.path.join(HERE, "peers", "torch_llama.py"),
+}
 TORCH_PYTHON = "/usr/bin/python3"  # Debian's python3-torch lives only under this interpreter
 THREADS = 2
 
@@ -40,7 +48,15 @@ CONFIGS = {
                 steps=5),
     "deep": dict(vocab_size=256, n_layer=8, n_head=4, d_model=128, seq_len=512, batch_size=8,
                  steps=6),
+    # LLaMA (RMSNorm, rotary positions, SwiGLU MLP, untied lm_head) at GPT-2's width and depth,
+    # with grouped-query attention (3 query heads per kv head); F = 2048 by LLaMA's rule.
+    "llama": dict(family="llama", vocab_size=256, n_layer=12, n_head=12, n_kv_head=4,
+                  d_model=768, seq_len=256, batch_size=4, steps=4),
+    # Not run by default: a mid-size LLaMA with 4 query heads per kv head (F = 1536).
+    "llama-mid": dict(family="llama", vocab_size=256, n_layer=6, n_head=8, n_kv_head=2,
+                      d_model=512, seq_len=256, batch_size=8, steps=5),
 }
+DEFAULT_CONFIGS = "tiny,gpt2,llama"
 # KUAI_MAX_ISA tier -> (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA) for the peer.
 PEER_CAPS = {
     "baseline": ("default", "SSE41"),
@@ -54,15 +70,30 @@ RESULT_KEYS = ("tokens_per_s", "step_ms_median", "peak_rss_mib", "final_loss")
 FLOPS_FORMULA = (
     "FLOPs/step = B*T * (6*N + 6*L*T*C), "
     "N = L*(12*C^2 + 13*C) + 2*C + V*C (non-embedding params + tied lm_head matmul); "
-    "6*L*T*C = causal attention QK^T and PV, fwd+bwd"
+    "6*L*T*C = causal attention QK^T and PV, fwd+bwd; "
+    "llama: N = L*(2*C^2 + 2*C*Ckv + 3*C*F + 2*C) + C + V*C, Ckv = C*Hkv/H"
 )
 
 
+def family(cfg):
+    return cfg.get("family", "gpt")
+
+
+def llama_ffn_hidden(d_model):
+    """LLaMA's default MLP width (torch_llama.default_ffn_hidden, kuai's default too)."""
+    return 256 * ((int(2 * 4 * d_model / 3) + 255) // 256)
+
+
 def non_embedding_params_with_lm_head(cfg):
-    """Parameters that take part in matmuls per token: the blocks, ln_f, and the tied lm_head
-    (V*C, counted again as a matmul although it shares wte's storage). wte/wpe lookups are
-    gathers and are not counted."""
+    """Parameters that take part in matmuls per token: the blocks, the final norm, and the
+    lm_head (V*C; GPT's is tied and counted again as a matmul although it shares wte's storage).
+    Embedding (and GPT's wpe) lookups are gathers and are not counted."""
     C, L, V = cfg["d_model"], cfg["n_layer"], cfg["vocab_size"]
+    if family(cfg) == "llama":
+        c_kv = C * cfg["n_kv_head"] // cfg["n_head"]
+        f = llama_ffn_hidden(C)
+        per_layer = 2 * C * C + 2 * C * c_kv + 3 * C * f + 2 * C  # q, o; k, v; MLP; 2 norms
+        return L * per_layer + C + V * C
     per_layer = (3 * C * C + 3 * C) + (C * C + C) + (4 * C * C + 4 * C) + (4 * C * C + C) + 4 * C
     return L * per_layer + 2 * C + V * C
 
@@ -72,6 +103,7 @@ def flops_per_step(cfg):
     # Attention scores and mixing, per token per layer: forward QK^T is 2*T*C FLOPs and PV another
     # 2*T*C when the full T x T square is computed (4*T*C); forward + backward is 3x that
     # (12*T*C); a causal mask halves the useful work: 6*T*C per token per layer, so 6*L*T*C.
+    # (The same for LLaMA: grouped-query attention shares k and v but not the FLOPs.)
     T, C, L = cfg["seq_len"], cfg["d_model"], cfg["n_layer"]
     tokens = cfg["batch_size"] * T
     n = non_embedding_params_with_lm_head(cfg)
@@ -160,7 +192,7 @@ def run(cmd, env_extra, timeout, required=RESULT_KEYS):
 
 
 def kuai_command(kuai, cfg, steps, precision="fp32"):
-    return [
+    cmd = [
         kuai, "train", "--data.source=synthetic",
         f"--model.vocab_size={cfg['vocab_size']}", f"--model.n_layer={cfg['n_layer']}",
         f"--model.n_head={cfg['n_head']}", f"--model.d_model={cfg['d_model']}",
@@ -168,16 +200,22 @@ def kuai_command(kuai, cfg, steps, precision="fp32"):
         f"--train.steps={steps}", f"--train.threads={THREADS}",
         f"--train.precision={precision}",
     ]  # fmt: skip
+    if family(cfg) == "llama":
+        cmd += ["--model.family=llama", f"--model.n_kv_head={cfg['n_kv_head']}"]
+    return cmd
 
 
 def torch_command(cfg, steps, precision="fp32"):
-    return [
-        TORCH_PYTHON, TORCH_PEER,
+    cmd = [
+        TORCH_PYTHON, TORCH_PEERS[family(cfg)],
         f"--vocab_size={cfg['vocab_size']}", f"--n_layer={cfg['n_layer']}",
         f"--n_head={cfg['n_head']}", f"--d_model={cfg['d_model']}",
         f"--seq_len={cfg['seq_len']}", f"--batch_size={cfg['batch_size']}",
         f"--steps={steps}", f"--threads={THREADS}", f"--precision={precision}",
     ]  # fmt: skip
+    if family(cfg) == "llama":
+        cmd.append(f"--n_kv_head={cfg['n_kv_head']}")
+    return cmd
 
 
 def measure_gemm(kuai, timeout):
@@ -217,8 +255,12 @@ def summarize(runs, cfg, peak, gemm):
 
 
 def print_table(name, cfg, k, t, steps, rounds):
+    shape = f"H={cfg['n_head']}"
+    if family(cfg) == "llama":
+        f = llama_ffn_hidden(cfg["d_model"])
+        shape = f"llama H={cfg['n_head']} Hkv={cfg['n_kv_head']} F={f}"
     print(
-        f"\n== {name}: V={cfg['vocab_size']} L={cfg['n_layer']} H={cfg['n_head']} "
+        f"\n== {name}: V={cfg['vocab_size']} L={cfg['n_layer']} {shape} "
         f"C={cfg['d_model']} T={cfg['seq_len']} B={cfg['batch_size']}, {steps} steps/run "
         f"(median excludes step 0), {rounds} rounds ABBA, {THREADS} threads"
     )
@@ -270,10 +312,11 @@ def pct(x):
 def parse_args(argv):
     p = argparse.ArgumentParser(description="A/B benchmark: kuai vs the PyTorch peer.")
     p.add_argument("--kuai", required=True, help="path to the kuai binary (e.g. build/kuai)")
-    p.add_argument("--configs", default="tiny,gpt2", help="comma list of: " + ",".join(CONFIGS))
+    p.add_argument("--configs", default=DEFAULT_CONFIGS,
+                   help=f"comma list of: {','.join(CONFIGS)} (default {DEFAULT_CONFIGS})")
     p.add_argument("--rounds", type=int, default=2, help="A/B rounds per config")
     p.add_argument("--steps", type=int, default=None,
-                   help="steps per run (default: 6 for tiny, 4 for gpt2)")
+                   help="steps per run (default: each config's, e.g. 6 for tiny, 4 for gpt2)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="both engines train in this precision (bf16: autocast)")
     p.add_argument("--out", default=None, help="JSON output (default: build/bench_peer.json)")

@@ -63,6 +63,25 @@ std::vector<std::pair<const char*, int64_t nn::GPTConfig::*>> config_fields() {
           {"seq_len", &nn::GPTConfig::seq_len}};
 }
 
+std::vector<std::pair<const char*, int64_t nn::GPTConfig::*>> llama_int_fields() {
+  return {{"n_kv_head", &nn::GPTConfig::n_kv_head}, {"ffn_hidden", &nn::GPTConfig::ffn_hidden}};
+}
+std::vector<std::pair<const char*, double nn::GPTConfig::*>> llama_float_fields() {
+  return {{"rope_theta", &nn::GPTConfig::rope_theta}, {"norm_eps", &nn::GPTConfig::norm_eps}};
+}
+
+// The model's JSON: gpt2 keeps the five fields it always had; llama adds its own.
+OrderedJson model_json(const nn::GPTConfig& c) {
+  OrderedJson j = OrderedJson::object();
+  if (c.is_llama()) j["family"] = c.family;
+  for (const auto& [field, member] : config_fields()) j[field] = c.*member;
+  if (!c.is_llama()) return j;
+  for (const auto& [field, member] : llama_int_fields()) j[field] = c.*member;
+  for (const auto& [field, member] : llama_float_fields()) j[field] = c.*member;
+  j["tie_embeddings"] = c.tie_embeddings;
+  return j;
+}
+
 const std::string& required(const std::string& path, const SafetensorsFile& file, const char* key) {
   auto it = file.metadata().find(key);
   if (it == file.metadata().end()) fail(path, fmt::format("missing metadata \"{}\"", key));
@@ -97,16 +116,49 @@ nn::GPTConfig parse_model(const std::string& path, const std::string& text) {
     }
     cfg.*member = it->get<int64_t>();
   }
+  // The llama family's fields (absent from gpt2 exports, which keep the five above).
+  known.insert("family");
+  if (auto it = value.find("family"); it != value.end()) {
+    if (!it->is_string())
+      fail(path, fmt::format("metadata \"{}\": \"family\" is not a string", kModelKey));
+    cfg.family = it->get<std::string>();
+  }
+  for (const auto& [name, member] : llama_int_fields()) {
+    known.insert(name);
+    auto it = value.find(name);
+    if (it == value.end()) continue;
+    if (!it->is_number_integer() || it->get<int64_t>() < 1)
+      fail(path, fmt::format("metadata \"{}\": \"{}\" is not a positive integer ({})", kModelKey,
+                             name, it->dump()));
+    cfg.*member = it->get<int64_t>();
+  }
+  for (const auto& [name, member] : llama_float_fields()) {
+    known.insert(name);
+    auto it = value.find(name);
+    if (it == value.end()) continue;
+    if (!it->is_number() || !(it->get<double>() > 0))
+      fail(path, fmt::format("metadata \"{}\": \"{}\" is not a positive number ({})", kModelKey,
+                             name, it->dump()));
+    cfg.*member = it->get<double>();
+  }
+  known.insert("tie_embeddings");
+  if (auto it = value.find("tie_embeddings"); it != value.end()) {
+    if (!it->is_boolean())
+      fail(path,
+           fmt::format("metadata \"{}\": \"tie_embeddings\" is not true or false", kModelKey));
+    cfg.tie_embeddings = it->get<bool>();
+  }
   for (const auto& [name, item] : value.items()) {
     if (!known.count(name)) {
       fail(path, fmt::format("metadata \"{}\" has unknown field \"{}\"", kModelKey, name));
     }
   }
-  if (cfg.d_model % cfg.n_head != 0) {
-    fail(path, fmt::format("metadata \"{}\": d_model {} is not divisible by n_head {}", kModelKey,
-                           cfg.d_model, cfg.n_head));
+  try {
+    cfg.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(path, fmt::format("metadata \"{}\": {}", kModelKey, e.what()));
   }
-  return cfg;
+  return cfg.resolved();
 }
 
 WeightsInfo parse_info(const SafetensorsFile& file) {
@@ -172,13 +224,13 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
                      static_cast<uint64_t>(bytes.size())});
   }
 
-  OrderedJson model_json = OrderedJson::object();
-  for (const auto& [field, member] : config_fields()) model_json[field] = model.config().*member;
-
   const std::map<std::string, std::string> metadata = {
-      {kFormatKey, kWeightsFormat},       {kVersionKey, kKuaiVersion},
-      {kModelKey, model_json.dump()},     {kStepKey, std::to_string(options.step)},
-      {kTokenizerKey, options.tokenizer}, {kDtypeKey, export_dtype_name(options.dtype)},
+      {kFormatKey, kWeightsFormat},
+      {kVersionKey, kKuaiVersion},
+      {kModelKey, model_json(model.config()).dump()},
+      {kStepKey, std::to_string(options.step)},
+      {kTokenizerKey, options.tokenizer},
+      {kDtypeKey, export_dtype_name(options.dtype)},
       {kChecksumsKey, checksums.dump()},
   };
   write_safetensors(path, views, metadata);
@@ -192,14 +244,18 @@ void load_weights(const std::string& path, nn::GPT& model) {
   const SafetensorsFile file = SafetensorsFile::open(path);
   const WeightsInfo info = parse_info(file);
 
-  std::vector<std::string> mismatches;
-  for (const auto& [field, member] : config_fields()) {
-    if (info.model.*member != model.config().*member) {
-      mismatches.push_back(fmt::format("file has {} {}, model {}", field, info.model.*member,
-                                       model.config().*member));
+  if (!(info.model == model.config())) {
+    const OrderedJson file_json = model_json(info.model), model_fields = model_json(model.config());
+    std::vector<std::string> mismatches;
+    for (const auto& [field, v] : model_fields.items()) {
+      const auto it = file_json.find(field);
+      const std::string have = it == file_json.end() ? "none" : it->dump();
+      if (have != v.dump())
+        mismatches.push_back(fmt::format("file has {} {}, model {}", field, have, v.dump()));
     }
-  }
-  if (!mismatches.empty()) {
+    for (const auto& [field, v] : file_json.items())
+      if (!model_fields.contains(field))
+        mismatches.push_back(fmt::format("file has {} {}, model none", field, v.dump()));
     fail(path, fmt::format("config mismatch: {}", fmt::join(mismatches, "; ")));
   }
 

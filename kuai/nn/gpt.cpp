@@ -9,8 +9,61 @@
 
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
+#include "kuai/nn/llama.h"
 
 namespace kuai::nn {
+
+int64_t llama_ffn_hidden(int64_t d_model) {
+  const int64_t h = 2 * 4 * d_model / 3;  // int(2 * 4C / 3)
+  return (h + 255) / 256 * 256;
+}
+
+int64_t GPTConfig::ffn() const {
+  if (!is_llama()) return 4 * d_model;
+  return ffn_hidden > 0 ? ffn_hidden : llama_ffn_hidden(d_model);
+}
+
+std::string describe(const GPTConfig& c) {
+  if (!c.is_llama())
+    return fmt::format("GPT-2, {} layers, {} heads, d_model {}", c.n_layer, c.n_head, c.d_model);
+  return fmt::format("LLaMA, {} layers, {} heads ({} key/value), d_model {}, SwiGLU {}, {}",
+                     c.n_layer, c.n_head, c.kv_heads(), c.d_model, c.ffn(),
+                     c.tied() ? "tied" : "untied");
+}
+
+GPTConfig GPTConfig::resolved() const {
+  GPTConfig c = *this;
+  c.n_kv_head = kv_heads();
+  c.ffn_hidden = ffn();
+  c.tie_embeddings = tied();
+  return c;
+}
+
+void GPTConfig::validate() const {
+  auto bad = [](const std::string& what) { throw std::invalid_argument("model." + what); };
+  if (family != "gpt2" && family != "llama")
+    bad(fmt::format("family = \"{}\" is not one of \"gpt2\", \"llama\"", family));
+  if (vocab_size <= 0 || n_layer <= 0 || d_model <= 0 || seq_len <= 0 || n_head <= 0)
+    bad("vocab_size, n_layer, n_head, d_model and seq_len must be positive");
+  if (d_model % n_head != 0)
+    bad(fmt::format("d_model ({}) must be divisible by model.n_head ({})", d_model, n_head));
+  if (!is_llama()) {
+    if (n_kv_head != 0 && n_kv_head != n_head)
+      bad(fmt::format("n_kv_head = {} needs family \"llama\" (gpt2 has one per head)", n_kv_head));
+    if (ffn_hidden != 0 && ffn_hidden != 4 * d_model)
+      bad(fmt::format("ffn_hidden = {} needs family \"llama\" (gpt2's MLP is 4 d_model)",
+                      ffn_hidden));
+    return;
+  }
+  if (n_kv_head < 0 || n_head % kv_heads() != 0)
+    bad(fmt::format("n_kv_head ({}) must divide model.n_head ({})", n_kv_head, n_head));
+  if ((d_model / n_head) % 2 != 0)
+    bad(fmt::format("d_model / n_head ({}) must be even for rotary positions", d_model / n_head));
+  if (ffn_hidden < 0)
+    bad(fmt::format("ffn_hidden ({}) must be positive, or 0 for the rule", ffn_hidden));
+  if (!(rope_theta > 0)) bad(fmt::format("rope_theta ({}) must be positive", rope_theta));
+  if (!(norm_eps > 0)) bad(fmt::format("norm_eps ({}) must be positive", norm_eps));
+}
 
 const char* attention_impl_name(AttentionImpl impl) {
   switch (impl) {
@@ -44,12 +97,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1), C = x.size(2), H = n_head_, hd = C / H;
   std::vector<Tensor> qkv = chunk(c_attn_->forward(x), 3, -1);  // 3 x (B, T, C) views
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, hd}), 1, 2); };
-  const bool flash =
-      impl_ == AttentionImpl::kFlash || (impl_ == AttentionImpl::kAuto && T >= kFlashAutoMinT);
   // (B, H, T, hd): flash keeps one fp32 lse per row for the backward, naive the probabilities.
-  Tensor y = flash ? flash_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true)
-                   : scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                  /*causal=*/true);
+  Tensor y = use_flash(T)
+                 ? flash_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true)
+                 : scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                                /*causal=*/true);
   y = reshape(transpose(y, 1, 2), {B, T, C});  // a view: y is (B, T, H, hd)
   return c_proj_->forward(y);
 }
@@ -99,45 +151,67 @@ Tensor Block::forward_cached(const Tensor& x, LayerKV& kv) const {
   return add(h, mlp_->forward(ln_2_->forward(h)));
 }
 
-GPT::GPT(const GPTConfig& cfg, uint64_t seed) : cfg_(cfg) {
-  if (cfg.vocab_size <= 0 || cfg.n_layer <= 0 || cfg.d_model <= 0 || cfg.seq_len <= 0)
-    throw std::invalid_argument("GPT: vocab_size, n_layer, d_model and seq_len must be positive");
+GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(config.resolved()) {
+  cfg_.validate();
+  const GPTConfig& cfg = cfg_;
   Generator gen(seed, /*stream=*/0);
-  wte_ = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen));
-  wpe_ = register_module("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen));
-  for (int64_t i = 0; i < cfg.n_layer; ++i)
-    h_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(cfg, gen)));
-  ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(cfg.d_model));
+  if (!cfg.is_llama()) {
+    wte_ = register_module("wte", std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen));
+    wpe_ = register_module("wpe", std::make_shared<Embedding>(cfg.seq_len, cfg.d_model, gen));
+    for (int64_t i = 0; i < cfg.n_layer; ++i)
+      h_.push_back(register_module("h." + std::to_string(i), std::make_shared<Block>(cfg, gen)));
+    ln_f_ = register_module("ln_f", std::make_shared<LayerNorm>(cfg.d_model));
+  } else {
+    wte_ = register_module("embed_tokens",
+                           std::make_shared<Embedding>(cfg.vocab_size, cfg.d_model, gen));
+    for (int64_t i = 0; i < cfg.n_layer; ++i)
+      h_.push_back(
+          register_module("layers." + std::to_string(i), std::make_shared<LlamaBlock>(cfg, gen)));
+    norm_ = register_module(
+        "norm", std::make_shared<RMSNorm>(cfg.d_model, static_cast<float>(cfg.norm_eps)));
+    if (!cfg.tied())
+      lm_head_ = register_module("lm_head",
+                                 std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen));
+  }
 
-  // GPT-2 initialisation, in parameter order from one stream.
+  // The family's initialisation, in parameter order from one stream.
   Generator init(seed, /*stream=*/1);
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (auto& [name, p] : named_parameters()) {
-    const bool is_bias = name.ends_with(".bias");
-    const bool is_ln = name.find("ln_") != std::string::npos;
-    if (is_ln) continue;  // already weight 1, bias 0
-    if (is_bias) {
-      std::fill_n(p.data<float>(), p.numel(), 0.0f);
+    if (p.dim() == 1) {  // LayerNorm / RMSNorm weights stay 1, biases become 0
+      if (name.ends_with(".bias")) std::fill_n(p.data<float>(), p.numel(), 0.0f);
       continue;
     }
-    const float std = name.ends_with("c_proj.weight") ? proj_std : 0.02f;
+    const float std = !cfg.is_llama() && name.ends_with("c_proj.weight") ? proj_std : 0.02f;
     init.normal(p.data<float>(), p.numel(), 0.0f, std);
   }
 }
 
-Tensor GPT::hidden(const Tensor& idx) const {
+Tensor GPT::embed(const Tensor& idx, int64_t start) const {
+  const int64_t t = idx.size(1);
+  if (cfg_.is_llama()) return wte_->forward(idx);  // positions enter as rotations
+  // (B, t, C) + (t, C)
+  return add(wte_->forward(idx),
+             start == 0 ? wpe_->forward(arange(t)) : narrow(wpe_->weight(), 0, start, t));
+}
+
+Tensor GPT::head(const Tensor& x) const {
+  if (!cfg_.is_llama()) return linear(ln_f_->forward(x), wte_->weight());
+  return cfg_.tied() ? linear(norm_->forward(x), wte_->weight())
+                     : lm_head_->forward(norm_->forward(x));
+}
+
+Tensor GPT::forward(const Tensor& idx) const {
   if (idx.dim() != 2 || idx.dtype() != DType::kI32)
     throw std::invalid_argument("GPT: expected int32 token ids (B, T), got " + idx.str());
   const int64_t T = idx.size(1);
   if (T > cfg_.seq_len)
     throw std::invalid_argument(
         fmt::format("GPT: sequence length {} exceeds model.seq_len {}", T, cfg_.seq_len));
-  Tensor x = add(wte_->forward(idx), wpe_->forward(arange(T)));  // (B, T, C) + (T, C)
+  Tensor x = embed(idx, 0);
   for (const auto& block : h_) x = block->forward(x);
-  return ln_f_->forward(x);
+  return head(x);
 }
-
-Tensor GPT::forward(const Tensor& idx) const { return linear(hidden(idx), wte_->weight()); }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets, int32_t ignore_index) const {
   Tensor logits = forward(idx);
@@ -155,14 +229,16 @@ Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) const {
                     cfg_.seq_len));
   autograd::NoGradGuard no_grad;
   if (cache.layers.empty()) cache.layers.resize(h_.size());
-  Tensor x = add(wte_->forward(idx), narrow(wpe_->weight(), 0, start, t));  // (B, t, C)
+  Tensor x = embed(idx, start);  // (B, t, C)
   for (size_t i = 0; i < h_.size(); ++i) x = h_[i]->forward_cached(x, cache.layers[i]);
   cache.length += t;
-  return linear(ln_f_->forward(x), wte_->weight());
+  return head(x);
 }
 
 int64_t GPT::num_matmul_parameters() const {
-  return num_parameters() - cfg_.seq_len * cfg_.d_model;
+  const int64_t lookups = cfg_.is_llama() ? (cfg_.tied() ? 0 : cfg_.vocab_size * cfg_.d_model)
+                                          : cfg_.seq_len * cfg_.d_model;
+  return num_parameters() - lookups;
 }
 
 }  // namespace kuai::nn

@@ -1,4 +1,4 @@
-// Linear, LayerNorm and Embedding (see layers.h).
+// Linear, LayerNorm, RMSNorm and Embedding (see layers.h).
 #include "kuai/nn/layers.h"
 
 #include <cmath>
@@ -22,6 +22,12 @@ LayerNorm::LayerNorm(int64_t features, float eps) : eps_(eps) {
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const { return layer_norm(x, weight_, bias_, eps_); }
+
+RMSNorm::RMSNorm(int64_t features, float eps) : eps_(eps) {
+  weight_ = register_parameter("weight", full({features}, 1.0f));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight_, eps_); }
 
 Embedding::Embedding(int64_t num, int64_t dim, Generator& gen) {
   weight_ = register_parameter("weight", gen.normal({num, dim}));

@@ -1,4 +1,4 @@
-// The basic layers: Linear, LayerNorm, Embedding. PyTorch's parameter names and layouts
+// The basic layers: Linear, LayerNorm, RMSNorm, Embedding. PyTorch's parameter names and layouts
 // (Linear.weight is (out, in)) and default initialisations, drawn from a kuai Generator.
 #pragma once
 
@@ -27,6 +27,18 @@ class LayerNorm : public Module {
 
  private:
   Tensor weight_, bias_;
+  float eps_;
+};
+
+// RMSNorm over the last axis, weight initialised to 1 (LLaMA's norm; no bias).
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(int64_t features, float eps = 1e-5f);
+  Tensor forward(const Tensor& x) const;
+  Tensor& weight() { return weight_; }
+
+ private:
+  Tensor weight_;
   float eps_;
 };
 

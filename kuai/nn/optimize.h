@@ -1,9 +1,9 @@
 // kuai::optimize(model): the automatic replacement of a model's attention by FlashAttention. It
-// walks the module tree and switches every attention module that can run the flash kernel (today
-// nn::CausalSelfAttention) to it, or to "auto" (flash from a measured sequence length on), and
-// returns what it replaced. Parameters are untouched, so state dicts, checkpoints and optimizer
-// state are the same before and after; the results are the same up to fp32 rounding (flash is
-// exact attention, summed in a different order). The trainer applies it for
+// walks the module tree and switches every attention module that can run the flash kernel
+// (nn::AttentionModule: GPT-2's and LLaMA's) to it, or to "auto" (flash from a measured sequence
+// length on), and returns what it replaced. Parameters are untouched, so state dicts, checkpoints
+// and optimizer state are the same before and after; the results are the same up to fp32 rounding
+// (flash is exact attention, summed in a different order). The trainer applies it for
 // `model.attention = "flash" | "auto"`.
 #pragma once
 

@@ -333,9 +333,8 @@ CheckpointBench run_checkpoint_bench(const TrainConfig& base, int64_t rounds,
   opt.ensure_state();  // the moments exist, as after the first step
   CheckpointBench c;
   c.rounds = rounds;
-  c.model = fmt::format("GPT {} layers, d_model {}, vocab {} ({:.2f}M parameters)",
-                        base.model.n_layer, base.model.d_model, base.model.vocab_size,
-                        static_cast<double>(model.num_parameters()) / 1e6);
+  c.model = fmt::format("{}, vocab {} ({:.2f}M parameters)", nn::describe(base.model),
+                        base.model.vocab_size, static_cast<double>(model.num_parameters()) / 1e6);
   fs::remove_all(scratch_dir);
   fs::create_directories(scratch_dir);
   std::vector<double> exp_ms, sync_ms, async_blocked, async_total;

@@ -101,9 +101,9 @@ CompileBench run_compile_bench(const TrainConfig& cfg, int64_t steps, int64_t wa
   bench.precision = cfg.precision;
   bench.steps = steps;
   bench.warmup = warmup;
-  bench.model = fmt::format("GPT {} layers, d_model {}, vocab {}, T {}, batch {}{}",
-                            cfg.model.n_layer, cfg.model.d_model, cfg.model.vocab_size, T, B,
-                            k > 1 ? fmt::format(" x {} micro-batches", k) : "");
+  bench.model =
+      fmt::format("{}, vocab {}, T {}, batch {}{}", nn::describe(cfg.model), cfg.model.vocab_size,
+                  T, B, k > 1 ? fmt::format(" x {} micro-batches", k) : "");
   struct Arm {
     CompileBenchArm info;
     std::unique_ptr<Learner> learner;

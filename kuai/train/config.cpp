@@ -118,11 +118,17 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       STRING_KEY("run.name", run_name, {}),
       STRING_KEY("run.dir", run_dir, {}),
+      STRING_KEY("model.family", model.family, {"gpt2", "llama"}),
       INT_KEY("model.vocab_size", model.vocab_size, 1, int64_t{1} << 31),
       INT_KEY("model.n_layer", model.n_layer, 1, 1024),
       INT_KEY("model.n_head", model.n_head, 1, 1024),
       INT_KEY("model.d_model", model.d_model, 1, 1 << 16),
       INT_KEY("model.seq_len", model.seq_len, 1, 1 << 20),
+      INT_KEY("model.n_kv_head", model.n_kv_head, 0, 1024),
+      INT_KEY("model.ffn_hidden", model.ffn_hidden, 0, 1 << 20),
+      FLOAT_KEY("model.rope_theta", model.rope_theta, 1.0, 1e12),
+      FLOAT_KEY("model.norm_eps", model.norm_eps, 1e-12, 1.0),
+      BOOL_KEY("model.tie_embeddings", model.tie_embeddings),
       STRING_KEY("model.attention", attention, {"naive", "flash", "auto"}),
       INT_KEY("train.batch_size", batch_size, 1, 1 << 20),
       INT_KEY("train.steps", steps, 0, kBig),
@@ -218,6 +224,11 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         fmt::format("config: model.d_model ({}) must be divisible by model.n_head ({})",
                     c.model.d_model, c.model.n_head));
+  try {
+    c.model.validate();
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(fmt::format("config: {}", e.what()));
+  }
   if (c.run_name.find('/') != std::string::npos || c.run_name == "." || c.run_name == "..")
     throw ConfigError(
         fmt::format("config: run.name = \"{}\" must be a plain name (no '/')", c.run_name));

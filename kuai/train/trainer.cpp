@@ -83,8 +83,10 @@ std::string result_line(const TrainResult& r) {
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
   optim::ParamGroup decay{{}, weight_decay}, no_decay{{}, 0.0f};
   for (auto& [name, p] : model.named_parameters()) {
+    // Embedding tables (GPT-2's wte and wpe, LLaMA's embed_tokens) are lookups: no decay.
     const bool is_matmul_weight = p.dim() == 2 && name.ends_with(".weight") &&
-                                  name.rfind("wte.", 0) != 0 && name.rfind("wpe.", 0) != 0;
+                                  name.rfind("wte.", 0) != 0 && name.rfind("wpe.", 0) != 0 &&
+                                  name.rfind("embed_tokens.", 0) != 0;
     (is_matmul_weight ? decay : no_decay).params.push_back(p);
   }
   return {decay, no_decay};
@@ -319,11 +321,11 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   result.steps_done = result.start_step;
   if (!opts.quiet) {
     out << fmt::format(
-        "kuai train: GPT {} layers, {} heads, d_model {}, seq_len {}, vocab {} ({:.2f}M "
+        "kuai train: {}, seq_len {}, vocab {} ({:.2f}M "
         "parameters), {} attention{}; batch {}{}, {} steps, {}, {} threads, data {} ({} loader "
         "workers)\n",
-        cfg.model.n_layer, cfg.model.n_head, cfg.model.d_model, T, V,
-        static_cast<double>(model.num_parameters()) / 1e6, cfg.attention,
+        nn::describe(cfg.model), T, V, static_cast<double>(model.num_parameters()) / 1e6,
+        cfg.attention,
         attention == nn::AttentionImpl::kAuto
             ? fmt::format(" ({} at seq_len {})", T >= nn::kFlashAutoMinT ? "flash" : "naive", T)
             : std::string(),

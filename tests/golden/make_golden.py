@@ -1,24 +1,44 @@
 #!/usr/bin/python3
-"""Writes tests/golden/tiny_gpt.safetensors, the PyTorch reference a tiny GPT must match.
+"""Writes the PyTorch references the tiny GPT and LLaMA models must match:
+tests/golden/tiny_gpt.safetensors, tests/golden/tiny_llama.safetensors and the
+Hugging-Face-layout checkpoint tests/golden/tiny_llama_hf/.
 
-Run by hand with Debian's torch (CI never runs it; the fixture is committed):
+Run by hand with Debian's torch (CI never runs it; the fixtures are committed):
 
-    /usr/bin/python3 tests/golden/make_golden.py
+    /usr/bin/python3 tests/golden/make_golden.py      (or: make golden)
 
-The model is the one in bench/peers/torch_gpt.py. The fixture holds, all little-endian:
-    param.<name>   F32   initial parameters (GPT-2 init, then LayerNorm weights/biases and
-                         Linear biases perturbed by N(0, 0.1) so they are exercised)
-    idx            I32   (B, T) input tokens
-    targets        I32   (B, T) target tokens; two positions are -1 (ignore_index)
-    logits         F32   (B, T, V) of the first forward
-    loss           F32   [1]  mean cross-entropy over the non-ignored positions
-    grad.<name>    F32   gradients of that first forward/backward
-    losses         F32   [3]  loss of each of 3 training steps on the same batch, before its update
-    gradnorm       F32   [3]  total gradient norm returned by clip_grad_norm_(params, 1.0)
-    step3.<name>   F32   parameters after the 3 AdamW steps
-and __metadata__ with the configuration as strings. The safetensors writer and reader here
-are deliberately minimal (json + struct); the script reads the file back and checks every
-value bit for bit before it finishes.
+The models are the ones in bench/peers/torch_gpt.py (GPT) and bench/peers/torch_llama.py
+(LLaMA, Hugging Face's parameter names). tiny_gpt.safetensors and tiny_llama.safetensors hold,
+all little-endian, with <name> the model's parameter names in named_parameters() order:
+    param.<name>     F32   initial parameters (the model's init, then perturbed by N(0, 0.1) so
+                           they are exercised: GPT's LayerNorm weights/biases and Linear biases,
+                           LLaMA's RMSNorm weights)
+    idx              I32   (B, T) input tokens
+    targets          I32   (B, T) target tokens; two positions are -1 (ignore_index)
+    logits           F32   (B, T, V) of the first forward
+    loss             F32   [1]  mean cross-entropy over the non-ignored positions
+    grad.<name>      F32   gradients of that first forward/backward
+    losses           F32   [3]  loss of each of 3 training steps on the same batch, before its
+                           update
+    gradnorm         F32   [3]  total gradient norm returned by clip_grad_norm_(params, grad_clip)
+    step3.<name>     F32   parameters after the 3 AdamW steps
+    step3_f64.<name> F64   parameters after the same 3 steps run in float64
+and __metadata__ with the configuration as strings (booleans "true"/"false") and torch_version;
+the LLaMA file's configuration also has family "llama", n_kv_head, ffn_hidden, rope_theta,
+norm_eps and tie_embeddings.
+
+tests/golden/tiny_llama_hf/ is a small LLaMA (multi-query attention, rope_theta 500000) saved
+as Hugging Face's save_pretrained saves a LlamaForCausalLM: model.safetensors (the parameters
+under their HF names, F32, sorted by name, __metadata__ {"format": "pt"}) and config.json
+(LlamaConfig, indent 2, sorted keys); beside them expected.safetensors holds idx I32 (2, 9) and
+the logits F32 (2, 9, V) of a float64 forward, cast to float32.
+
+The safetensors writer and reader here are deliberately minimal (json + struct); the script
+reads every file back and checks every value bit for bit before it finishes.
+
+OpenBLAS (torch's BLAS on Debian) is pinned to its Haswell (AVX2+FMA) kernels when the CPU has
+them: the committed fixtures were written with those, and on CPUs that OpenBLAS 0.3.21 misreads
+it falls back to another core whose summation order changes the last bits of the outputs.
 """
 
 import copy
@@ -27,12 +47,29 @@ import os
 import struct
 import sys
 
-import torch
+
+def _pin_openblas_core():
+    """OPENBLAS_CORETYPE=HASWELL where the CPU has AVX2 and FMA; read once when torch loads."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f
+                          if line.startswith("flags")), [])
+    except OSError:
+        return
+    if "avx2" in flags and "fma" in flags:
+        os.environ["OPENBLAS_CORETYPE"] = "HASWELL"
+
+
+if "torch" not in sys.modules:
+    _pin_openblas_core()
+
+import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "bench", "peers"))
 
-import torch_gpt  # noqa: E402  (the one PyTorch model definition)
+import torch_gpt  # noqa: E402  (the one PyTorch GPT definition)
+import torch_llama  # noqa: E402  (the one PyTorch LLaMA definition)
 
 CONFIG = {
     "vocab_size": 67,
@@ -56,6 +93,53 @@ PERTURB_STD = 0.1
 # (batch, position) pairs whose target is set to ignore_index.
 IGNORED_POSITIONS = ((0, 3), (2, 10))
 OUTPUT = os.path.join(HERE, "tiny_gpt.safetensors")
+
+# The LLaMA fixture: grouped-query attention (2 kv heads for 4 query heads), untied lm_head; the
+# batch, betas, weight decay, ignored positions and seed are the GPT fixture's.
+LLAMA_CONFIG = {
+    "family": "llama",
+    "vocab_size": 67,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_kv_head": 2,
+    "d_model": 32,
+    "ffn_hidden": 48,
+    "seq_len": 16,
+    "rope_theta": 10000.0,
+    "norm_eps": 1e-5,
+    "tie_embeddings": False,
+    # A smaller step and a larger eps than the GPT fixture's, both measured: at its lr 1e-2 the
+    # third step's gradient norm jumps (1.6, 1.5, 5.1), and at 3e-3 the parameters after three
+    # steps still amplify last-bit differences (kuai and PyTorch both off the float64 run by up to
+    # 1e-6, whichever is closer varying with eps). With eps 1e-6 an element whose gradient sits at
+    # fp32's noise floor of its tensor (7.6e-8 against a maximum of 3.8e-3: no biases make these
+    # gradients ~4x smaller than the GPT's) moves by a fraction of lr whose error is luck (the GPT
+    # fixture's reasoning, one decade further); eps 1e-5 keeps such moves small.
+    "lr": 1e-3,
+    "grad_clip": 1.55,  # the first two steps clip (1.62, 1.59), the third (1.50) does not
+    "eps": 1e-5,
+    **{k: CONFIG[k] for k in ("batch", "T", "beta1", "beta2", "weight_decay",
+                              "ignore_index", "seed")},
+}
+LLAMA_OUTPUT = os.path.join(HERE, "tiny_llama.safetensors")
+
+# The Hugging-Face-layout checkpoint: multi-query attention, LLaMA-3's rope_theta, its own seed.
+LLAMA_HF_CONFIG = {
+    "vocab_size": 67,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_kv_head": 1,
+    "d_model": 32,
+    "ffn_hidden": 40,
+    "seq_len": 16,
+    "rope_theta": 500000.0,
+    "norm_eps": 1e-6,
+    "tie_embeddings": False,
+    "seed": 4321,
+    "batch": 2,
+    "T": 9,
+}
+LLAMA_HF_DIR = os.path.join(HERE, "tiny_llama_hf")
 
 DTYPES = {
     torch.float64: ("F64", "<d", 8),
@@ -124,15 +208,32 @@ def read_safetensors(path):
     return tensors, metadata
 
 
-def main():
-    torch.set_num_threads(1)  # one thread: a fixed reduction order
-    c = CONFIG
-    torch.manual_seed(c["seed"])
-    model = torch_gpt.GPT(c["vocab_size"], c["n_layer"], c["n_head"], c["d_model"], c["seq_len"])
+def meta_str(value):
+    """A configuration value as a metadata string: booleans as "true"/"false", else str()."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def check_readback(path, out, metadata):
+    """Reads path back with our own reader and compares every value bit for bit."""
+    back, back_meta = read_safetensors(path)
+    assert back_meta == metadata, f"{path}: metadata mismatch"
+    assert list(back) == [name for name, _ in out], f"{path}: tensor names or order mismatch"
+    for name, t in out:
+        r = back[name]
+        assert r.dtype == t.dtype and r.shape == t.shape, name
+        assert torch.equal(r, t), f"{path}: value mismatch in {name}"
+
+
+def write_training_fixture(model, lib, c, output, perturbed):
+    """The training fixture of one model (layout in the module docstring): perturbs the
+    parameters whose names satisfy perturbed(name), then runs the forward/backward and 3 AdamW
+    steps in float32 and in float64. lib is the model's module (loss_fn, make_optimizer). Draws
+    from torch's global RNG, which the caller has seeded before constructing the model."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            is_layernorm = ".ln_" in name or name.startswith("ln_f.")
-            if is_layernorm or name.endswith(".bias"):
+            if perturbed(name):
                 p.add_(torch.randn_like(p) * PERTURB_STD)
     names = [name for name, _ in model.named_parameters()]
     params = [p for _, p in model.named_parameters()]
@@ -150,19 +251,19 @@ def main():
 
     # The first forward/backward: logits, loss, gradients.
     logits = model(idx)
-    loss = torch_gpt.loss_fn(logits, targets, c["ignore_index"])
+    loss = lib.loss_fn(logits, targets, c["ignore_index"])
     loss.backward()
     out += [("logits", logits.detach().clone()), ("loss", loss.detach().reshape(1).clone())]
     out += [(f"grad.{n}", p.grad.detach().clone()) for n, p in zip(names, params)]
 
     # Three AdamW steps on the same batch.
-    optimizer = torch_gpt.make_optimizer(
+    optimizer = lib.make_optimizer(
         model, c["lr"], weight_decay=c["weight_decay"], betas=(c["beta1"], c["beta2"]), eps=c["eps"]
     )
     losses, gradnorms = [], []
     for _ in range(TRAIN_STEPS):
         optimizer.zero_grad(set_to_none=True)
-        loss = torch_gpt.loss_fn(model(idx), targets, c["ignore_index"])
+        loss = lib.loss_fn(model(idx), targets, c["ignore_index"])
         loss.backward()
         gradnorms.append(torch.nn.utils.clip_grad_norm_(params, c["grad_clip"]).item())
         optimizer.step()
@@ -171,33 +272,139 @@ def main():
     out += [(f"step3.{n}", p.detach().clone()) for n, p in zip(names, params)]
 
     # The same three steps in float64 (tests compare kuai's and PyTorch's fp32 errors against it).
-    optimizer64 = torch_gpt.make_optimizer(
+    optimizer64 = lib.make_optimizer(
         model64, c["lr"], weight_decay=c["weight_decay"], betas=(c["beta1"], c["beta2"]), eps=c["eps"]
     )
     params64 = list(model64.parameters())
     for _ in range(TRAIN_STEPS):
         optimizer64.zero_grad(set_to_none=True)
-        loss64 = torch_gpt.loss_fn(model64(idx), targets, c["ignore_index"])
+        loss64 = lib.loss_fn(model64(idx), targets, c["ignore_index"])
         loss64.backward()
         torch.nn.utils.clip_grad_norm_(params64, c["grad_clip"])
         optimizer64.step()
     out += [(f"step3_f64.{n}", p.detach().clone()) for n, p in zip(names, params64)]
 
-    metadata = {k: str(v) for k, v in c.items()}
+    metadata = {k: meta_str(v) for k, v in c.items()}
     metadata["torch_version"] = torch.__version__
-    write_safetensors(OUTPUT, out, metadata)
+    write_safetensors(output, out, metadata)
+    check_readback(output, out, metadata)
 
-    # Read it back with our own reader and compare every value bit for bit.
-    back, back_meta = read_safetensors(OUTPUT)
-    assert back_meta == metadata, "metadata mismatch"
-    assert list(back) == [name for name, _ in out], "tensor names or order mismatch"
-    for name, t in out:
-        r = back[name]
-        assert r.dtype == t.dtype and r.shape == t.shape, name
-        assert torch.equal(r, t), f"value mismatch in {name}"
-
-    print(f"wrote {OUTPUT} ({os.path.getsize(OUTPUT)} bytes, {len(out)} tensors)")
+    print(f"wrote {output} ({os.path.getsize(output)} bytes, {len(out)} tensors)")
     print(f"loss {dict(out)['loss'].item():.6f} losses {losses} gradnorm {gradnorms}")
+
+
+def is_gpt_perturbed(name):
+    """GPT: LayerNorm weights and biases, and Linear biases."""
+    is_layernorm = ".ln_" in name or name.startswith("ln_f.")
+    return is_layernorm or name.endswith(".bias")
+
+
+def is_llama_norm(name):
+    """LLaMA: the RMSNorm weights (input_layernorm, post_attention_layernorm, model.norm)."""
+    return name.endswith("layernorm.weight") or name == "model.norm.weight"
+
+
+def make_llama(c):
+    return torch_llama.Llama(
+        c["vocab_size"], c["n_layer"], c["n_head"], c["d_model"], c["seq_len"],
+        n_kv_head=c["n_kv_head"], ffn_hidden=c["ffn_hidden"], rope_theta=c["rope_theta"],
+        norm_eps=c["norm_eps"], tie_embeddings=c["tie_embeddings"],
+    )  # fmt: skip
+
+
+def write_gpt_golden():
+    c = CONFIG
+    torch.manual_seed(c["seed"])
+    model = torch_gpt.GPT(c["vocab_size"], c["n_layer"], c["n_head"], c["d_model"], c["seq_len"])
+    write_training_fixture(model, torch_gpt, c, OUTPUT, is_gpt_perturbed)
+
+
+def write_llama_golden():
+    c = LLAMA_CONFIG
+    torch.manual_seed(c["seed"])
+    model = make_llama(c)
+    write_training_fixture(model, torch_llama, c, LLAMA_OUTPUT, is_llama_norm)
+
+
+def hf_config_json(c):
+    """config.json as Hugging Face's LlamaConfig.save_pretrained writes it (indent 2, sorted
+    keys, a final newline)."""
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": c["d_model"] // c["n_head"],
+        "hidden_act": "silu",
+        "hidden_size": c["d_model"],
+        "initializer_range": torch_llama.INIT_STD,
+        "intermediate_size": c["ffn_hidden"],
+        "max_position_embeddings": c["seq_len"],
+        "mlp_bias": False,
+        "model_type": "llama",
+        "num_attention_heads": c["n_head"],
+        "num_hidden_layers": c["n_layer"],
+        "num_key_value_heads": c["n_kv_head"],
+        "pretraining_tp": 1,
+        "rms_norm_eps": c["norm_eps"],
+        "rope_scaling": None,
+        "rope_theta": c["rope_theta"],
+        "tie_word_embeddings": c["tie_embeddings"],
+        "torch_dtype": "float32",
+        "use_cache": True,
+        "vocab_size": c["vocab_size"],
+    }
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
+
+
+def write_llama_hf():
+    """tests/golden/tiny_llama_hf/: model.safetensors and config.json as save_pretrained writes
+    them, and expected.safetensors (idx, float64 logits cast to float32)."""
+    c = LLAMA_HF_CONFIG
+    torch.manual_seed(c["seed"])
+    model = make_llama(c)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if is_llama_norm(name):
+                p.add_(torch.randn_like(p) * PERTURB_STD)
+    idx = torch.randint(0, c["vocab_size"], (c["batch"], c["T"]))
+    with torch.no_grad():
+        logits = copy.deepcopy(model).double()(idx).float()
+    os.makedirs(LLAMA_HF_DIR, exist_ok=True)
+
+    # The safetensors library writes the tensors sorted by (dtype, name); all are F32 here.
+    weights = sorted((n, p.detach().clone()) for n, p in model.named_parameters())
+    weights_path = os.path.join(LLAMA_HF_DIR, "model.safetensors")
+    write_safetensors(weights_path, weights, {"format": "pt"})
+    check_readback(weights_path, weights, {"format": "pt"})
+
+    config_path = os.path.join(LLAMA_HF_DIR, "config.json")
+    text = hf_config_json(c)
+    with open(config_path, "w") as f:
+        f.write(text)
+    with open(config_path) as f:
+        assert f.read() == text, "config.json read-back mismatch"
+
+    expected = [("idx", idx.to(torch.int32)), ("logits", logits)]
+    expected_meta = {
+        "seed": str(c["seed"]),
+        "logits": "float64 forward of model.safetensors, cast to float32",
+        "torch_version": torch.__version__,
+    }
+    expected_path = os.path.join(LLAMA_HF_DIR, "expected.safetensors")
+    write_safetensors(expected_path, expected, expected_meta)
+    check_readback(expected_path, expected, expected_meta)
+
+    for path in (weights_path, config_path, expected_path):
+        print(f"wrote {path} ({os.path.getsize(path)} bytes)")
+
+
+def main():
+    torch.set_num_threads(1)  # one thread: a fixed reduction order
+    write_gpt_golden()
+    write_llama_golden()
+    write_llama_hf()
 
 
 if __name__ == "__main__":

@@ -129,6 +129,10 @@ std::vector<std::string> small_run(const std::vector<std::string>& extra) {
   return args;
 }
 
+// The llama family on the same small shape: 4 query heads over 2 key/value heads, SwiGLU 48.
+const std::vector<std::string> kLlama = {"--model.family=llama", "--model.n_head=4",
+                                         "--model.n_kv_head=2", "--model.ffn_hidden=48"};
+
 TEST(MpiDDP, TwoRanksOfBatchBEqualOneProcessOfBatch2B) {
   auto pg = group();
   const int64_t b = 4;
@@ -287,16 +291,28 @@ TEST(MpiTrainer, TwoRanksTrainLikeOneProcessWithTheDoubleBatch) {
     tokens[i] = static_cast<int32_t>("in the beginning kuai trains fast. "[i % 35]);
   const std::string path = fmt::format("/tmp/kuai_mpi_corpus_{}.bin", pg->rank());
   data::write_token_file(path, tokens.data(), static_cast<int64_t>(tokens.size()), 1);
-  for (const char* accum : {"1", "2"}) {
+  for (const char* accum : {"1", "2", "2 llama"}) {
     auto config = [&](int64_t batch) {
-      return train::load_config(
-          "",
-          {"--model.n_layer=1", "--model.d_model=32", "--model.n_head=2", "--model.seq_len=16",
-           fmt::format("--train.batch_size={}", batch), std::string("--train.accum_steps=") + accum,
-           "--train.steps=6", "--train.eval_every=3", "--train.eval_batches=2", "--train.lr=3e-3",
-           "--train.warmup_steps=0", "--data.workers=1", "--data.path=" + path,
-           "--log.progress=off", "--log.jsonl=false", "--log.tensorboard=false",
-           "--log.save_weights=false"});
+      std::vector<std::string> args = {"--model.n_layer=1",
+                                       "--model.d_model=32",
+                                       "--model.n_head=2",
+                                       "--model.seq_len=16",
+                                       fmt::format("--train.batch_size={}", batch),
+                                       std::string("--train.accum_steps=") + accum[0],
+                                       "--train.steps=6",
+                                       "--train.eval_every=3",
+                                       "--train.eval_batches=2",
+                                       "--train.lr=3e-3",
+                                       "--train.warmup_steps=0",
+                                       "--data.workers=1",
+                                       "--data.path=" + path,
+                                       "--log.progress=off",
+                                       "--log.jsonl=false",
+                                       "--log.tensorboard=false",
+                                       "--log.save_weights=false"};
+      if (std::string(accum).ends_with("llama"))
+        args.insert(args.end(), kLlama.begin(), kLlama.end());
+      return train::load_config("", args);
     };
     std::ostringstream out;
     train::TrainOptions o;
@@ -359,7 +375,11 @@ TEST(MpiTrainer, CompiledStepsEqualEagerBitForBit) {
            {"accum2", {"--train.accum_steps=2"}},
            {"fp16", {"--train.precision=fp16"}},
            {"bf16_wire_feedback", {"--dist.compression=bf16", "--dist.error_feedback=true"}},
-           {"overlap_off", {"--dist.overlap=false"}}}) {
+           {"overlap_off", {"--dist.overlap=false"}},
+           {"llama", kLlama},
+           {"llama_bf16_wire_accum2",
+            {"--model.family=llama", "--model.n_head=4", "--model.n_kv_head=2",
+             "--model.ffn_hidden=48", "--dist.compression=bf16", "--train.accum_steps=2"}}}) {
     auto run = [&](bool compiled) {
       std::vector<std::string> o = {
           "--train.steps=6",
@@ -892,6 +912,9 @@ TEST(MpiZero, TrainerLossesAreTheSameWithZero1And2) {
                trainer_losses("0", {"--train.accum_steps=2"}), 1e-6, "zero 2, accumulation");
   expect_close(trainer_losses("2", {"--train.precision=fp16"}),
                trainer_losses("0", {"--train.precision=fp16"}), 1e-6, "zero 2, fp16");
+  const std::vector<float> llama = trainer_losses("0", kLlama);
+  EXPECT_EQ(trainer_losses("1", kLlama), llama) << "llama, zero 1";
+  expect_close(trainer_losses("2", kLlama), llama, 1e-6, "llama, zero 2");
 }
 
 // --timeout-demo: rank 1 skips the collective; rank 0's 2 s deadline passes.

@@ -23,11 +23,23 @@ GPTConfig tiny() {
   return c;
 }
 
-TEST(KVCache, CachedLogitsEqualFullForward) {
+GPTConfig tiny_llama(int64_t kv_heads) {
+  GPTConfig c = tiny();
+  c.family = "llama";
+  c.n_head = 4;
+  c.n_kv_head = kv_heads;
+  c.ffn_hidden = 24;
+  return c;
+}
+
+class KVCacheTest : public ::testing::TestWithParam<GPTConfig> {};
+
+TEST_P(KVCacheTest, CachedLogitsEqualFullForward) {
   // Naive (prefill by the naive primitive, then matmul/softmax/matmul per token) and flash (the
-  // flash kernel for both: the new query rows against the cached keys).
+  // flash kernel for both: the new query rows against the cached keys). For llama the cache holds
+  // the rotated keys of the key/value heads, and each new row is rotated by its position.
   for (AttentionImpl impl : {AttentionImpl::kNaive, AttentionImpl::kFlash}) {
-    GPT model(tiny(), 5);
+    GPT model(GetParam(), 5);
     optimize(model, impl);
     Generator g(11, 0);
     const Tensor idx = g.randint({1, 10}, 0, 50);
@@ -50,6 +62,12 @@ TEST(KVCache, CachedLogitsEqualFullForward) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(Family, KVCacheTest,
+                         ::testing::Values(tiny(), tiny_llama(2), tiny_llama(1), tiny_llama(4)),
+                         [](const auto& info) {
+                           return info.param.family + "_kv" + std::to_string(info.param.kv_heads());
+                         });
+
 TEST(Sampler, GreedyTopKAndTemperature) {
   const float logits[4] = {0.0f, std::log(2.0f), std::log(1.0f), 3.0f};
   EXPECT_EQ(sample_token(logits, 4, 0.0f, 0, 0.99f), 3);  // greedy
@@ -64,8 +82,10 @@ TEST(Sampler, GreedyTopKAndTemperature) {
   EXPECT_EQ(sample_token(flat, 3, 1.0f, 0, 0.9f), 2);
 }
 
-TEST(Generate, ReproducibleGreedyMatchesFullRecomputationAndRunsPastSeqLen) {
-  const GPT model(tiny(), 9);
+class Generate : public ::testing::TestWithParam<GPTConfig> {};
+
+TEST_P(Generate, ReproducibleGreedyMatchesFullRecomputationAndRunsPastSeqLen) {
+  const GPT model(GetParam(), 9);
   const std::vector<int32_t> prompt = {1, 2, 3};
   SampleOptions o;
   o.max_new_tokens = 8;  // stays inside seq_len 12
@@ -90,6 +110,9 @@ TEST(Generate, ReproducibleGreedyMatchesFullRecomputationAndRunsPastSeqLen) {
   o.seed += 1;
   EXPECT_NE(generate(model, prompt, o), a);
 }
+
+INSTANTIATE_TEST_SUITE_P(Family, Generate, ::testing::Values(tiny(), tiny_llama(2)),
+                         [](const auto& info) { return info.param.family; });
 
 }  // namespace
 }  // namespace kuai::nn

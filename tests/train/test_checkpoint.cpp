@@ -59,9 +59,11 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
-void expect_resume_is_bit_exact(const std::string& precision) {
-  const fs::path dir = fresh_dir("kuai_ckpt_resume_" + precision);
+void expect_resume_is_bit_exact(const std::string& precision,
+                                const std::vector<std::string>& extra = {}) {
+  const fs::path dir = fresh_dir("kuai_ckpt_resume_" + precision + (extra.empty() ? "" : "_x"));
   std::vector<std::string> args = small_run(dir.string(), "full");
+  args.insert(args.end(), extra.begin(), extra.end());
   args.push_back("--checkpoint.save_every=4");
   args.push_back("--train.precision=" + precision);
   // fp16: the scale doubles after every clean step until the gradients overflow, then halves and
@@ -121,6 +123,11 @@ void expect_resume_is_bit_exact(const std::string& precision) {
 TEST(Checkpoint, ResumeIsBitExact) { expect_resume_is_bit_exact("fp32"); }
 TEST(Checkpoint, ResumeIsBitExactInBf16) { expect_resume_is_bit_exact("bf16"); }
 TEST(Checkpoint, ResumeIsBitExactInFp16WithTheLossScale) { expect_resume_is_bit_exact("fp16"); }
+// The llama family (grouped-query attention, SwiGLU, untied output layer), fp32 and bf16.
+const std::vector<std::string> kLlama = {"--model.family=llama", "--model.n_head=4",
+                                         "--model.n_kv_head=2", "--model.ffn_hidden=48"};
+TEST(Checkpoint, LlamaResumeIsBitExact) { expect_resume_is_bit_exact("fp32", kLlama); }
+TEST(Checkpoint, LlamaResumeIsBitExactInBf16) { expect_resume_is_bit_exact("bf16", kLlama); }
 
 void flip_byte(const std::string& path, int64_t from_end) {
   std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);

@@ -82,16 +82,23 @@ std::vector<std::string> with(std::vector<std::string> a, const std::vector<std:
 
 INSTANTIATE_TEST_SUITE_P(
     PrecisionsShapesAndAccumulation, CompiledTraining,
-    ::testing::Values(Case{"fp32", kTiny},
-                      Case{"fp32_accum2", with(kTiny, {"--train.accum_steps=2"})},
-                      Case{"bf16", with(kTiny, {"--train.precision=bf16"})},
-                      Case{"fp16_accum2",
-                           with(kTiny, {"--train.precision=fp16", "--train.accum_steps=2"})},
-                      Case{"separate_memory", with(kTiny, {"--train.compile_memory=separate"})},
-                      Case{"gpt2_width_2_layers",
-                           {"--model.n_layer=2", "--model.d_model=768", "--model.n_head=12",
-                            "--model.seq_len=32", "--train.batch_size=2", "--train.steps=5"}},
-                      Case{"kjv_50_steps", with(kTiny, {"--train.steps=50"})}),
+    ::testing::Values(
+        Case{"fp32", kTiny}, Case{"fp32_accum2", with(kTiny, {"--train.accum_steps=2"})},
+        Case{"bf16", with(kTiny, {"--train.precision=bf16"})},
+        Case{"fp16_accum2", with(kTiny, {"--train.precision=fp16", "--train.accum_steps=2"})},
+        Case{"separate_memory", with(kTiny, {"--train.compile_memory=separate"})},
+        Case{"gpt2_width_2_layers",
+             {"--model.n_layer=2", "--model.d_model=768", "--model.n_head=12", "--model.seq_len=32",
+              "--train.batch_size=2", "--train.steps=5"}},
+        Case{"kjv_50_steps", with(kTiny, {"--train.steps=50"})},
+        // LLaMA's blocks: 4 query heads over 2 key/value heads, SwiGLU, RoPE.
+        Case{"llama_fp32_accum2", with(kTiny, {"--model.family=llama", "--model.n_head=4",
+                                               "--model.n_kv_head=2", "--train.accum_steps=2"})},
+        Case{"llama_bf16_flash",
+             with(kTiny, {"--model.family=llama", "--model.n_head=4", "--model.n_kv_head=1",
+                          "--train.precision=bf16", "--model.attention=flash"})},
+        Case{"llama_fp16", with(kTiny, {"--model.family=llama", "--model.n_head=4",
+                                        "--model.n_kv_head=2", "--train.precision=fp16"})}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CompiledTrainingZero, IsNotCapturedAndSaysSo) {

@@ -109,15 +109,27 @@ std::string periodic_corpus(int64_t n) {
 // The same through the trainer's own loop (loader, loss / k, the step once per k micro-batches):
 // batch b with k micro-batches trains like batch k*b, step after step (losses within the
 // regrouping tolerance over 6 AdamW steps, with 2 loader workers).
-TEST(Accumulation, TheTrainersLoopEqualsOneBatchOfKTimesB) {
+class AccumulationLoop : public ::testing::TestWithParam<std::string> {};  // model.family
+
+TEST_P(AccumulationLoop, TheTrainersLoopEqualsOneBatchOfKTimesB) {
   const std::string corpus = periodic_corpus(8000);
   auto losses = [&](int64_t batch, int64_t k) {
-    const TrainConfig c =
-        load_config("", {"--model.n_layer=1", "--model.d_model=32", "--model.n_head=2",
-                         "--model.seq_len=16", "--train.batch_size=" + std::to_string(batch),
-                         "--train.accum_steps=" + std::to_string(k), "--train.steps=6",
-                         "--train.eval_every=0", "--train.log_every=1", "--train.warmup_steps=0",
-                         "--train.lr=3e-3", "--data.workers=2", "--data.path=" + corpus});
+    std::vector<std::string> args = {"--model.n_layer=1",
+                                     "--model.d_model=32",
+                                     "--model.n_head=2",
+                                     "--model.seq_len=16",
+                                     "--train.batch_size=" + std::to_string(batch),
+                                     "--train.accum_steps=" + std::to_string(k),
+                                     "--train.steps=6",
+                                     "--train.eval_every=0",
+                                     "--train.log_every=1",
+                                     "--train.warmup_steps=0",
+                                     "--train.lr=3e-3",
+                                     "--data.workers=2",
+                                     "--data.path=" + corpus,
+                                     "--model.family=" + GetParam()};
+    if (GetParam() == "llama") args.push_back("--model.n_kv_head=1");
+    const TrainConfig c = load_config("", args);
     TrainOptions o;
     o.write_run_dir = false;
     std::ostringstream out;
@@ -138,6 +150,8 @@ TEST(Accumulation, TheTrainersLoopEqualsOneBatchOfKTimesB) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Family, AccumulationLoop, ::testing::Values("gpt2", "llama"));
 
 TEST(Trainer, RunDirectoryHoldsConfigMetricsEventsAndWeights) {
   const auto dir = std::filesystem::temp_directory_path() / "kuai_runs_test";

@@ -4,8 +4,9 @@
 //   y[i]       = x[i] cos - x[i + d/2] sin
 //   y[i + d/2] = x[i + d/2] cos + x[i] sin
 // The inverse rotation (the backward: a rotation's transpose is its inverse) flips the sign of
-// sin. Angles and their cosines and sines are computed in double and rounded once to float, per
-// (theta, d) in a table shared by all calls and grown when a longer sequence comes. Storage is
+// sin. The angles are the fp32 ones of the reference implementations (below); their cosines and
+// sines are computed in double and rounded once, per (theta, d) in a table shared by all calls
+// and grown when a longer sequence comes. Storage is
 // fp32, bf16 or f16; the arithmetic is fp32 and each output is rounded once.
 #include <cmath>
 #include <map>
@@ -41,9 +42,15 @@ std::shared_ptr<const Table> rope_table(double theta, int64_t d, int64_t positio
   t->cos.resize(static_cast<size_t>(t->positions * half));
   t->sin.resize(t->cos.size());
   for (int64_t i = 0; i < half; ++i) {
-    const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(d));
+    // The reference implementations' fp32 angles (Meta's and Hugging Face's: inv_freq = 1 /
+    // theta^(2i/d) and p * inv_freq each rounded to float), so that a checkpoint trained with
+    // them sees its own positions here; their cosines and sines are then rounded once.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(d);
+    const float power = static_cast<float>(
+        std::pow(static_cast<double>(static_cast<float>(theta)), static_cast<double>(exponent)));
+    const float inv_freq = 1.0f / power;
     for (int64_t p = 0; p < t->positions; ++p) {
-      const double a = static_cast<double>(p) * inv_freq;
+      const double a = static_cast<double>(static_cast<float>(p) * inv_freq);
       t->cos[p * half + i] = static_cast<float>(std::cos(a));
       t->sin[p * half + i] = static_cast<float>(std::sin(a));
     }

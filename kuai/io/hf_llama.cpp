@@ -1,0 +1,282 @@
+// Hugging Face LLaMA layout: name mapping, config.json, export and import (see hf_llama.h).
+#include "kuai/io/hf_llama.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "kuai/core/ops.h"
+#include "kuai/io/tensor_io.h"
+
+namespace kuai::io {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+[[noreturn]] void fail(const std::string& where, const std::string& what) {
+  throw std::runtime_error(fmt::format("{}: {}", where, what));
+}
+
+// One kuai parameter and the HF tensors it holds as consecutive row blocks.
+struct Mapping {
+  std::string kuai;
+  std::vector<std::pair<std::string, int64_t>> hf;  // name, rows
+  int64_t cols;
+};
+
+std::vector<Mapping> mappings(const nn::GPTConfig& c) {
+  const int64_t C = c.d_model, hd = C / c.n_head, H = c.n_head, Hkv = c.kv_heads(), F = c.ffn();
+  std::vector<Mapping> m;
+  m.push_back({"embed_tokens.weight", {{"model.embed_tokens.weight", c.vocab_size}}, C});
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string k = fmt::format("layers.{}.", i), h = "model." + k;
+    m.push_back({k + "input_layernorm.weight", {{h + "input_layernorm.weight", C}}, 1});
+    m.push_back({k + "self_attn.qkv_proj.weight",
+                 {{h + "self_attn.q_proj.weight", H * hd},
+                  {h + "self_attn.k_proj.weight", Hkv * hd},
+                  {h + "self_attn.v_proj.weight", Hkv * hd}},
+                 C});
+    m.push_back({k + "self_attn.o_proj.weight", {{h + "self_attn.o_proj.weight", C}}, H * hd});
+    m.push_back(
+        {k + "post_attention_layernorm.weight", {{h + "post_attention_layernorm.weight", C}}, 1});
+    m.push_back({k + "mlp.gate_up_proj.weight",
+                 {{h + "mlp.gate_proj.weight", F}, {h + "mlp.up_proj.weight", F}},
+                 C});
+    m.push_back({k + "mlp.down_proj.weight", {{h + "mlp.down_proj.weight", C}}, F});
+  }
+  m.push_back({"norm.weight", {{"model.norm.weight", C}}, 1});
+  if (!c.tied()) m.push_back({"lm_head.weight", {{"lm_head.weight", c.vocab_size}}, C});
+  return m;
+}
+
+// The HF shape of a block: norms are 1-D.
+Shape hf_shape(const Mapping& m, int64_t rows) {
+  return m.cols == 1 ? Shape{rows} : Shape{rows, m.cols};
+}
+
+void require_llama(const nn::GPTConfig& cfg, const char* what) {
+  if (!cfg.is_llama())
+    throw std::invalid_argument(
+        fmt::format("{}: Hugging Face's LLaMA layout needs model.family = \"llama\", not \"{}\"",
+                    what, cfg.family));
+}
+
+void write_text_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.flush();
+    if (!f) fail(tmp, "cannot write");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) fail(path, "cannot rename " + tmp + " into place (" + ec.message() + ")");
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, Tensor>> to_hf_tensors(
+    const nn::GPTConfig& cfg, const std::vector<std::pair<std::string, Tensor>>& named) {
+  require_llama(cfg, "to_hf_tensors");
+  std::map<std::string, Tensor> by_name(named.begin(), named.end());
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const Mapping& m : mappings(cfg)) {
+    auto it = by_name.find(m.kuai);
+    if (it == by_name.end()) continue;
+    const Tensor& t = it->second;
+    int64_t at = 0;
+    for (const auto& [name, rows] : m.hf) {
+      out.emplace_back(name, contiguous(narrow(t.detach(), 0, at, rows)));
+      at += rows;
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> from_hf_tensors(const nn::GPTConfig& cfg,
+                                              const std::map<std::string, Tensor>& hf,
+                                              const std::string& source) {
+  require_llama(cfg, "from_hf_tensors");
+  std::set<std::string> used;
+  std::map<std::string, Tensor> out;
+  for (const Mapping& m : mappings(cfg)) {
+    std::vector<Tensor> parts;
+    for (const auto& [name, rows] : m.hf) {
+      auto it = hf.find(name);
+      if (it == hf.end()) fail(source, fmt::format("missing tensor \"{}\"", name));
+      const Shape want = hf_shape(m, rows);
+      if (it->second.shape() != want)
+        fail(source, fmt::format("shape mismatch for \"{}\": file has {}, the config needs {}",
+                                 name, shape_str(it->second.shape()), shape_str(want)));
+      if (it->second.dtype() != DType::kF32)
+        fail(source, fmt::format("tensor \"{}\" is {}, expected F32 here", name,
+                                 dtype_name(it->second.dtype())));
+      parts.push_back(it->second);
+      used.insert(name);
+    }
+    out[m.kuai] = parts.size() == 1 ? parts[0] : cat(parts, 0);
+  }
+  for (const auto& [name, t] : hf) {
+    if (used.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
+    if (cfg.tied() && name == "lm_head.weight") continue;  // a tied copy some writers keep
+    fail(source, fmt::format("unexpected tensor \"{}\": the config has no such weight", name));
+  }
+  return out;
+}
+
+std::string hf_config_json(const nn::GPTConfig& c, DType stored) {
+  require_llama(c, "hf_config_json");
+  Json j;  // sorted keys, as save_pretrained writes them
+  j["architectures"] = {"LlamaForCausalLM"};
+  j["model_type"] = "llama";
+  j["hidden_act"] = "silu";
+  j["hidden_size"] = c.d_model;
+  j["intermediate_size"] = c.ffn();
+  j["num_attention_heads"] = c.n_head;
+  j["num_key_value_heads"] = c.kv_heads();
+  j["num_hidden_layers"] = c.n_layer;
+  j["head_dim"] = c.d_model / c.n_head;
+  j["max_position_embeddings"] = c.seq_len;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["rope_theta"] = c.rope_theta;
+  j["rope_scaling"] = nullptr;
+  j["vocab_size"] = c.vocab_size;
+  j["tie_word_embeddings"] = c.tied();
+  j["attention_bias"] = false;
+  j["mlp_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = 0.02;
+  j["pretraining_tp"] = 1;
+  j["use_cache"] = true;
+  j["torch_dtype"] = stored == DType::kBF16 ? "bfloat16" : "float32";
+  return j.dump(2) + "\n";
+}
+
+nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path) {
+  Json j;
+  try {
+    j = Json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, fmt::format("not valid JSON ({})", e.what()));
+  }
+  if (!j.is_object()) fail(path, "not a JSON object");
+  auto field = [&](const char* key) -> const Json& {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) fail(path, fmt::format("missing \"{}\"", key));
+    return *it;
+  };
+  auto integer = [&](const char* key) {
+    const Json& v = field(key);
+    if (!v.is_number_integer() || v.get<int64_t>() < 1)
+      fail(path, fmt::format("\"{}\" is not a positive integer ({})", key, v.dump()));
+    return v.get<int64_t>();
+  };
+  auto number = [&](const char* key, double fallback) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return fallback;
+    if (!it->is_number() || !(it->get<double>() > 0))
+      fail(path, fmt::format("\"{}\" is not a positive number ({})", key, it->dump()));
+    return it->get<double>();
+  };
+  auto flag = [&](const char* key, bool fallback) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return fallback;
+    if (!it->is_boolean()) fail(path, fmt::format("\"{}\" is not true or false", key));
+    return it->get<bool>();
+  };
+  const auto type = j.find("model_type");
+  if (type != j.end() && (!type->is_string() || type->get<std::string>() != "llama"))
+    fail(path, fmt::format("model_type is {}, expected \"llama\"", type->dump()));
+  if (const auto act = j.find("hidden_act");
+      act != j.end() && (!act->is_string() || act->get<std::string>() != "silu"))
+    fail(path, fmt::format("hidden_act is {}; kuai's LLaMA MLP is SwiGLU (\"silu\")", act->dump()));
+  if (const auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
+    fail(path,
+         fmt::format("rope_scaling {} is not supported (plain rotary positions only)", rs->dump()));
+  if (flag("attention_bias", false) || flag("mlp_bias", false))
+    fail(path, "biased projections (attention_bias / mlp_bias) are not supported");
+  nn::GPTConfig c;
+  c.family = "llama";
+  c.vocab_size = integer("vocab_size");
+  c.d_model = integer("hidden_size");
+  c.n_layer = integer("num_hidden_layers");
+  c.n_head = integer("num_attention_heads");
+  c.n_kv_head = j.contains("num_key_value_heads") && !j["num_key_value_heads"].is_null()
+                    ? integer("num_key_value_heads")
+                    : c.n_head;
+  c.ffn_hidden = integer("intermediate_size");
+  c.seq_len = integer("max_position_embeddings");
+  c.rope_theta = number("rope_theta", 10000.0);
+  c.norm_eps = number("rms_norm_eps", 1e-6);
+  c.tie_embeddings = flag("tie_word_embeddings", false);
+  if (const auto hd = j.find("head_dim");
+      hd != j.end() && !hd->is_null() &&
+      (!hd->is_number_integer() || hd->get<int64_t>() * c.n_head != c.d_model))
+    fail(path, fmt::format("head_dim {} is not hidden_size / num_attention_heads ({})", hd->dump(),
+                           c.d_model / c.n_head));
+  try {
+    c.validate();
+  } catch (const std::invalid_argument& e) {
+    fail(path, e.what());
+  }
+  return c.resolved();
+}
+
+void export_hf(const std::string& dir, const nn::GPT& model, DType stored) {
+  const nn::GPTConfig& cfg = model.config();
+  require_llama(cfg, "export_hf");
+  if (stored != DType::kF32 && stored != DType::kBF16)
+    throw std::invalid_argument("export_hf: stored dtype must be f32 or bf16");
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, Tensor>> tensors =
+      to_hf_tensors(cfg, model.named_parameters());
+  if (stored != DType::kF32)
+    for (auto& [name, t] : tensors) t = cast(t, stored);
+  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  write_text_atomically(dir + "/config.json", hf_config_json(cfg, stored));
+}
+
+HfCheckpoint read_hf(const std::string& dir) {
+  const std::string config_path = dir + "/config.json";
+  std::ifstream f(config_path, std::ios::binary);
+  if (!f) fail(config_path, "cannot open");
+  std::stringstream text;
+  text << f.rdbuf();
+  HfCheckpoint out;
+  out.config = parse_hf_config(text.str(), config_path);
+  const std::string weights = dir + "/model.safetensors";
+  std::map<std::string, Tensor> hf = load_safetensors(weights);
+  for (auto& [name, t] : hf) {
+    if (t.dtype() == DType::kF32) continue;
+    if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+      fail(weights, fmt::format("tensor \"{}\" is {}; expected F32, BF16 or F16", name,
+                                dtype_name(t.dtype())));
+    t = cast(t, DType::kF32);
+  }
+  out.state = from_hf_tensors(out.config, hf, weights);
+  return out;
+}
+
+void load_hf(const std::string& dir, nn::GPT& model) {
+  HfCheckpoint c = read_hf(dir);
+  const nn::GPTConfig want = model.config();
+  if (!(c.config == want))
+    fail(dir, fmt::format("config.json describes another model (hidden_size {}, layers {}, heads "
+                          "{}/{}, intermediate {}, vocab {}, positions {}) than the target ({}, "
+                          "{}, {}/{}, {}, {}, {})",
+                          c.config.d_model, c.config.n_layer, c.config.n_head, c.config.n_kv_head,
+                          c.config.ffn_hidden, c.config.vocab_size, c.config.seq_len, want.d_model,
+                          want.n_layer, want.n_head, want.n_kv_head, want.ffn_hidden,
+                          want.vocab_size, want.seq_len));
+  model.load_state_dict(c.state);
+}
+
+}  // namespace kuai::io

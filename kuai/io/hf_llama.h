@@ -1,0 +1,56 @@
+// Interchange with Hugging Face's LLaMA layout (technique 9's export half, for the llama family):
+// a directory holding model.safetensors with HF's tensor names and shapes
+//   model.embed_tokens.weight, model.layers.N.self_attn.{q,k,v,o}_proj.weight,
+//   model.layers.N.mlp.{gate,up,down}_proj.weight, model.layers.N.input_layernorm.weight,
+//   model.layers.N.post_attention_layernorm.weight, model.norm.weight, lm_head.weight
+// and config.json in HF's LlamaConfig schema (hidden_size, intermediate_size,
+// num_attention_heads, num_key_value_heads, num_hidden_layers, rms_norm_eps, rope_theta,
+// vocab_size, max_position_embeddings, tie_word_embeddings, ...), so that a model trained here
+// opens in the tools that read that layout, and a HF LLaMA of a size that fits loads here for
+// fine-tuning or sampling. kuai keeps q, k, v (and gate, up) as one fused weight each
+// (nn/llama.h); HF's tensors are its row blocks, split on export and joined on import. Rotary
+// positions use HF's rotate-half layout on both sides, so no permutation of q and k is needed.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kuai/core/tensor.h"
+#include "kuai/nn/gpt.h"
+
+namespace kuai::io {
+
+// kuai's llama tensors (parameters, or anything named like them: gradients) under HF's names,
+// the fused projections split into their row blocks (copies), in HF's order.
+std::vector<std::pair<std::string, Tensor>> to_hf_tensors(
+    const nn::GPTConfig& cfg, const std::vector<std::pair<std::string, Tensor>>& named);
+
+// The inverse: HF-named fp32 tensors -> kuai's names, fused. Every tensor the config needs must be
+// present with its shape and nothing else may be (lm_head.weight is optional when tied, and
+// rotary caches such as "...rotary_emb.inv_freq" are ignored); errors name `source` and the tensor.
+std::map<std::string, Tensor> from_hf_tensors(const nn::GPTConfig& cfg,
+                                              const std::map<std::string, Tensor>& hf,
+                                              const std::string& source);
+
+// config.json text for cfg (family llama) in HF's schema; torch_dtype names the stored dtype.
+std::string hf_config_json(const nn::GPTConfig& cfg, DType stored);
+// A llama GPTConfig from HF's config.json text (`path` names it in errors): model_type "llama"
+// (or absent with LlamaForCausalLM), hidden_act "silu", no rope_scaling, no biases.
+nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path);
+
+// Writes dir/model.safetensors and dir/config.json (each atomically; dir is created). `stored`
+// is F32 or BF16.
+void export_hf(const std::string& dir, const nn::GPT& model, DType stored = DType::kF32);
+
+struct HfCheckpoint {
+  nn::GPTConfig config;                 // resolved
+  std::map<std::string, Tensor> state;  // kuai's names, fp32
+};
+// Reads and checks dir/config.json and dir/model.safetensors (F32, BF16 or F16 tensors, widened).
+HfCheckpoint read_hf(const std::string& dir);
+// read_hf, then the config must equal model.config(); the model is left as it was on any error.
+void load_hf(const std::string& dir, nn::GPT& model);
+
+}  // namespace kuai::io
