@@ -13,6 +13,7 @@
 #include "kuai/data/tokenizer.h"
 #include "kuai/dist/process_group.h"
 #include "kuai/io/export.h"
+#include "kuai/io/hf_llama.h"
 #include "kuai/nn/generate.h"
 #include "kuai/nn/optimize.h"
 #include "kuai/train/checkpoint.h"
@@ -34,6 +35,11 @@ constexpr const char* kUsage =
     "  sample [--run DIR | --weights FILE] [--prompt TEXT] [--tokens N] [--temperature T]\n"
     "         [--top_k K] [--seed S] [--attention flash|naive]\n"
     "                                                      generate text from a trained run\n"
+    "  sample --hf DIR [--tokenizer byte|gpt2] [...]        the same from a Hugging Face LLaMA "
+    "directory\n"
+    "  export [--run DIR | --weights FILE] --hf OUT_DIR [--dtype f32|bf16]\n"
+    "                                                      a llama run as Hugging Face's layout\n"
+    "                                                      (model.safetensors + config.json)\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
     "  bench [--all | precision | accumulation | prefetch | metrics | flash | checkpoint]\n"
@@ -135,8 +141,65 @@ double parse_number(const std::string& name, const std::string& v) {
   throw std::invalid_argument(fmt::format("--{} = '{}' is not a number", name, v));
 }
 
+// The model of a run directory (its export, or while it still trains the committed checkpoint
+// `latest` names) or of an export file; `tokenizer` gets the export's tokenizer when it has one.
+std::unique_ptr<kuai::nn::GPT> load_run_model(std::string run, std::string weights,
+                                              const char* command, std::string* tokenizer) {
+  // A run is read without its lock (run_lock.h): its export, renamed into place when complete,
+  // or, while it is still training and has none, the committed checkpoint `latest` names.
+  if (weights.empty()) {
+    if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
+      run = "runs/" + run;
+    weights = run + "/model.safetensors";
+    if (!std::filesystem::is_regular_file(weights)) {
+      if (!std::filesystem::is_regular_file(run + "/latest"))
+        throw std::invalid_argument(fmt::format(
+            "{}: no trained model here (no model.safetensors and no checkpoint; run `kuai "
+            "train` first)",
+            run));
+      kuai::train::CommittedModel latest = kuai::train::read_latest_model(run);
+      std::cerr << fmt::format("kuai {}: {} has no model.safetensors yet; using {} (step {})\n",
+                               command, run, latest.path, latest.step);
+      if (tokenizer->empty())
+        *tokenizer = latest.model->config().vocab_size <= 256 ? "byte" : "gpt2";
+      return std::move(latest.model);
+    }
+  }
+  // The export carries its model shape and tokenizer; loading checks every tensor's checksum.
+  const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
+  auto model = std::make_unique<kuai::nn::GPT>(info.model, 0);
+  kuai::io::load_weights(weights, *model);
+  if (tokenizer->empty()) *tokenizer = info.tokenizer;
+  return model;
+}
+
+int export_command(const std::vector<std::string>& args) {
+  std::string run = "runs/kjv", weights, hf, dtype = "f32", tokenizer;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (take_option(args, i, "run", v))
+      run = v;
+    else if (take_option(args, i, "weights", v))
+      weights = v;
+    else if (take_option(args, i, "hf", v))
+      hf = v;
+    else if (take_option(args, i, "dtype", v))
+      dtype = v;
+    else
+      throw std::invalid_argument("unknown option '" + args[i] + "' (see kuai --help)");
+  }
+  if (hf.empty()) throw std::invalid_argument("--hf OUT_DIR is required (where to write)");
+  if (dtype != "f32" && dtype != "bf16")
+    throw std::invalid_argument("--dtype = '" + dtype + "' is not one of f32, bf16");
+  const auto model = load_run_model(run, weights, "export", &tokenizer);
+  kuai::io::export_hf(hf, *model, dtype == "bf16" ? kuai::DType::kBF16 : kuai::DType::kF32);
+  std::cout << fmt::format("{}: model.safetensors and config.json ({}, {})\n", hf,
+                           kuai::nn::describe(model->config()), dtype);
+  return 0;
+}
+
 int sample_command(const std::vector<std::string>& args) {
-  std::string run = "runs/kjv", weights, prompt = "The ", tokenizer_kind, bpe_dir = "data/gpt2";
+  std::string run = "runs/kjv", weights, hf, prompt = "The ", tokenizer_kind, bpe_dir = "data/gpt2";
   std::string attention = "flash";  // the KV-cache path: new query rows against cached keys
   kuai::nn::SampleOptions so;
   so.max_new_tokens = 300;
@@ -148,6 +211,8 @@ int sample_command(const std::vector<std::string>& args) {
       run = v;
     else if (take_option(args, i, "weights", v))
       weights = v;
+    else if (take_option(args, i, "hf", v))
+      hf = v;
     else if (take_option(args, i, "prompt", v))
       prompt = v;
     else if (take_option(args, i, "tokens", v))
@@ -169,34 +234,22 @@ int sample_command(const std::vector<std::string>& args) {
   }
   if (so.max_new_tokens < 0 || so.temperature < 0 || so.top_k < 0)
     throw std::invalid_argument("--tokens, --temperature and --top_k must not be negative");
-  // A run is read without its lock (run_lock.h): its export, renamed into place when complete,
-  // or, while it is still training and has none, the committed checkpoint `latest` names.
   std::unique_ptr<kuai::nn::GPT> model;
-  if (weights.empty()) {
-    if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
-      run = "runs/" + run;
-    weights = run + "/model.safetensors";
-    if (!std::filesystem::is_regular_file(weights)) {
-      if (!std::filesystem::is_regular_file(run + "/latest"))
+  if (!hf.empty()) {
+    // A Hugging Face LLaMA directory: its config.json gives the shape. kuai has byte and GPT-2
+    // tokenizers only: a model with another vocabulary needs --tokenizer naming a matching one.
+    kuai::io::HfCheckpoint c = kuai::io::read_hf(hf);
+    model = std::make_unique<kuai::nn::GPT>(c.config, 0);
+    model->load_state_dict(c.state);
+    if (tokenizer_kind.empty()) {
+      if (c.config.vocab_size > 256)
         throw std::invalid_argument(fmt::format(
-            "{}: no trained model here (no model.safetensors and no checkpoint; run `kuai "
-            "train` first)",
-            run));
-      kuai::train::CommittedModel latest = kuai::train::read_latest_model(run);
-      std::cerr << fmt::format(
-          "kuai sample: {} has no model.safetensors yet; sampling {} (step {})\n", run, latest.path,
-          latest.step);
-      model = std::move(latest.model);
-      if (tokenizer_kind.empty())
-        tokenizer_kind = model->config().vocab_size <= 256 ? "byte" : "gpt2";
+            "{}: vocabulary of {} tokens; name its tokenizer with --tokenizer (byte or gpt2)", hf,
+            c.config.vocab_size));
+      tokenizer_kind = "byte";
     }
-  }
-  if (!model) {
-    // The export carries its model shape and tokenizer; loading checks every tensor's checksum.
-    const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
-    model = std::make_unique<kuai::nn::GPT>(info.model, 0);
-    kuai::io::load_weights(weights, *model);
-    if (tokenizer_kind.empty()) tokenizer_kind = info.tokenizer;
+  } else {
+    model = load_run_model(run, weights, "sample", &tokenizer_kind);
   }
   kuai::optimize(*model, kuai::nn::parse_attention_impl(attention));
   const auto tok = kuai::data::make_tokenizer(tokenizer_kind, bpe_dir);
@@ -246,6 +299,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return train_command(args);
     if (command == "sample") return sample_command(args);
+    if (command == "export") return export_command(args);
     if (command == "prepare") return prepare_command(args);
     if (command == "bench") return kuai::app::run_bench(args);
     if (command == "info") return kuai::app::run_info(args);

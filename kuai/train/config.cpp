@@ -130,6 +130,7 @@ const std::vector<Key>& keys() {
       FLOAT_KEY("model.norm_eps", model.norm_eps, 1e-12, 1.0),
       BOOL_KEY("model.tie_embeddings", model.tie_embeddings),
       STRING_KEY("model.attention", attention, {"naive", "flash", "auto"}),
+      STRING_KEY("model.init_hf", init_hf, {}),
       INT_KEY("train.batch_size", batch_size, 1, 1 << 20),
       INT_KEY("train.steps", steps, 0, kBig),
       FLOAT_KEY("train.lr", lr, 0.0, 10.0),
@@ -229,6 +230,11 @@ void validate(const TrainConfig& c) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(fmt::format("config: {}", e.what()));
   }
+  if (!c.init_hf.empty() && !c.model.is_llama())
+    throw ConfigError(fmt::format(
+        "config: model.init_hf = \"{}\" needs model.family = \"llama\" (Hugging Face's LLaMA "
+        "layout)",
+        c.init_hf));
   if (c.run_name.find('/') != std::string::npos || c.run_name == "." || c.run_name == "..")
     throw ConfigError(
         fmt::format("config: run.name = \"{}\" must be a plain name (no '/')", c.run_name));

@@ -25,6 +25,10 @@ struct TrainConfig {
   // "naive" | "flash" | "auto": how attention runs (technique 6); flash and auto are applied to
   // the model by kuai::optimize (nn/optimize.h).
   std::string attention = "auto";
+  // A Hugging Face LLaMA directory (model.safetensors + config.json, io/hf_llama.h) whose weights
+  // a new run starts from (fine-tuning); its config.json must describe this model. Empty: the
+  // family's initialisation. Not read on resume (the checkpoint has the weights).
+  std::string init_hf;
   // [train]
   int64_t batch_size = 16;
   int64_t steps = 600;

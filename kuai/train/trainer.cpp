@@ -31,6 +31,7 @@
 #include "kuai/dist/ddp.h"
 #include "kuai/dist/zero.h"
 #include "kuai/io/export.h"
+#include "kuai/io/hf_llama.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/log/metrics.h"
 #include "kuai/log/sinks.h"
@@ -258,6 +259,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const Sources sources = make_sources(cfg, rank, world);
 
   nn::GPT model(cfg.model, static_cast<uint64_t>(cfg.seed));
+  // Fine-tuning from a Hugging Face LLaMA: every rank reads it (DDP would broadcast rank 0's).
+  if (!cfg.init_hf.empty() && opts.resume.empty()) io::load_hf(cfg.init_hf, model);
   const nn::AttentionImpl attention = nn::parse_attention_impl(cfg.attention);
   optimize(model, attention);  // kuai::optimize: the model is built naive
   optim::AdamWOptions aopt;

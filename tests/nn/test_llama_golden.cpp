@@ -207,6 +207,8 @@ TEST(LlamaHf, ExportReimportsToTheSameLogitsAndRefusesMismatches) {
               std::string::npos)
         << e.what();
   }
+  // GPT-2 has no such layout.
+  EXPECT_THROW(io::export_hf(tmp.string(), nn::GPT(nn::GPTConfig{}, 0)), std::invalid_argument);
   // A model of another shape refuses the directory.
   nn::GPTConfig other = back.config();
   other.n_kv_head = 2;
