@@ -50,6 +50,15 @@ TEST(Optimize, SwapsEveryNaiveAttentionAndSaysWhich) {
   }
   EXPECT_EQ(optimize(model, nn::AttentionImpl::kAuto).size(), 2u);
   EXPECT_THROW(nn::parse_attention_impl("fast"), std::invalid_argument);
+  // LLaMA's attention modules are swapped the same way.
+  nn::GPTConfig lc = small(16);
+  lc.family = "llama";
+  lc.n_kv_head = 1;
+  nn::GPT llama(lc, 1);
+  const std::vector<Replaced> lr = optimize(llama);
+  ASSERT_EQ(lr.size(), 2u);
+  EXPECT_EQ(lr[1].module, "layers.1.self_attn");
+  EXPECT_EQ(lr[1].to, "flash");
 }
 
 struct LossAndGrads {

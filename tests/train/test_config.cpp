@@ -105,6 +105,23 @@ TEST(Config, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error_of("", {"--model.n_layer=2.0"}).find("model.n_layer must be an integer"),
             std::string::npos);
+  // The llama family's keys.
+  EXPECT_NE(error_of("", {"--model.family=mamba"})
+                .find("model.family = \"mamba\" is not one of \"gpt2\", \"llama\""),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--model.n_kv_head=2"}).find("model.n_kv_head = 2 needs family"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--model.family=llama", "--model.n_kv_head=3"})
+                .find("model.n_kv_head (3) must divide model.n_head (4)"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--model.family=llama", "--model.n_head=128", "--model.d_model=128"})
+                .find("must be even for rotary positions"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--model.rope_theta=0"}).find("model.rope_theta = 0 is out of range"),
+            std::string::npos);
+  EXPECT_NE(error_of("", {"--model.init_hf=x"}).find("model.init_hf = \"x\" needs model.family"),
+            std::string::npos);
+  EXPECT_EQ(error_of("", {"--model.family=llama", "--model.n_kv_head=1"}), "");
 }
 
 TEST(Config, RunNameDefaultsToTheConfigStem) {
