@@ -181,9 +181,8 @@ Tensor gelu_backward(const Tensor& x, const Tensor& grad) {
 Tensor silu(const Tensor& x) { return run1(std::make_shared<Silu>(), {x}); }
 Tensor swiglu(const Tensor& h) { return run1(std::make_shared<SwiGLU>(), {h}); }
 Tensor rope(const Tensor& x, double theta, int64_t rotated_heads, int64_t pos0) {
-  return run1(std::make_shared<Rope>(theta, rotated_heads < 0 ? x.size(2) : rotated_heads, pos0,
-                                     /*inverse=*/false),
-              {x});
+  const int64_t heads = rotated_heads >= 0 ? rotated_heads : x.dim() == 4 ? x.size(2) : 0;
+  return run1(std::make_shared<Rope>(theta, heads, pos0, /*inverse=*/false), {x});
 }
 
 void add_(const Tensor& a, const Tensor& b) {

@@ -252,8 +252,39 @@ HfCheckpoint read_hf(const std::string& dir) {
   text << f.rdbuf();
   HfCheckpoint out;
   out.config = parse_hf_config(text.str(), config_path);
-  const std::string weights = dir + "/model.safetensors";
-  std::map<std::string, Tensor> hf = load_safetensors(weights);
+  // One file, or the shards an index names (save_pretrained splits large models).
+  std::string weights = dir + "/model.safetensors";
+  std::map<std::string, Tensor> hf;
+  const std::string index_path = dir + "/model.safetensors.index.json";
+  if (!std::filesystem::exists(weights) && std::filesystem::exists(index_path)) {
+    weights = index_path;
+    std::ifstream in(index_path, std::ios::binary);
+    Json index;
+    try {
+      index = Json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      fail(index_path, fmt::format("not valid JSON ({})", e.what()));
+    }
+    const auto map = index.find("weight_map");
+    if (!index.is_object() || map == index.end() || !map->is_object())
+      fail(index_path, "has no \"weight_map\" object");
+    std::set<std::string> shards;
+    for (const auto& [name, file] : map->items()) {
+      if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+        fail(index_path, fmt::format("\"{}\" maps to {}, not a file name", name, file.dump()));
+      shards.insert(file.get<std::string>());
+    }
+    for (const std::string& shard : shards)
+      for (auto& [name, t] : load_safetensors(dir + "/" + shard)) {
+        const auto it = map->find(name);
+        if (it == map->end() || it->get<std::string>() != shard)
+          fail(dir + "/" + shard,
+               fmt::format("tensor \"{}\" is not mapped to this shard by {}", name, index_path));
+        hf.emplace(name, std::move(t));
+      }
+  } else {
+    hf = load_safetensors(weights);
+  }
   for (auto& [name, t] : hf) {
     if (t.dtype() == DType::kF32) continue;
     if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)

@@ -48,7 +48,8 @@ struct HfCheckpoint {
   nn::GPTConfig config;                 // resolved
   std::map<std::string, Tensor> state;  // kuai's names, fp32
 };
-// Reads and checks dir/config.json and dir/model.safetensors (F32, BF16 or F16 tensors, widened).
+// Reads and checks dir/config.json and dir/model.safetensors, or the shards
+// dir/model.safetensors.index.json names (F32, BF16 or F16 tensors, widened).
 HfCheckpoint read_hf(const std::string& dir);
 // read_hf, then the config must equal model.config(); the model is left as it was on any error.
 void load_hf(const std::string& dir, nn::GPT& model);

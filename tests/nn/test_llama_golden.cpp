@@ -13,6 +13,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "kuai/core/ops.h"
@@ -179,13 +181,14 @@ TEST(LlamaHf, ExportReimportsToTheSameLogitsAndRefusesMismatches) {
   nn::GPT back(io::read_hf(tmp.string()).config, 7);
   io::load_hf(tmp.string(), back);
   Tensor idx = from_vector(std::vector<int32_t>{1, 5, 9, 3, 66, 0, 12}, {1, 7});
-  const auto a = model.forward(idx).to_vector<float>(), b = back.forward(idx).to_vector<float>();
-  EXPECT_EQ(a, b);  // bit for bit: the same fp32 weights
+  const auto a_logits = model.forward(idx).to_vector<float>();
+  EXPECT_EQ(back.forward(idx).to_vector<float>(), a_logits);  // bit for bit: the same fp32 weights
   // Every exported tensor is the original's bytes.
   const auto orig = io::load_safetensors(dir + "/model.safetensors");
   const auto mine = io::load_safetensors(tmp.string() + "/model.safetensors");
   ASSERT_EQ(orig.size(), mine.size());
   for (auto& [name, t] : orig) EXPECT_EQ(t.to_vector<float>(), mine.at(name).to_vector<float>());
+  const std::vector<std::pair<std::string, Tensor>> mine_vec(mine.begin(), mine.end());
 
   // A missing tensor and a mismatched shape are named.
   auto hf = mine;
@@ -206,6 +209,30 @@ TEST(LlamaHf, ExportReimportsToTheSameLogitsAndRefusesMismatches) {
     EXPECT_NE(std::string(e.what()).find("shape mismatch for \"model.layers.0.self_attn.k_proj"),
               std::string::npos)
         << e.what();
+  }
+  // The same weights as two shards and the index save_pretrained writes for large models.
+  {
+    const auto shard_dir = tmp / "sharded";
+    std::filesystem::create_directories(shard_dir);
+    std::filesystem::copy_file(tmp / "config.json", shard_dir / "config.json");
+    std::vector<std::pair<std::string, Tensor>> a, b;
+    nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                            {"weight_map", nlohmann::json::object()}};
+    for (auto& [name, t] : mine) {
+      const bool first = name.find("layers.1.") == std::string::npos;
+      (first ? a : b).emplace_back(name, t);
+      index["weight_map"][name] =
+          first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    }
+    io::save_safetensors((shard_dir / "model-00001-of-00002.safetensors").string(), a);
+    io::save_safetensors((shard_dir / "model-00002-of-00002.safetensors").string(), b);
+    std::ofstream(shard_dir / "model.safetensors.index.json") << index.dump();
+    nn::GPT sharded(io::read_hf(shard_dir.string()).config, 3);
+    io::load_hf(shard_dir.string(), sharded);
+    EXPECT_EQ(sharded.forward(idx).to_vector<float>(), a_logits);
+    // A shard holding a tensor the index maps elsewhere is refused, naming both.
+    io::save_safetensors((shard_dir / "model-00001-of-00002.safetensors").string(), mine_vec);
+    EXPECT_THROW(io::read_hf(shard_dir.string()), std::runtime_error);
   }
   // GPT-2 has no such layout.
   EXPECT_THROW(io::export_hf(tmp.string(), nn::GPT(nn::GPTConfig{}, 0)), std::invalid_argument);
