@@ -487,7 +487,8 @@ class Attention final : public Primitive {
 // (q, k, v, p, dy laid out (B, T, H, d)) -> one (B, T, H + 2 Hkv, d) tensor holding dq, dk, dv side
 // by side: the layout of the fused qkv projection's output, so the gradients of its chunks join
 // back into it without a copy. vjp hands out the three (B, heads, T, d) views. With groups, each
-// key/value head's gradient is the sum over its query heads (in fp32, in head order).
+// key/value head's gradient is the sum over its query heads (in head order, accumulated in fp32;
+// in bf16 / f16 each head's part is rounded first, as PyTorch's repeat_kv backward does).
 class AttentionBackward final : public Primitive {
  public:
   AttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}

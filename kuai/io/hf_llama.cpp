@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -198,6 +200,37 @@ nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path) 
   if (const auto act = j.find("hidden_act");
       act != j.end() && (!act->is_string() || act->get<std::string>() != "silu"))
     fail(path, fmt::format("hidden_act is {}; kuai's LLaMA MLP is SwiGLU (\"silu\")", act->dump()));
+  if (const auto arch = j.find("architectures"); arch != j.end() && !arch->is_null()) {
+    const bool llama =
+        arch->is_array() && std::any_of(arch->begin(), arch->end(), [](const Json& a) {
+          return a.is_string() && a.get<std::string>() == "LlamaForCausalLM";
+        });
+    if (!llama)
+      fail(path, fmt::format("architectures {} has no \"LlamaForCausalLM\"", arch->dump()));
+  }
+  if (const auto f = j.find("partial_rotary_factor");
+      f != j.end() && !f->is_null() && !(f->is_number() && f->get<double>() == 1.0))
+    fail(path, fmt::format("partial_rotary_factor {} is not supported (every dimension rotates)",
+                           f->dump()));
+  // Newer writers keep the rotary settings in "rope_parameters" ({"rope_type", "rope_theta"}).
+  std::optional<double> theta_in_parameters;
+  if (const auto rp = j.find("rope_parameters"); rp != j.end() && !rp->is_null()) {
+    if (!rp->is_object()) fail(path, "rope_parameters is not an object");
+    if (const auto type = rp->find("rope_type");
+        type != rp->end() && !(type->is_string() && type->get<std::string>() == "default"))
+      fail(path, fmt::format("rope_parameters.rope_type {} is not supported (plain rotary "
+                             "positions only: \"default\")",
+                             type->dump()));
+    for (const auto& [key, value] : rp->items())
+      if (key != "rope_type" && key != "rope_theta")
+        fail(path, fmt::format("rope_parameters.{} is not supported", key));
+    if (const auto t = rp->find("rope_theta"); t != rp->end()) {
+      if (!t->is_number() || !(t->get<double>() > 0))
+        fail(path,
+             fmt::format("rope_parameters.rope_theta is not a positive number ({})", t->dump()));
+      theta_in_parameters = t->get<double>();
+    }
+  }
   if (const auto rs = j.find("rope_scaling"); rs != j.end() && !rs->is_null())
     fail(path,
          fmt::format("rope_scaling {} is not supported (plain rotary positions only)", rs->dump()));
@@ -214,7 +247,7 @@ nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path) 
                     : c.n_head;
   c.ffn_hidden = integer("intermediate_size");
   c.seq_len = integer("max_position_embeddings");
-  c.rope_theta = number("rope_theta", 10000.0);
+  c.rope_theta = theta_in_parameters ? *theta_in_parameters : number("rope_theta", 10000.0);
   c.norm_eps = number("rms_norm_eps", 1e-6);
   c.tie_embeddings = flag("tie_word_embeddings", false);
   if (const auto hd = j.find("head_dim");
@@ -225,7 +258,8 @@ nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path) 
   try {
     c.validate();
   } catch (const std::invalid_argument& e) {
-    fail(path, e.what());
+    // kuai's key names; config.json's are hidden_size, num_attention_heads, ... (see above).
+    fail(path, fmt::format("{} (as read from config.json)", e.what()));
   }
   return c.resolved();
 }
@@ -240,6 +274,9 @@ void export_hf(const std::string& dir, const nn::GPT& model, DType stored) {
       to_hf_tensors(cfg, model.named_parameters());
   if (stored != DType::kF32)
     for (auto& [name, t] : tensors) t = cast(t, stored);
+  // An older config.json goes first and the new one comes last, so a failure in between leaves
+  // weights without a config (refused by read_hf), never a config describing other weights.
+  std::filesystem::remove(dir + "/config.json");
   save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
   write_text_atomically(dir + "/config.json", hf_config_json(cfg, stored));
 }
@@ -298,15 +335,27 @@ HfCheckpoint read_hf(const std::string& dir) {
 
 void load_hf(const std::string& dir, nn::GPT& model) {
   HfCheckpoint c = read_hf(dir);
-  const nn::GPTConfig want = model.config();
-  if (!(c.config == want))
-    fail(dir, fmt::format("config.json describes another model (hidden_size {}, layers {}, heads "
-                          "{}/{}, intermediate {}, vocab {}, positions {}) than the target ({}, "
-                          "{}, {}/{}, {}, {}, {})",
-                          c.config.d_model, c.config.n_layer, c.config.n_head, c.config.n_kv_head,
-                          c.config.ffn_hidden, c.config.vocab_size, c.config.seq_len, want.d_model,
-                          want.n_layer, want.n_head, want.n_kv_head, want.ffn_hidden,
-                          want.vocab_size, want.seq_len));
+  const nn::GPTConfig& want = model.config();
+  std::vector<std::string> diffs;
+  auto field = [&](const char* hf_key, const auto& have, const auto& need) {
+    if (have != need) diffs.push_back(fmt::format("{} {} (the model has {})", hf_key, have, need));
+  };
+  field("hidden_size", c.config.d_model, want.d_model);
+  field("num_hidden_layers", c.config.n_layer, want.n_layer);
+  field("num_attention_heads", c.config.n_head, want.n_head);
+  field("num_key_value_heads", c.config.n_kv_head, want.n_kv_head);
+  field("intermediate_size", c.config.ffn_hidden, want.ffn_hidden);
+  field("vocab_size", c.config.vocab_size, want.vocab_size);
+  field("rope_theta", c.config.rope_theta, want.rope_theta);
+  field("rms_norm_eps", c.config.norm_eps, want.norm_eps);
+  field("tie_word_embeddings", c.config.tie_embeddings, want.tie_embeddings);
+  // Rotary positions have no table: a model may train on windows shorter than
+  // max_position_embeddings, never longer.
+  if (c.config.seq_len < want.seq_len)
+    diffs.push_back(fmt::format("max_position_embeddings {} (the model's seq_len {} is longer)",
+                                c.config.seq_len, want.seq_len));
+  if (!diffs.empty())
+    fail(dir, fmt::format("config.json describes another model: {}", fmt::join(diffs, "; ")));
   model.load_state_dict(c.state);
 }
 

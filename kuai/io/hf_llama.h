@@ -37,11 +37,13 @@ std::map<std::string, Tensor> from_hf_tensors(const nn::GPTConfig& cfg,
 // config.json text for cfg (family llama) in HF's schema; torch_dtype names the stored dtype.
 std::string hf_config_json(const nn::GPTConfig& cfg, DType stored);
 // A llama GPTConfig from HF's config.json text (`path` names it in errors): model_type "llama"
-// (or absent with LlamaForCausalLM), hidden_act "silu", no rope_scaling, no biases.
+// and architectures with LlamaForCausalLM where present, hidden_act "silu", plain rotary
+// positions (no rope_scaling, rope_parameters of type "default", every dimension rotated), no
+// biases. rope_theta is read from rope_parameters where newer writers keep it.
 nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path);
 
-// Writes dir/model.safetensors and dir/config.json (each atomically; dir is created). `stored`
-// is F32 or BF16.
+// Writes dir/model.safetensors and dir/config.json (each atomically, config.json last and an older
+// one removed first; dir is created). `stored` is F32 or BF16.
 void export_hf(const std::string& dir, const nn::GPT& model, DType stored = DType::kF32);
 
 struct HfCheckpoint {
@@ -51,7 +53,9 @@ struct HfCheckpoint {
 // Reads and checks dir/config.json and dir/model.safetensors, or the shards
 // dir/model.safetensors.index.json names (F32, BF16 or F16 tensors, widened).
 HfCheckpoint read_hf(const std::string& dir);
-// read_hf, then the config must equal model.config(); the model is left as it was on any error.
+// read_hf, then config.json must describe model.config() (a seq_len up to its
+// max_position_embeddings: rotary positions have no table); every field that differs is named.
+// The model is left as it was on any error.
 void load_hf(const std::string& dir, nn::GPT& model);
 
 }  // namespace kuai::io

@@ -151,8 +151,14 @@ Tensor Block::forward_cached(const Tensor& x, LayerKV& kv) const {
   return add(h, mlp_->forward(ln_2_->forward(h)));
 }
 
-GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(config.resolved()) {
-  cfg_.validate();
+namespace {
+GPTConfig validated(const GPTConfig& c) {
+  c.validate();  // before resolving, which would fill in what is checked
+  return c.resolved();
+}
+}  // namespace
+
+GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(validated(config)) {
   const GPTConfig& cfg = cfg_;
   Generator gen(seed, /*stream=*/0);
   if (!cfg.is_llama()) {

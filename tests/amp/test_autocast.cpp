@@ -164,24 +164,55 @@ TEST(Autocast, LlamaOpsRoundOnce) {
     expect_rounded_once(hl.grad(), h32.grad(), t, "swiglu backward");
     Tensor x = cast(randn({2, 7, 5, 10}, 32), t);
     expect_rounded_once(rope(x, 10000.0, 3, 4), rope(f32(x), 10000.0, 3, 4), t, "rope");
-    // Grouped-query attention in the low dtype against fp32 on the same values, as above.
-    Tensor q = cast(randn({2, 4, 19, 8}, 33), t), k = cast(randn({2, 2, 19, 8}, 34), t),
-           v = cast(randn({2, 2, 19, 8}, 35), t);
-    for (bool flash : {false, true}) {
-      const Tensor got =
-          flash ? flash_attention(q, k, v, true) : scaled_dot_product_attention(q, k, v, true);
-      const Tensor ref = flash ? flash_attention(f32(q), f32(k), f32(v), true)
-                               : scaled_dot_product_attention(f32(q), f32(k), f32(v), true);
-      const auto a = f32(got).contiguous().to_vector<float>(),
-                 b = ref.contiguous().to_vector<float>();
-      double num = 0, den = 0;
-      for (size_t j = 0; j < a.size(); ++j) {
-        num += (a[j] - b[j]) * (a[j] - b[j]);
-        den += b[j] * b[j];
-      }
-      EXPECT_LT(std::sqrt(num / den), 1e-2) << (flash ? "flash" : "naive") << " gqa";
-    }
   }
+}
+
+TEST(Autocast, GroupedQueryAttentionIsMultiHeadOverRepeatedKeysBitForBit) {
+  // Grouped-query attention against multi-head attention over k and v repeated per query head, in
+  // fp32, bf16 and f16, naive and flash: the same output and dq bit for bit, and each key/value
+  // head's gradient is the fp32 sum, in head order, of its query heads' gradients there, rounded
+  // once to the dtype (each part already in the dtype, as PyTorch's repeat_kv backward has them).
+  const int64_t B = 2, H = 6, Hkv = 2, G = H / Hkv, T = 37, d = 8;
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16})
+    for (bool flash : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(t)) + (flash ? " flash" : " naive"));
+      auto att = [&](const Tensor& q, const Tensor& k, const Tensor& v) {
+        return flash ? flash_attention(q, k, v, true) : scaled_dot_product_attention(q, k, v, true);
+      };
+      Tensor q = cast(randn({B, H, T, d}, 40), t).detach(),
+             k = cast(randn({B, Hkv, T, d}, 41), t).detach(),
+             v = cast(randn({B, Hkv, T, d}, 42), t).detach();
+      const Tensor dy = cast(randn({B, H, T, d}, 43), t);
+      std::vector<Tensor> kr, vr;  // (B, 1, T, d) per query head
+      for (int64_t h = 0; h < H; ++h) {
+        kr.push_back(narrow(k, 1, h / G, 1));
+        vr.push_back(narrow(v, 1, h / G, 1));
+      }
+      Tensor k_rep = contiguous(cat(kr, 1)).detach(), v_rep = contiguous(cat(vr, 1)).detach();
+      Tensor q2 = q.detach();
+      for (Tensor* u : {&q, &k, &v, &q2, &k_rep, &v_rep}) u->requires_grad_();
+      Tensor y = att(q, k, v), y_rep = att(q2, k_rep, v_rep);
+      auto values = [](const Tensor& u) {
+        return cast(u, DType::kF32).contiguous().to_vector<float>();
+      };
+      EXPECT_EQ(values(y), values(y_rep));
+      y.backward(dy);
+      y_rep.backward(dy);
+      EXPECT_EQ(values(q.grad()), values(q2.grad()));
+      for (auto [got, rep] :
+           {std::pair{k.grad(), k_rep.grad()}, std::pair{v.grad(), v_rep.grad()}}) {
+        const auto parts = cast(rep, DType::kF32).contiguous().to_vector<float>();  // (B, H, T, d)
+        std::vector<float> sum(static_cast<size_t>(B * Hkv * T * d), 0.0f);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t j = 0; j < Hkv; ++j)
+            for (int64_t g = 0; g < G; ++g)
+              for (int64_t e = 0; e < T * d; ++e)
+                sum[((b * Hkv + j) * T) * d + e] += parts[((b * H + j * G + g) * T) * d + e];
+        const Tensor want = cast(from_vector(sum, {B, Hkv, T, d}), t);
+        EXPECT_EQ(cast(got, DType::kF32).contiguous().to_vector<float>(),
+                  cast(want, DType::kF32).to_vector<float>());
+      }
+    }
 }
 
 TEST(Autocast, AttentionBackwardMatchesFp32OnSameInputs) {

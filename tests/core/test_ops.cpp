@@ -10,6 +10,7 @@
 
 #include "../support/grad_check.h"
 #include "kuai/core/ops.h"
+#include "kuai/core/primitives.h"
 
 namespace kuai::test {
 namespace {
@@ -389,6 +390,32 @@ TEST(Ops, Rope) {
               return rope_ref(x, 10000.0, 3, 2);
             }});
   EXPECT_THROW(rope(zeros({1, 2, 2, 3}), 10000.0), std::invalid_argument);  // odd d
+
+  // Far positions: the angles are the reference implementations' fp32 ones (inv_freq and
+  // p * inv_freq rounded to float), which differ from exact angles by up to ~2e-4 rad here.
+  const int64_t d = 16, half = d / 2, pos0 = 7000, T = 5;
+  const double theta = 500000.0;
+  const Tensor x = rand_tensor({1, T, 2, d}, 171);
+  const auto got = rope(x, theta, 2, pos0).to_vector<float>();
+  const DT xd = to_dt(x);
+  double worst_fp32 = 0, worst_exact = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t i = 0; i < d; ++i) {
+        const int64_t j = i % half, o = (t * 2 + h) * d;
+        const float inv =
+            1.0f / static_cast<float>(std::pow(static_cast<double>(static_cast<float>(theta)),
+                                               static_cast<double>(static_cast<float>(2 * j) / d)));
+        const double a32 = static_cast<double>(static_cast<float>(pos0 + t) * inv);
+        const double a64 = static_cast<double>(pos0 + t) * std::pow(theta, -2.0 * j / d);
+        const double rotated = i < half ? -xd.v[o + i + half] : xd.v[o + i - half];
+        const double ref32 = xd.v[o + i] * std::cos(a32) + rotated * std::sin(a32);
+        const double ref64 = xd.v[o + i] * std::cos(a64) + rotated * std::sin(a64);
+        worst_fp32 = std::max(worst_fp32, std::fabs(got[o + i] - ref32));
+        worst_exact = std::max(worst_exact, std::fabs(got[o + i] - ref64));
+      }
+  EXPECT_LT(worst_fp32, 1e-6);   // a float rounding of cos/sin and of the products
+  EXPECT_GT(worst_exact, 1e-5);  // the test tells the two angle conventions apart
 }
 
 TEST(Ops, SplitJoinsGradientsWrittenSideBySide) {
@@ -408,6 +435,16 @@ TEST(Ops, SplitJoinsGradientsWrittenSideBySide) {
               return y;
             }});
   EXPECT_THROW(split(x, {3, 3}, 1), std::invalid_argument);
+  // Gradients a primitive wrote side by side into one buffer (as the attention backward writes
+  // dq, dk, dv) join into a view of that buffer, sizes differing along the dim: no copy.
+  const Split op({3, 1, 3}, 1);
+  const Tensor buffer = rand_tensor({2, 7}, 176);
+  const std::vector<Tensor> parts = op.make_views(std::vector<Tensor>{buffer});
+  const std::vector<Tensor> joined = op.vjp(std::vector<Tensor>{x}, parts, parts, {true});
+  ASSERT_EQ(joined.size(), 1u);
+  EXPECT_EQ(joined[0].shape(), (Shape{2, 7}));
+  EXPECT_EQ(joined[0].raw_data(), buffer.raw_data());
+  EXPECT_EQ(joined[0].to_vector<float>(), buffer.to_vector<float>());
 }
 
 TEST(Ops, Embedding) {
@@ -612,7 +649,7 @@ TEST(Ops, GroupedQueryAttention) {
   for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
                           std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
     for (auto [B, H, Hkv, T, d] : std::vector<std::array<int64_t, 5>>{
-             {1, 2, 1, 1, 3}, {2, 4, 2, 5, 3}, {1, 4, 2, 66, 2}, {1, 2, 1, 131, 1}}) {
+             {1, 2, 1, 1, 3}, {2, 4, 2, 5, 3}, {1, 4, 2, 66, 2}, {1, 3, 1, 131, 1}}) {
       for (bool causal : {true, false}) {
         const int64_t W = (H + 2 * Hkv) * d;
         Tensor qkv = rand_tensor({B, T, W}, 180 + T + H, 1.5f);

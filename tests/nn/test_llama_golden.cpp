@@ -29,6 +29,8 @@
 namespace kuai {
 namespace {
 
+using Json = nlohmann::json;
+
 const std::string kGolden = std::string(KUAI_SOURCE_DIR) + "/tests/golden/";
 
 void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
@@ -230,9 +232,16 @@ TEST(LlamaHf, ExportReimportsToTheSameLogitsAndRefusesMismatches) {
     nn::GPT sharded(io::read_hf(shard_dir.string()).config, 3);
     io::load_hf(shard_dir.string(), sharded);
     EXPECT_EQ(sharded.forward(idx).to_vector<float>(), a_logits);
-    // A shard holding a tensor the index maps elsewhere is refused, naming both.
+    // A shard holding a tensor the index maps elsewhere is refused, naming it and the index.
     io::save_safetensors((shard_dir / "model-00001-of-00002.safetensors").string(), mine_vec);
-    EXPECT_THROW(io::read_hf(shard_dir.string()), std::runtime_error);
+    try {
+      io::read_hf(shard_dir.string());
+      ADD_FAILURE() << "expected an error";
+    } catch (const std::runtime_error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("\"model.layers.1."), std::string::npos) << m;
+      EXPECT_NE(m.find("model.safetensors.index.json"), std::string::npos) << m;
+    }
   }
   // GPT-2 has no such layout.
   EXPECT_THROW(io::export_hf(tmp.string(), nn::GPT(nn::GPTConfig{}, 0)), std::invalid_argument);
@@ -241,11 +250,19 @@ TEST(LlamaHf, ExportReimportsToTheSameLogitsAndRefusesMismatches) {
   other.n_kv_head = 2;
   nn::GPT wrong(other, 0);
   EXPECT_THROW(io::load_hf(tmp.string(), wrong), std::runtime_error);
-  // bf16 export: half the bytes, reloads within bf16 rounding.
+  // bf16 export: every tensor stored as BF16, and it reloads to exactly the bf16-rounded weights.
   io::export_hf(tmp.string(), model, DType::kBF16);
-  EXPECT_NE(std::filesystem::exists(tmp / "config.json"), false);
+  for (const auto& e : io::SafetensorsFile::open((tmp / "model.safetensors").string()).entries())
+    EXPECT_EQ(e.dtype, "BF16") << e.name;
   nn::GPT half(io::read_hf(tmp.string()).config, 0);
   io::load_hf(tmp.string(), half);
+  nn::GPT rounded(model.config(), 0);
+  std::map<std::string, Tensor> r;
+  for (auto& [name, p] : model.named_parameters())
+    r[name] = cast(cast(p.detach(), DType::kBF16), DType::kF32);
+  rounded.load_state_dict(r);
+  EXPECT_EQ(half.forward(idx).to_vector<float>(), rounded.forward(idx).to_vector<float>());
+  EXPECT_NE(half.forward(idx).to_vector<float>(), a_logits);  // it was rounded
   std::filesystem::remove_all(tmp);
 }
 
@@ -282,6 +299,19 @@ TEST(LlamaHf, ConfigJsonRoundTripsAndBadConfigsNameTheKey) {
   EXPECT_NE(error_of(R"({"model_type": "llama", "rope_scaling": {"type": "linear"}})")
                 .find("rope_scaling"),
             std::string::npos);
+  // Newer writers: rope_theta inside rope_parameters; only the default rotary type is taken.
+  Json j = Json::parse(io::hf_config_json(c.resolved(), DType::kF32));
+  j.erase("rope_theta");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 777.0}};
+  EXPECT_EQ(io::parse_hf_config(j.dump(), "c.json").rope_theta, 777.0);
+  j["rope_parameters"]["rope_type"] = "llama3";
+  EXPECT_NE(error_of(j.dump()).find("rope_type \"llama3\""), std::string::npos);
+  j["rope_parameters"]["rope_type"] = "default";
+  j["partial_rotary_factor"] = 0.5;
+  EXPECT_NE(error_of(j.dump()).find("partial_rotary_factor"), std::string::npos);
+  j.erase("partial_rotary_factor");
+  j["architectures"] = {"MistralForCausalLM"};
+  EXPECT_NE(error_of(j.dump()).find("LlamaForCausalLM"), std::string::npos);
 }
 
 }  // namespace

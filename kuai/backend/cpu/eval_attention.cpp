@@ -50,8 +50,10 @@ struct GradTarget {
   int64_t ldkv() const { return scratch != nullptr ? 2 * H * d : (H + 2 * Hkv) * d; }
 };
 
-// dk, dv of key/value head j = the sum over its G query heads (in head order, in fp32, rounded
-// once to the output's dtype).
+// dk, dv of key/value head j = the sum over its G query heads, in head order and in fp32, rounded
+// to the output's dtype. In bf16 / f16 each head's part was already rounded when the kernel wrote
+// it, as in PyTorch's repeat_kv backward (each repeated head's gradient in the low dtype, then
+// summed).
 void sum_kv_groups(const GradTarget& t, int64_t B, DType dtype) {
   const int64_t G = t.H / t.Hkv, d = t.d, es = t.es;
 #pragma omp parallel

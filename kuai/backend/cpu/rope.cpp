@@ -9,6 +9,7 @@
 // and grown when a longer sequence comes. Storage is
 // fp32, bf16 or f16; the arithmetic is fp32 and each output is rounded once.
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -93,7 +94,7 @@ void rope(const RopeArgs& a) {
             static_cast<size_t>(b * a.stride_b + t * a.stride_t + h * a.stride_h) * es;
         char* dst = static_cast<char*>(a.y) + static_cast<size_t>((r * NH + h) * d) * es;
         if (h >= a.rotated_heads) {  // carried over unrotated (v beside q and k)
-          std::copy(src, src + d * es, dst);
+          if (src != dst) std::memcpy(dst, src, d * es);  // in place: already there
           continue;
         }
         if (a.dtype == DType::kF32) {
