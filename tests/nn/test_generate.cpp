@@ -11,6 +11,10 @@
 #include "kuai/nn/optimize.h"
 
 namespace kuai::nn {
+
+// gtest prints parameters with this (found by argument-dependent lookup) instead of their bytes.
+void PrintTo(const GPTConfig& c, std::ostream* os) { *os << describe(c); }
+
 namespace {
 
 GPTConfig tiny() {
