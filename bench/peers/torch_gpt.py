@@ -176,14 +176,11 @@ def parse_args(argv):
     return args
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    model = GPT(args.vocab_size, args.n_layer, args.n_head, args.d_model, args.seq_len)
+def train_and_report(model, optimizer, args):
+    """The timed loop both peers run: args.steps AdamW steps (clipped at 1.0) on new uniform
+    random tokens each step, then the RESULT line; the median excludes the first step."""
     model.train()
     params = list(model.parameters())
-    optimizer = make_optimizer(model, args.lr)
     data_gen = torch.Generator().manual_seed(args.seed + 1)
     B, T = args.batch_size, args.seq_len
 
@@ -212,6 +209,14 @@ def main(argv=None):
         f"peak_rss_mib={peak_rss_mib:.3f} final_loss={loss_value:.6f}",
         flush=True,
     )
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model = GPT(args.vocab_size, args.n_layer, args.n_head, args.d_model, args.seq_len)
+    train_and_report(model, make_optimizer(model, args.lr), args)
 
 
 if __name__ == "__main__":

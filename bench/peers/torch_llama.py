@@ -57,10 +57,7 @@ where the median step time excludes the first (warm-up) step.
 import argparse
 import math
 import os
-import resource
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn as nn
@@ -68,6 +65,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import torch_gpt  # noqa: E402  (the shared timing loop)
 from torch_gpt import loss_fn  # noqa: E402  (the shared loss, torch_gpt.py's)
 
 INIT_STD = 0.02
@@ -297,37 +295,7 @@ def main(argv=None):
                   n_kv_head=args.n_kv_head, ffn_hidden=args.ffn_hidden,
                   rope_theta=args.rope_theta, norm_eps=args.norm_eps,
                   tie_embeddings=args.tie_embeddings)
-    model.train()
-    params = list(model.parameters())
-    optimizer = make_optimizer(model, args.lr)
-    data_gen = torch.Generator().manual_seed(args.seed + 1)
-    B, T = args.batch_size, args.seq_len
-
-    step_seconds = []
-    loss_value = float("nan")
-    for step in range(args.steps):
-        # A new batch of uniform random tokens each step: inputs and next-token targets.
-        tokens = torch.randint(0, args.vocab_size, (B, T + 1), generator=data_gen)
-        x, y = tokens[:, :-1], tokens[:, 1:]
-        t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = loss_fn(model(x), y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        dt = time.perf_counter() - t0
-        loss_value = loss.item()
-        step_seconds.append(dt)
-        print(f"step {step} loss {loss_value:.6f} ms {dt * 1e3:.3f}", flush=True)
-
-    median_s = statistics.median(step_seconds[1:])
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(
-        f"RESULT tokens_per_s={B * T / median_s:.3f} step_ms_median={median_s * 1e3:.3f} "
-        f"peak_rss_mib={peak_rss_mib:.3f} final_loss={loss_value:.6f}",
-        flush=True,
-    )
+    torch_gpt.train_and_report(model, make_optimizer(model, args.lr), args)
 
 
 if __name__ == "__main__":

@@ -111,13 +111,22 @@ std::vector<Tensor> Chunk::make_views(std::span<const Tensor> in) const {
         Tensor::view_of(x, shape, x.strides(), x.offset() + c * part * x.strides()[dim_]));
   return out;
 }
-std::vector<Tensor> Chunk::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
-                               std::span<const Tensor> g, const std::vector<bool>&) const {
-  if (const Tensor joined = join_adjacent_views(g, dim_); joined.defined()) return one(joined);
+namespace {
+// The gradient of a tensor cut into consecutive parts along dim: the view over the parts'
+// gradients when a primitive wrote them side by side, else their concatenation (zeros for a part
+// that got none).
+Tensor join_part_gradients(std::span<const Tensor> g, std::span<const Tensor> out, int64_t dim) {
+  if (Tensor joined = join_adjacent_views(g, dim); joined.defined()) return joined;
   std::vector<Tensor> parts;
   for (size_t c = 0; c < g.size(); ++c)
     parts.push_back(g[c].defined() ? g[c] : zeros(out[c].shape(), out[c].dtype(), out[c].device()));
-  return one(cat(parts, dim_));
+  return cat(parts, dim);
+}
+}  // namespace
+
+std::vector<Tensor> Chunk::vjp(std::span<const Tensor>, std::span<const Tensor> out,
+                               std::span<const Tensor> g, const std::vector<bool>&) const {
+  return one(join_part_gradients(g, out, dim_));
 }
 
 std::vector<Tensor> Split::make_views(std::span<const Tensor> in) const {
@@ -132,13 +141,9 @@ std::vector<Tensor> Split::make_views(std::span<const Tensor> in) const {
   }
   return out;
 }
-std::vector<Tensor> Split::vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+std::vector<Tensor> Split::vjp(std::span<const Tensor>, std::span<const Tensor> out,
                                std::span<const Tensor> g, const std::vector<bool>&) const {
-  if (const Tensor joined = join_adjacent_views(g, dim_); joined.defined()) return one(joined);
-  std::vector<Tensor> parts;
-  for (size_t c = 0; c < g.size(); ++c)
-    parts.push_back(g[c].defined() ? g[c] : zeros(out[c].shape(), out[c].dtype(), out[c].device()));
-  return one(cat(parts, dim_));
+  return one(join_part_gradients(g, out, dim_));
 }
 
 std::vector<Tensor> Narrow::make_views(std::span<const Tensor> in) const {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kuai/backend/cpu/bf16_access.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/parallel_chunks.h"
@@ -93,18 +94,6 @@ KUAI_KERNEL void mul_row_chunk_kernel(const float* x, const float* b, float* y, 
   row_loop<Binary::kMul>(x, b, y, rows, cols);
 }
 KUAI_CLONE(mul_row_chunk, mul_row_chunk_kernel)
-
-// Element access for fp32 and bf16 storage: the bf16 kernels are the fp32 ones with a shift on
-// load and a round-to-nearest-even on store, in registers (no widened copy in memory).
-[[gnu::always_inline]] inline float load(const float* p, int64_t i) { return p[i]; }
-[[gnu::always_inline]] inline float load(const uint16_t* p, int64_t i) {
-  return bf16_to_float(p[i]);
-}
-[[gnu::always_inline]] inline void store(float* p, int64_t i, float v) { p[i] = v; }
-
-[[gnu::always_inline]] inline void store(uint16_t* p, int64_t i, float v) {
-  p[i] = float_to_bf16(v);
-}
 
 template <class T>
 [[gnu::always_inline]] inline void add_f32_low_body(const float* a, const T* b, float* y,

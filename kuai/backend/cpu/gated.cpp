@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kuai/backend/cpu/bf16_access.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/parallel_chunks.h"
@@ -19,15 +20,6 @@ namespace {
 
 constexpr int64_t kChunk = int64_t{1} << 13;  // elements per task: ~30 flops each
 constexpr int64_t kPiece = int64_t{1} << 10;  // f16 elements widened at a time
-
-[[gnu::always_inline]] inline float load(const float* p, int64_t i) { return p[i]; }
-[[gnu::always_inline]] inline float load(const uint16_t* p, int64_t i) {
-  return bf16_to_float(p[i]);
-}
-[[gnu::always_inline]] inline void store(float* p, int64_t i, float v) { p[i] = v; }
-[[gnu::always_inline]] inline void store(uint16_t* p, int64_t i, float v) {
-  p[i] = float_to_bf16(v);
-}
 
 // silu(a) and silu'(a) = s (1 + a (1 - s)), s = sigmoid(a).
 [[gnu::always_inline]] inline void silu_pair(float a, float& y, float& dy) {
