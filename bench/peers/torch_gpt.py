@@ -141,19 +141,22 @@ def loss_fn(logits, targets, ignore_index=-1):
     )
 
 
-def param_groups(model, weight_decay):
-    """AdamW groups: matmul weights decayed, everything else not."""
+def param_groups(model, weight_decay, decayed=DECAYED_SUFFIXES):
+    """AdamW groups: parameters whose names end in `decayed` (the matmul weights) decayed,
+    everything else not."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (decay if name.endswith(DECAYED_SUFFIXES) else no_decay).append(p)
+        (decay if name.endswith(decayed) else no_decay).append(p)
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
 
 
-def make_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+def make_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
+                   decayed=DECAYED_SUFFIXES):
+    return torch.optim.AdamW(param_groups(model, weight_decay, decayed), lr=lr, betas=betas,
+                             eps=eps)
 
 
 def parse_args(argv):

@@ -239,19 +239,9 @@ class Llama(nn.Module):
         return self.lm_head(x)  # (B, T, V)
 
 
-def param_groups(model, weight_decay):
-    """AdamW groups: the projections and an untied lm_head decayed, embed_tokens and norms not."""
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if name.endswith(DECAYED_SUFFIXES) else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-
-
 def make_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+    """AdamW: the projections and an untied lm_head decayed, embed_tokens and norms not."""
+    return torch_gpt.make_optimizer(model, lr, weight_decay, betas, eps, decayed=DECAYED_SUFFIXES)
 
 
 def parse_args(argv):

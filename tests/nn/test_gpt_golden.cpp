@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "../support/golden.h"
 #include "kuai/core/ops.h"
 #include "kuai/io/tensor_io.h"
 #include "kuai/nn/gpt.h"
@@ -25,20 +26,7 @@ namespace {
 
 const std::string kFixture = std::string(KUAI_SOURCE_DIR) + "/tests/golden/tiny_gpt.safetensors";
 
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
-                  double rel = 1e-5) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const auto g = got.to_vector<float>(), w = want.to_vector<float>();
-  double scale = 0, worst = 0;
-  for (float v : w) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(g[i]) - w[i]);
-    const double tol = rel * scale + 1e-6 * std::fabs(w[i]);
-    worst = std::max(worst, err / (scale > 0 ? scale : 1.0));
-    ASSERT_LE(err, tol) << what << " element " << i << ": kuai " << g[i] << " torch " << w[i];
-  }
-  ::testing::Test::RecordProperty(what, std::to_string(worst));
-}
+using test::expect_close;
 
 struct Golden {
   io::SafetensorsFile file = io::SafetensorsFile::open(kFixture);
@@ -53,14 +41,7 @@ struct Golden {
   }
   double md(const char* k) const { return std::stod(file.metadata().at(k)); }
   Tensor t(const std::string& name) const { return io::read_tensor(file, name); }
-  std::vector<double> f64(const std::string& name) const {
-    const io::SafetensorsEntry* e = file.find(name);
-    EXPECT_TRUE(e != nullptr && e->dtype == "F64") << name;
-    const auto bytes = file.data(*e);
-    std::vector<double> v(bytes.size() / sizeof(double));
-    std::memcpy(v.data(), bytes.data(), v.size() * sizeof(double));
-    return v;
-  }
+  std::vector<double> f64(const std::string& name) const { return test::read_f64(file, name); }
   void load_into(nn::GPT& model) const {
     std::map<std::string, Tensor> state;
     for (auto& [name, p] : model.named_parameters()) state[name] = t("param." + name);
@@ -93,45 +74,18 @@ TEST(GPTGolden, ThreeAdamWStepsWithClippingMatchPyTorch) {
   Golden g;
   nn::GPT model(g.cfg, 0);
   g.load_into(model);
-  optim::AdamWOptions o;
-  o.lr = static_cast<float>(g.md("lr"));
-  o.beta1 = static_cast<float>(g.md("beta1"));
-  o.beta2 = static_cast<float>(g.md("beta2"));
-  o.eps = static_cast<float>(g.md("eps"));
-  optim::AdamW opt(train::param_groups(model, static_cast<float>(g.md("weight_decay"))), o);
-  const float clip = static_cast<float>(g.md("grad_clip"));
-  Tensor idx = g.t("idx"), targets = g.t("targets");
-  const auto want_losses = g.t("losses").to_vector<float>();
-  const auto want_norms = g.t("gradnorm").to_vector<float>();
-  for (int step = 0; step < 3; ++step) {
-    Tensor loss = model.loss(idx, targets, -1);
-    loss.backward();
-    const double norm = optim::grad_norm(model.parameters());
-    EXPECT_NEAR(loss.item(), want_losses[step], 1e-5 * std::fabs(want_losses[step]));
-    EXPECT_NEAR(norm, want_norms[step], 1e-5 * want_norms[step]);
-    opt.step(optim::clip_coefficient(norm, clip));
-    opt.zero_grad();
-  }
-  // After three steps, compare against the float64 run (FlashAttention's acceptance rule):
-  // kuai's fp32 error must be at most twice PyTorch's fp32 error, tensor by tensor (plus 1e-7
-  // absolute, the fp32 rounding of the parameters). The fixture uses eps = 1e-6: with 1e-8 a
-  // few gradients that cancel to the fp32 noise floor (-2.6e-9 against a maximum of 1e-2, off
-  // by a few percent in either implementation) become updates of ~lr/5 whose error is luck, and
-  // the difference spreads through every later gradient. eps = 1e-6 keeps those updates small.
+  test::three_adamw_steps(model, g.file);
+  // After three steps, against the float64 run, tensor by tensor (test::expect_within_twice_torch).
+  // The fixture uses eps = 1e-6: with 1e-8 a few gradients that cancel to the fp32 noise floor
+  // (-2.6e-9 against a maximum of 1e-2, off by a few percent in either implementation) become
+  // updates of ~lr/5 whose error is luck, and the difference spreads through every later
+  // gradient. eps = 1e-6 keeps those updates small.
   double worst_ratio = 0;
-  for (auto& [name, p] : model.named_parameters()) {
-    const std::vector<double> exact = g.f64("step3_f64." + name);
-    const auto torch32 = g.t("step3." + name).to_vector<float>();
-    const auto kuai32 = p.to_vector<float>();
-    double err_torch = 0, err_kuai = 0;
-    for (size_t i = 0; i < exact.size(); ++i) {
-      err_torch = std::max(err_torch, std::fabs(torch32[i] - exact[i]));
-      err_kuai = std::max(err_kuai, std::fabs(kuai32[i] - exact[i]));
-    }
-    EXPECT_LE(err_kuai, 2 * err_torch + 1e-7)
-        << name << ": kuai " << err_kuai << " torch " << err_torch;
-    worst_ratio = std::max(worst_ratio, err_kuai / (err_torch + 1e-7));
-  }
+  for (auto& [name, p] : model.named_parameters())
+    worst_ratio = std::max(worst_ratio,
+                           test::expect_within_twice_torch(name, p.to_vector<float>(),
+                                                           g.t("step3." + name).to_vector<float>(),
+                                                           g.f64("step3_f64." + name)));
   ::testing::Test::RecordProperty("worst_error_ratio_vs_torch", std::to_string(worst_ratio));
 }
 

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "../support/golden.h"
 #include "kuai/core/ops.h"
 #include "kuai/io/hf_llama.h"
 #include "kuai/io/tensor_io.h"
@@ -33,18 +34,7 @@ using Json = nlohmann::json;
 
 const std::string kGolden = std::string(KUAI_SOURCE_DIR) + "/tests/golden/";
 
-void expect_close(const Tensor& got, const Tensor& want, const std::string& what,
-                  double rel = 1e-5) {
-  ASSERT_EQ(got.shape(), want.shape()) << what;
-  const auto g = got.contiguous().to_vector<float>(), w = want.to_vector<float>();
-  double scale = 0;
-  for (float v : w) scale = std::max(scale, static_cast<double>(std::fabs(v)));
-  for (size_t i = 0; i < g.size(); ++i) {
-    const double err = std::fabs(static_cast<double>(g[i]) - w[i]);
-    ASSERT_LE(err, rel * scale + 1e-6 * std::fabs(w[i]))
-        << what << " element " << i << ": kuai " << g[i] << " torch " << w[i];
-  }
-}
+using test::expect_close;
 
 struct Golden {
   io::SafetensorsFile file = io::SafetensorsFile::open(kGolden + "tiny_llama.safetensors");
@@ -73,14 +63,7 @@ struct Golden {
         hf[e.name.substr(prefix.size())] = io::read_tensor(file, e.name);
     return io::from_hf_tensors(cfg, hf, "fixture " + prefix);
   }
-  std::vector<double> f64(const std::string& name) const {
-    const io::SafetensorsEntry* e = file.find(name);
-    EXPECT_TRUE(e != nullptr && e->dtype == "F64") << name;
-    const auto bytes = file.data(*e);
-    std::vector<double> v(bytes.size() / sizeof(double));
-    std::memcpy(v.data(), bytes.data(), v.size() * sizeof(double));
-    return v;
-  }
+  std::vector<double> f64(const std::string& name) const { return test::read_f64(file, name); }
 };
 
 TEST(LlamaGolden, FixtureIsGroupedQueryAndUntied) {
@@ -116,43 +99,15 @@ TEST(LlamaGolden, ThreeAdamWStepsWithClippingMatchPyTorch) {
   Golden g;
   nn::GPT model(g.cfg, 0);
   model.load_state_dict(g.kuai_named("param."));
-  optim::AdamWOptions o;
-  o.lr = static_cast<float>(g.md("lr"));
-  o.beta1 = static_cast<float>(g.md("beta1"));
-  o.beta2 = static_cast<float>(g.md("beta2"));
-  o.eps = static_cast<float>(g.md("eps"));
-  optim::AdamW opt(train::param_groups(model, static_cast<float>(g.md("weight_decay"))), o);
-  const float clip = static_cast<float>(g.md("grad_clip"));
-  Tensor idx = g.t("idx"), targets = g.t("targets");
-  const auto want_losses = g.t("losses").to_vector<float>();
-  const auto want_norms = g.t("gradnorm").to_vector<float>();
-  for (int step = 0; step < 3; ++step) {
-    Tensor loss = model.loss(idx, targets, -1);
-    loss.backward();
-    const double norm = optim::grad_norm(model.parameters());
-    EXPECT_NEAR(loss.item(), want_losses[step], 1e-5 * std::fabs(want_losses[step]));
-    EXPECT_NEAR(norm, want_norms[step], 1e-5 * want_norms[step]);
-    opt.step(optim::clip_coefficient(norm, clip));
-    opt.zero_grad();
-  }
-  // Against the float64 run, per HF tensor (the fused weights split back).
-  std::map<std::string, std::vector<double>> exact;
-  for (const io::SafetensorsEntry& e : g.file.entries())
-    if (e.name.rfind("step3_f64.", 0) == 0) exact[e.name.substr(10)] = g.f64(e.name);
+  test::three_adamw_steps(model, g.file);
+  // Against the float64 run, per Hugging Face tensor (the fused weights split back); the fixture's
+  // lr and eps are explained in tests/golden/make_golden.py.
   const auto now = io::to_hf_tensors(model.config(), model.named_parameters());
-  ASSERT_EQ(now.size(), exact.size());
-  for (auto& [name, p] : now) {
-    const std::vector<double>& ex = exact.at(name);
-    const auto torch32 = g.t("step3." + name).to_vector<float>();
-    const auto kuai32 = p.to_vector<float>();
-    double err_torch = 0, err_kuai = 0;
-    for (size_t i = 0; i < ex.size(); ++i) {
-      err_torch = std::max(err_torch, std::fabs(torch32[i] - ex[i]));
-      err_kuai = std::max(err_kuai, std::fabs(kuai32[i] - ex[i]));
-    }
-    EXPECT_LE(err_kuai, 2 * err_torch + 1e-7)
-        << name << ": kuai " << err_kuai << " torch " << err_torch;
-  }
+  ASSERT_EQ(now.size(), 2u + 9u * g.cfg.n_layer + 1u);
+  for (auto& [name, p] : now)
+    test::expect_within_twice_torch(name, p.to_vector<float>(),
+                                    g.t("step3." + name).to_vector<float>(),
+                                    g.f64("step3_f64." + name));
 }
 
 TEST(LlamaHf, FixtureInHuggingFaceLayoutLoadsAndGivesItsLogits) {
@@ -252,8 +207,11 @@ TEST(LlamaHf, ExportReimportsToTheSameLogitsAndRefusesMismatches) {
   EXPECT_THROW(io::load_hf(tmp.string(), wrong), std::runtime_error);
   // bf16 export: every tensor stored as BF16, and it reloads to exactly the bf16-rounded weights.
   io::export_hf(tmp.string(), model, DType::kBF16);
-  for (const auto& e : io::SafetensorsFile::open((tmp / "model.safetensors").string()).entries())
-    EXPECT_EQ(e.dtype, "BF16") << e.name;
+  {
+    const io::SafetensorsFile stored =
+        io::SafetensorsFile::open((tmp / "model.safetensors").string());
+    for (const auto& e : stored.entries()) EXPECT_EQ(e.dtype, "BF16") << e.name;
+  }
   nn::GPT half(io::read_hf(tmp.string()).config, 0);
   io::load_hf(tmp.string(), half);
   nn::GPT rounded(model.config(), 0);
