@@ -318,7 +318,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (scaler.enabled() && c.state.loss_scale) scaler.load_state(*c.state.loss_scale);
     result.start_step = c.state.step;
     loader_start = c.state.loader;
-    if (!opts.quiet) out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step);
+    // Flushed: a log file shows where a run resumed even if it is killed before its next line.
+    if (!opts.quiet)
+      out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step) << std::flush;
   }
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;

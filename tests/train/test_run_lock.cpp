@@ -241,12 +241,14 @@ TEST(RunLock, ASecondTrainerIsRefusedEveryTimeAndEveryRestartAfterAKillResumes) 
         if (pid > 0 && kill(pid, SIGKILL) == 0) waitpid(pid, nullptr, 0);
       }
     } reap{first.pid};
-    // It holds the lock (its pid in the lock file) and has saved at least once.
+    // It holds the lock (its pid in the lock file) and has saved at least once; a resumed one
+    // has said so (`latest` is there from the round before, so it alone proves nothing).
     const std::string pid_line = "pid " + std::to_string(first.pid) + "\n";
     bool ready = false;
     for (int i = 0; i < 600 && !ready; ++i) {
       std::this_thread::sleep_for(20ms);
-      ready = read_text(run / "lock").rfind(pid_line, 0) == 0 && fs::exists(run / "latest");
+      ready = read_text(run / "lock").rfind(pid_line, 0) == 0 && fs::exists(run / "latest") &&
+              (!resume || read_text(first.out).find("resumed from") != std::string::npos);
     }
     ASSERT_TRUE(ready) << read_text(first.out);
     std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
