@@ -159,8 +159,9 @@ def make_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8,
                              eps=eps)
 
 
-def parse_args(argv):
-    p = argparse.ArgumentParser(description="PyTorch GPT peer benchmark (synthetic tokens).")
+def peer_arg_parser(description):
+    """The options both peers take (shape, run, precision); a peer adds its model's own."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--vocab_size", type=int, default=256)
     p.add_argument("--n_layer", type=int, default=4)
     p.add_argument("--n_head", type=int, default=4)
@@ -173,10 +174,18 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                    help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
+    return p
+
+
+def parse_peer_args(p, argv):
     args = p.parse_args(argv)
     if args.steps < 2:
         p.error("--steps must be at least 2 (the first step is warm-up)")
     return args
+
+
+def parse_args(argv):
+    return parse_peer_args(peer_arg_parser("PyTorch GPT peer benchmark (synthetic tokens)."), argv)
 
 
 def train_and_report(model, optimizer, args):

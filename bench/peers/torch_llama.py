@@ -54,7 +54,6 @@ and the final line are torch_gpt.py's:
 where the median step time excludes the first (warm-up) step.
 """
 
-import argparse
 import math
 import os
 import sys
@@ -245,29 +244,15 @@ def make_optimizer(model, lr, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description="PyTorch LLaMA peer benchmark (synthetic tokens).")
-    p.add_argument("--vocab_size", type=int, default=256)
-    p.add_argument("--n_layer", type=int, default=4)
-    p.add_argument("--n_head", type=int, default=4)
+    p = torch_gpt.peer_arg_parser("PyTorch LLaMA peer benchmark (synthetic tokens).")
     p.add_argument("--n_kv_head", type=int, default=0, help="kv heads (default: n_head)")
-    p.add_argument("--d_model", type=int, default=256)
     p.add_argument("--ffn_hidden", type=int, default=0,
                    help="MLP width (default 0: 256 * ceil(int(8 * d_model / 3) / 256))")
     p.add_argument("--rope_theta", type=float, default=ROPE_THETA)
     p.add_argument("--norm_eps", type=float, default=NORM_EPS)
     p.add_argument("--tie_embeddings", action="store_true",
                    help="lm_head shares embed_tokens.weight (default: untied)")
-    p.add_argument("--seq_len", type=int, default=256)
-    p.add_argument("--batch_size", type=int, default=16)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
-                   help="bf16: forward and loss under torch.autocast('cpu', dtype=torch.bfloat16)")
-    args = p.parse_args(argv)
-    if args.steps < 2:
-        p.error("--steps must be at least 2 (the first step is warm-up)")
+    args = torch_gpt.parse_peer_args(p, argv)
     if args.n_kv_head == 0:
         args.n_kv_head = args.n_head
     if args.d_model % args.n_head or args.n_head % args.n_kv_head:

@@ -85,7 +85,11 @@ void rope(const RopeArgs& a) {
   // Rows (b, t) in parallel: each is NH heads of d elements, written contiguously.
   const int64_t rows_per_task = std::max<int64_t>(1, (int64_t{1} << 13) / (NH * d));
   parallel_chunks(B * T, rows_per_task, [&](int64_t r0, int64_t r1) {
-    std::vector<float> xin(static_cast<size_t>(d)), yout(static_cast<size_t>(d));
+    std::vector<float> xin, yout;  // bf16 / f16 heads widened here
+    if (a.dtype != DType::kF32) {
+      xin.resize(static_cast<size_t>(d));
+      yout.resize(static_cast<size_t>(d));
+    }
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t b = r / T, t = r % T;
       for (int64_t h = 0; h < NH; ++h) {
