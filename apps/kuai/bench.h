@@ -27,4 +27,9 @@ int run_info(const std::vector<std::string>& args);
 // tuning cache, measures the products of one training step of the config and prints the choices.
 int run_tune(const train::TrainConfig& cfg);
 
+// `kuai plan --config FILE [--section.key=value ...] [--ranks N] [--memory-per-rank 64GiB]
+// [--bandwidth 25GB/s] [--latency 20us] [--fit] [--no-scaling]` (plan.cpp): the predicted memory
+// per rank, step time and scaling of a config (kuai/plan/plan.h), ending with a RESULT line.
+int run_plan(const std::vector<std::string>& args);
+
 }  // namespace kuai::app

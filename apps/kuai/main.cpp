@@ -1,4 +1,4 @@
-// The `kuai` command: train, sample, prepare, bench, info, tune. Errors print one line and exit
+// The `kuai` command: train, sample, prepare, bench, info, tune, plan. Errors print one line and exit
 // non-zero.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -58,7 +58,11 @@ constexpr const char* kUsage =
     "  info [--cpu-tier | --tier]                          the CPU, its ISA tier (KUAI_MAX_ISA\n"
     "                                                      caps it), which GEMM runs each product\n"
     "  tune [--config FILE] [--section.key=value ...]      re-measure the GEMM routing for this\n"
-    "                                                      machine (KUAI_GEMM_TUNING=off: none)\n";
+    "                                                      machine (KUAI_GEMM_TUNING=off: none)\n"
+    "  plan [--config FILE] [--section.key=value ...] [--ranks N] [--memory-per-rank 64GiB]\n"
+    "       [--bandwidth 25GB/s] [--latency 20us] [--fit] [--no-scaling]\n"
+    "                                                      predicted memory per rank, step time\n"
+    "                                                      and scaling; --fit: what makes it fit\n";
 
 // "--name=value" or "--name value"; advances i past what it consumed.
 bool take_option(const std::vector<std::string>& args, size_t& i, const std::string& name,
@@ -304,6 +308,7 @@ int main(int argc, char** argv) {
     if (command == "bench") return kuai::app::run_bench(args);
     if (command == "info") return kuai::app::run_info(args);
     if (command == "tune") return tune_command(args);
+    if (command == "plan") return kuai::app::run_plan(args);
     std::cerr << "kuai: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const kuai::train::RunDirectoryInUse& e) {

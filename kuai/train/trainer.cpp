@@ -76,9 +76,10 @@ std::string result_line(const TrainResult& r) {
   return fmt::format(
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
       "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
-      "minor_faults_per_step={:.1f}",
+      "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
-      r.comm_mib_per_step, r.overlap, r.minor_faults_per_step);
+      r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
+      static_cast<double>(r.peak_alloc_bytes) / (1 << 20));
 }
 
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {

@@ -1,0 +1,112 @@
+// `kuai plan`: will this config fit, how fast will it train, how far will it scale (kuai/plan/).
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <iostream>
+#include <stdexcept>
+
+#include "bench.h"
+#include "kuai/plan/plan.h"
+
+namespace kuai::app {
+
+int run_plan(const std::vector<std::string>& args) {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t ranks = 1;
+  int64_t budget = 0;
+  std::optional<double> bandwidth, latency;
+  bool do_fit = false, do_scaling = true;
+  auto value = [&](size_t& i, const std::string& name, std::string& v) {
+    const std::string& a = args[i];
+    if (a == "--" + name) {
+      if (i + 1 >= args.size()) throw std::invalid_argument("--" + name + " needs a value");
+      v = args[++i];
+      return true;
+    }
+    if (a.rfind("--" + name + "=", 0) == 0) {
+      v = a.substr(name.size() + 3);
+      return true;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string v;
+    if (value(i, "config", v)) {
+      config_path = v;
+    } else if (value(i, "ranks", v)) {
+      try {
+        ranks = std::stoll(v);
+      } catch (const std::exception&) {
+        ranks = 0;
+      }
+      if (ranks < 1 || std::to_string(ranks) != v)
+        throw std::invalid_argument("--ranks = '" + v + "' is not a positive integer");
+    } else if (value(i, "memory-per-rank", v)) {
+      budget = plan::parse_bytes(v, "--memory-per-rank");
+      if (budget <= 0) throw std::invalid_argument("--memory-per-rank must be positive");
+    } else if (value(i, "bandwidth", v)) {
+      bandwidth = plan::parse_gbs(v, "--bandwidth");
+      if (!(*bandwidth > 0)) throw std::invalid_argument("--bandwidth must be positive");
+    } else if (value(i, "latency", v)) {
+      latency = plan::parse_us(v, "--latency");
+    } else if (args[i] == "--fit") {
+      do_fit = true;
+    } else if (args[i] == "--no-scaling") {
+      do_scaling = false;
+    } else {
+      overrides.push_back(args[i]);  // --section.key=value, as kuai train takes them
+    }
+  }
+  const train::TrainConfig cfg = train::load_config(config_path, overrides);
+  if (cfg.threads > 0) omp_set_num_threads(static_cast<int>(cfg.threads));
+  if (budget == 0) budget = plan::machine_memory_bytes();
+
+  // The link: given, else measured by `kuai bench ddp`, else an assumption said as such.
+  plan::Link link;
+  if (const auto m = plan::measured_link()) link = *m;
+  if (link.bandwidth_gbs <= 0) {
+    link.bandwidth_gbs = 10.0;
+    link.latency_us = 20.0;
+    link.source = "assumed: run `kuai bench ddp` to measure it, or give --bandwidth / --latency";
+  }
+  if (bandwidth || latency) {
+    if (bandwidth) link.bandwidth_gbs = *bandwidth;
+    if (latency) link.latency_us = *latency;
+    link.source = "given";
+  }
+
+  plan::MachineCosts costs;
+  const plan::Prediction p = plan::predict(cfg, ranks, budget, link, costs);
+  std::vector<plan::ScalingRow> scale;
+  if (do_scaling) scale = plan::scaling(cfg, link, costs, {1, 2, 8, 64, 512});
+  std::cout << plan::report(p, costs, link, scale);
+  if (do_fit) {
+    if (p.fits()) {
+      std::cout << "\n--fit: the config fits as it is\n";
+    } else {
+      const std::vector<plan::FitOption> options = plan::fit(cfg, ranks, budget, link, costs);
+      if (options.empty()) {
+        std::cout << "\n--fit: no combination of fewer micro-batch rows, bf16, flash attention, "
+                     "ZeRO-1/2 and up to 8x the ranks fits; a smaller model or more memory per "
+                     "rank is needed\n";
+      } else {
+        std::cout << fmt::format("\n--fit: {} change set{} within {} (5% spare), fastest first:\n",
+                                 options.size(), options.size() == 1 ? "" : "s",
+                                 fmt::format("{:.1f} MiB", double(budget) / (1 << 20)));
+        for (size_t i = 0; i < options.size() && i < 8; ++i) {
+          const plan::FitOption& f = options[i];
+          std::string o;
+          for (const std::string& x : f.overrides) o += (o.empty() ? "" : " ") + x;
+          std::cout << fmt::format("  {:>9.1f} MiB {:>9.2f} ms/step {:>10.0f} tok/s  {}\n",
+                                   double(f.peak_bytes) / (1 << 20), f.step_s * 1e3, f.tokens_per_s,
+                                   f.command(config_path));
+        }
+      }
+    }
+  }
+  std::cout << plan::result_line(p) << std::endl;
+  return 0;
+}
+
+}  // namespace kuai::app

@@ -1,0 +1,462 @@
+// `kuai plan` (see plan.h).
+#include "kuai/plan/plan.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+#include "kuai/amp/autocast.h"
+
+namespace kuai::plan {
+
+namespace {
+
+double mib(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+std::string human_bytes(double b) {
+  if (b >= double(int64_t{1} << 30)) return fmt::format("{:.2f} GiB", b / double(int64_t{1} << 30));
+  if (b >= double(1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  return fmt::format("{:.1f} KiB", b / 1024.0);
+}
+
+std::string trim(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return s.substr(i);
+}
+
+// "12.5GiB" -> (12.5, "gib")
+std::pair<double, std::string> number_and_unit(const std::string& text, const std::string& what) {
+  const std::string t = trim(text);
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument(fmt::format("{} = '{}' is not a number with a unit", what, text));
+  }
+  std::string unit = trim(t.substr(used));
+  std::transform(unit.begin(), unit.end(), unit.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (!(v >= 0) || !std::isfinite(v))
+    throw std::invalid_argument(fmt::format("{} = '{}' must be a non-negative number", what, text));
+  return {v, unit};
+}
+
+}  // namespace
+
+int64_t parse_bytes(const std::string& text, const std::string& what) {
+  const auto [v, unit] = number_and_unit(text, what);
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"b", 1},
+                                                  {"kib", 1024.0},
+                                                  {"kb", 1e3},
+                                                  {"mib", 1 << 20},
+                                                  {"mb", 1e6},
+                                                  {"gib", 1073741824.0},
+                                                  {"gb", 1e9},
+                                                  {"tib", 1099511627776.0},
+                                                  {"tb", 1e12},
+                                                  {"k", 1024.0},
+                                                  {"m", 1 << 20},
+                                                  {"g", 1073741824.0}};
+  for (const auto& [name, f] : units)
+    if (unit == name) return static_cast<int64_t>(v * f);
+  throw std::invalid_argument(fmt::format(
+      "{} = '{}': unknown unit '{}' (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", what, text, unit));
+}
+
+double parse_gbs(const std::string& text, const std::string& what) {
+  const auto [v, unit] = number_and_unit(text, what);
+  if (unit == "gb/s" || unit == "gbs" || unit == "") return v;
+  if (unit == "mb/s") return v / 1e3;
+  if (unit == "gbit/s" || unit == "gb/s" || unit == "gbps") return v / 8;
+  throw std::invalid_argument(
+      fmt::format("{} = '{}': unknown unit '{}' (GB/s, MB/s, Gbit/s)", what, text, unit));
+}
+
+double parse_us(const std::string& text, const std::string& what) {
+  const auto [v, unit] = number_and_unit(text, what);
+  if (unit == "us" || unit == "") return v;
+  if (unit == "ms") return v * 1e3;
+  if (unit == "ns") return v / 1e3;
+  throw std::invalid_argument(
+      fmt::format("{} = '{}': unknown unit '{}' (us, ms, ns)", what, text, unit));
+}
+
+int64_t machine_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemTotal:") return kb * 1024;
+  return int64_t{16} << 30;
+}
+
+StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
+  StepSpec s;
+  s.model = cfg.model.resolved();
+  s.batch = cfg.batch_size;
+  s.seq = cfg.model.seq_len;
+  s.accum = cfg.accum_steps;
+  s.compute = amp::precision_dtype(cfg.precision);
+  const nn::AttentionImpl impl = nn::parse_attention_impl(cfg.attention);
+  s.flash = impl == nn::AttentionImpl::kFlash ||
+            (impl == nn::AttentionImpl::kAuto && s.seq >= nn::kFlashAutoMinT);
+  s.ranks = ranks;
+  s.zero = ranks > 1 ? cfg.zero : 0;
+  s.compression = ranks > 1 ? cfg.compression : "none";
+  s.error_feedback = ranks > 1 && cfg.compression != "none" && cfg.error_feedback;
+  s.bucket_mb = cfg.bucket_mb;
+  s.first_bucket_mb = cfg.first_bucket_mb;
+  s.threads = threads;
+  s.loader_slots = cfg.workers == 0 ? 1 : cfg.workers * cfg.prefetch_factor;
+  s.fp16_scaler = cfg.precision == "fp16";
+  return s;
+}
+
+// ---- the link --------------------------------------------------------------------------------
+
+double Link::seconds(const std::string& op, double bytes, int64_t ranks) const {
+  if (ranks <= 1) return 0.0;
+  const double n = static_cast<double>(ranks);
+  const double steps = op == "all_reduce" ? 2.0 * (n - 1) : (n - 1);
+  return steps / n * bytes / (bandwidth_gbs * 1e9) + steps * latency_us * 1e-6;
+}
+
+std::string link_file() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  const char* home = std::getenv("HOME");
+  const std::string base =
+      xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
+  return base + "/kuai/link.json";
+}
+
+std::optional<Link> measured_link() {
+  std::ifstream in(link_file());
+  if (!in) return std::nullopt;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    Link l;
+    l.bandwidth_gbs = j.at("bandwidth_gbs").get<double>();
+    l.latency_us = j.at("latency_us").get<double>();
+    l.source = fmt::format("measured by kuai bench ddp ({})", link_file());
+    if (!(l.bandwidth_gbs > 0) || !(l.latency_us >= 0)) return std::nullopt;
+    return l;
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+void save_link(const Link& link) {
+  const std::string path = link_file();
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << nlohmann::json{{"bandwidth_gbs", link.bandwidth_gbs}, {"latency_us", link.latency_us}}
+               .dump(2)
+        << "\n";
+  }
+  std::filesystem::rename(tmp, path);
+}
+
+// ---- time ------------------------------------------------------------------------------------
+
+TimePrediction predict_time(const StepSpec& spec, const StepModel& step, const MachineCosts& costs,
+                            const Link& link, bool overlap) {
+  TimePrediction t;
+  double bwd_s = 0;  // the backward of one micro-batch
+  for (const Product& p : step.products) {
+    const ProductCost& c = costs.products.at(product_key(p));
+    t.products_s += c.seconds * double(p.count);
+    t.flops += p.flops() * double(p.count);
+    if (p.what.ends_with(" dX") || p.what.ends_with(" dW")) bwd_s += c.seconds;
+  }
+  for (const AttentionWork& a : step.attention) {
+    const AttentionCost& c = costs.attention.at(attention_key(a));
+    t.attention_s += (c.fwd_s + c.bwd_s) * double(a.count);
+    t.flops += (a.flops_fwd + a.flops_bwd) * double(a.count);
+    bwd_s += c.bwd_s;
+  }
+  for (const Pass& p : step.passes) {
+    const double s = p.bytes / (costs.bandwidth.at(p.bytes) * 1e9);
+    t.memory_s += s * double(p.count);
+    if (p.what.find("backward") != std::string::npos || p.what.find("grad") != std::string::npos)
+      bwd_s += s;
+  }
+  t.overhead_s = double(step.ops_per_step) * costs.op_overhead_s;
+  bwd_s += t.overhead_s / double(2 * spec.accum);
+  // The collectives, one at a time on the communication thread in launch order; a gradient
+  // bucket starts once backward has produced it (overlap) or after backward (no overlap).
+  double comm_end = 0;
+  for (const StepModel::Collective& c : step.collectives) {
+    double d = link.seconds(c.op, c.bytes, spec.ranks);
+    if (c.op != "all_gather" && spec.compression != "none" &&
+        c.what.find("bucket") != std::string::npos)
+      d += c.bytes * 6 / (costs.bandwidth.dram() * 1e9);  // cast into the wire buffer and back
+    t.comm_s += d;
+    if (c.what.find("bucket") != std::string::npos) {
+      const double ready = overlap ? c.ready_fraction * bwd_s : bwd_s;
+      comm_end = std::max(comm_end, ready) + d;
+    } else if (c.op == "all_gather" && c.what.starts_with("all_gather parameters")) {
+      t.comm_exposed_s += d;  // ZeRO's parameter all-gather blocks the step
+    }
+    // The loss, the stop flag and the gradient norm queue behind and are waited for later.
+  }
+  t.comm_exposed_s += std::max(0.0, comm_end - bwd_s);
+  t.step_s = t.products_s + t.attention_s + t.memory_s + t.overhead_s + t.comm_exposed_s;
+  t.tokens_per_s = double(spec.batch * spec.seq * spec.accum * spec.ranks) / t.step_s;
+  return t;
+}
+
+namespace {
+
+// Measures what `step` needs that `costs` does not have yet.
+void complete_costs(const StepModel& step, MachineCosts& costs) {
+  if (costs.cpu.empty()) {
+    const MachineCosts fresh = measure_costs(StepModel{});
+    costs.cpu = fresh.cpu;
+    costs.threads = fresh.threads;
+    costs.bandwidth = fresh.bandwidth;
+    costs.op_overhead_s = fresh.op_overhead_s;
+  }
+  for (const Product& p : step.products) {
+    const std::string key = product_key(p);
+    if (!costs.products.contains(key)) costs.products[key] = measure_product(p);
+  }
+  for (const AttentionWork& a : step.attention) {
+    const std::string key = attention_key(a);
+    if (!costs.attention.contains(key)) costs.attention[key] = measure_attention(a);
+  }
+}
+
+StepModel model_with_costs(StepSpec spec, MachineCosts& costs) {
+  // The products' list first (their scratch unknown), measured, then the replay with it.
+  StepModel first = model_step(spec);
+  complete_costs(first, costs);
+  spec.gemm_scratch = [&costs](const Product& p) {
+    const auto it = costs.products.find(product_key(p));
+    return it == costs.products.end() ? int64_t{0} : it->second.scratch;
+  };
+  return model_step(spec);
+}
+
+}  // namespace
+
+Prediction predict(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
+                   const Link& link, MachineCosts& costs) {
+  Prediction p;
+  p.spec = step_spec(cfg, ranks, omp_get_max_threads());
+  p.step = model_with_costs(p.spec, costs);
+  p.time = predict_time(p.spec, p.step, costs, link, cfg.overlap);
+  p.budget_bytes = budget_bytes;
+  return p;
+}
+
+std::vector<ScalingRow> scaling(const train::TrainConfig& cfg, const Link& link,
+                                MachineCosts& costs, const std::vector<int64_t>& ranks) {
+  std::vector<ScalingRow> rows;
+  double one = 0;
+  for (int64_t n : ranks) {
+    const Prediction p = predict(cfg, n, 0, link, costs);
+    ScalingRow r;
+    r.ranks = n;
+    r.tokens_per_s = p.time.tokens_per_s;
+    r.step_ms = p.time.step_s * 1e3;
+    r.comm_exposed_ms = p.time.comm_exposed_s * 1e3;
+    r.peak_bytes = p.step.peak_bytes;
+    if (n == 1) one = r.tokens_per_s;
+    r.efficiency = one > 0 ? r.tokens_per_s / (double(n) * one) : 0.0;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+// ---- fit -------------------------------------------------------------------------------------
+
+std::string FitOption::command(const std::string& config_path) const {
+  std::string s = ranks > 1 ? fmt::format("mpirun -np {} kuai train", ranks) : "kuai train";
+  if (!config_path.empty()) s += " --config " + config_path;
+  for (const std::string& o : overrides) s += " " + o;
+  return s;
+}
+
+std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
+                           const Link& link, MachineCosts& costs, double headroom) {
+  const int64_t B = cfg.batch_size, k = cfg.accum_steps;
+  std::vector<int64_t> rank_options = {ranks};
+  for (int64_t f : {2, 4, 8})
+    if ((B * ranks) % (ranks * f) == 0) rank_options.push_back(ranks * f);
+  std::vector<FitOption> out;
+  std::set<std::string> seen;
+  for (int64_t n : rank_options) {
+    const int64_t rows_per_rank = B * ranks / n;  // the same global batch
+    for (int64_t rows = rows_per_rank; rows >= 1; rows /= 2) {
+      if (rows_per_rank % rows != 0) continue;
+      const int64_t accum = k * (rows_per_rank / rows);
+      for (const std::string& precision :
+           std::vector<std::string>{cfg.precision, cfg.precision == "fp32" ? "bf16" : ""}) {
+        if (precision.empty()) continue;
+        for (const std::string& attention :
+             std::vector<std::string>{cfg.attention, cfg.attention == "flash" ? "" : "flash"}) {
+          if (attention.empty()) continue;
+          for (int64_t zero : {int64_t{0}, int64_t{1}, int64_t{2}}) {
+            if (n == 1 && zero > 0) continue;
+            if (zero == 2 && cfg.compression != "none") continue;  // not combined (dist/ddp.cpp)
+            train::TrainConfig c = cfg;
+            c.batch_size = rows;
+            c.accum_steps = accum;
+            c.precision = precision;
+            c.attention = attention;
+            c.zero = zero;
+            std::vector<std::string> o;
+            if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
+            if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
+            if (precision != cfg.precision) o.push_back("--train.precision=" + precision);
+            if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
+            if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
+            std::string key = fmt::format("{}", n);
+            for (const auto& x : o) key += " " + x;
+            if (!seen.insert(key).second) continue;
+            StepSpec spec = step_spec(c, n, omp_get_max_threads());
+            const StepModel quick = model_step(spec);  // without GEMM scratch: a first cut
+            if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
+            const Prediction p = predict(c, n, budget_bytes, link, costs);
+            if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
+            FitOption f;
+            f.overrides = o;
+            f.ranks = n;
+            f.peak_bytes = p.step.peak_bytes;
+            f.step_s = p.time.step_s;
+            f.tokens_per_s = p.time.tokens_per_s;
+            out.push_back(f);
+          }
+        }
+      }
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const FitOption& a, const FitOption& b) {
+    if (a.step_s != b.step_s) return a.step_s < b.step_s;
+    return a.overrides.size() < b.overrides.size();
+  });
+  return out;
+}
+
+// ---- report ----------------------------------------------------------------------------------
+
+std::string report(const Prediction& p, const MachineCosts& costs, const Link& link,
+                   const std::vector<ScalingRow>& scale) {
+  const StepSpec& s = p.spec;
+  const StepModel& m = p.step;
+  std::ostringstream o;
+  o << fmt::format("plan: {}; batch {} x {} tokens per rank, {} micro-batch{}, {} , {} attention",
+                   nn::describe(s.model), s.batch, s.seq, s.accum, s.accum == 1 ? "" : "es",
+                   s.compute == DType::kF32 ? std::string("fp32") : dtype_name(s.compute),
+                   s.flash ? "flash" : "naive");
+  if (s.ranks > 1)
+    o << fmt::format("; {} ranks, ZeRO {}, compression {}", s.ranks, s.zero, s.compression);
+  o << "\n" << fmt::format("machine: {}\n\n", costs.cpu);
+
+  o << fmt::format("memory per rank at the step's peak ({}):\n", m.peak_where);
+  for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
+    const int64_t b = m.at_peak[static_cast<size_t>(k)];
+    const int64_t held = m.persistent[static_cast<size_t>(k)];
+    if (b == 0 && held == 0) continue;
+    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", kind_name(static_cast<Kind>(k)),
+                     human_bytes(double(b)), human_bytes(double(held)));
+  }
+  o << fmt::format("  {:<36} {:>12}   of {} per rank: {}\n", "peak of live tensors",
+                   human_bytes(double(m.peak_bytes)), human_bytes(double(p.budget_bytes)),
+                   p.fits() ? "fits"
+                            : fmt::format("does not fit ({:.2f}x)",
+                                          double(m.peak_bytes) / double(p.budget_bytes)));
+  if (s.compute != DType::kF32)
+    o << "  (the fp32 parameters are the master weights: autocast keeps one low-precision copy "
+         "of each weight for the step, no second fp32 copy)\n";
+  o << fmt::format("  largest kernel scratch {}\n\n", human_bytes(double(m.workspace_max)));
+
+  o << fmt::format("activations saved for backward (last micro-batch, end of forward): {}\n",
+                   human_bytes(double(m.saved_total)));
+  size_t shown = 0;
+  for (const SavedRow& r : m.saved) {
+    if (shown++ == 14) {
+      o << fmt::format("  ... {} more kinds\n", m.saved.size() - 14);
+      break;
+    }
+    o << fmt::format("  {:<56} {:>4} x {:>10} = {:>10}\n", r.what, r.count,
+                     human_bytes(double(r.bytes) / double(r.count)), human_bytes(double(r.bytes)));
+  }
+
+  const TimePrediction& t = p.time;
+  o << fmt::format("\nstep time per rank (products at this machine's measured rates):\n");
+  std::map<std::string, std::pair<double, const Product*>> by_key;
+  for (const Product& pr : m.products) {
+    auto& e = by_key[product_key(pr)];
+    e.first += costs.products.at(product_key(pr)).seconds * double(pr.count);
+    e.second = &pr;
+  }
+  std::vector<std::pair<double, std::string>> rows;
+  for (const auto& [key, e] : by_key) rows.emplace_back(e.first, key);
+  std::sort(rows.rbegin(), rows.rend());
+  for (size_t i = 0; i < rows.size() && i < 8; ++i) {
+    const ProductCost& c = costs.products.at(rows[i].second);
+    o << fmt::format("  {:<44} {:>8.2f} ms  {:>7.1f} GFLOP/s  {}\n", rows[i].second,
+                     rows[i].first * 1e3, c.gflops, c.source);
+  }
+  if (rows.size() > 8) o << fmt::format("  ... {} more product shapes\n", rows.size() - 8);
+  o << fmt::format("  {:<44} {:>8.2f} ms  ({:.2f} GFLOP per step)\n", "products",
+                   t.products_s * 1e3, (t.flops - 0) * 1e-9);
+  o << fmt::format("  {:<44} {:>8.2f} ms\n",
+                   s.flash ? "attention (flash kernels)" : "attention (naive kernels)",
+                   t.attention_s * 1e3);
+  double pass_bytes = 0;
+  for (const Pass& ps : m.passes) pass_bytes += ps.bytes * double(ps.count);
+  o << fmt::format("  {:<44} {:>8.2f} ms  ({} at {:.1f}-{:.1f} GB/s by size)\n",
+                   "memory-bound passes", t.memory_s * 1e3, human_bytes(pass_bytes),
+                   costs.bandwidth.dram(),
+                   costs.bandwidth.points.empty() ? 0.0 : costs.bandwidth.points.front().second);
+  o << fmt::format("  {:<44} {:>8.2f} ms  ({} ops x {:.2f} us)\n", "op dispatch",
+                   t.overhead_s * 1e3, m.ops_per_step, costs.op_overhead_s * 1e6);
+  if (s.ranks > 1)
+    o << fmt::format(
+        "  {:<44} {:>8.2f} ms  ({:.2f} ms of {:.2f} ms not hidden by backward; link {:.2f} GB/s, "
+        "{:.1f} us, {})\n",
+        "communication", t.comm_exposed_s * 1e3, t.comm_exposed_s * 1e3, t.comm_s * 1e3,
+        link.bandwidth_gbs, link.latency_us, link.source);
+  o << fmt::format("  {:<44} {:>8.2f} ms  -> {:.0f} tokens/s{}\n", "step", t.step_s * 1e3,
+                   t.tokens_per_s, s.ranks > 1 ? " over all ranks" : "");
+  if (!scale.empty()) {
+    o << fmt::format(
+        "\nscaling projection (batch per rank unchanged; ring all-reduce 2(N-1)/N bytes/bandwidth "
+        "+ 2(N-1) latency, overlapped with backward bucket by bucket; link {:.2f} GB/s, {:.1f} us: "
+        "{}):\n",
+        link.bandwidth_gbs, link.latency_us, link.source);
+    o << fmt::format("  {:>6} {:>14} {:>11} {:>10} {:>16} {:>12}\n", "ranks", "tokens/s",
+                     "efficiency", "step ms", "exposed comm ms", "peak/rank");
+    for (const ScalingRow& r : scale)
+      o << fmt::format("  {:>6} {:>14.0f} {:>10.1f}% {:>10.2f} {:>16.2f} {:>12}\n", r.ranks,
+                       r.tokens_per_s, r.efficiency * 100, r.step_ms, r.comm_exposed_ms,
+                       human_bytes(double(r.peak_bytes)));
+  }
+  return o.str();
+}
+
+std::string result_line(const Prediction& p) {
+  return fmt::format("RESULT peak_mib={:.1f} step_ms={:.2f} tokens_per_s={:.1f} fits={}",
+                     mib(p.step.peak_bytes), p.time.step_s * 1e3, p.time.tokens_per_s,
+                     p.fits() ? "yes" : "no");
+}
+
+}  // namespace kuai::plan
