@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -65,6 +66,14 @@ Product proxy_of(const Product& p, double budget) {
 
 }  // namespace
 
+int64_t last_level_cache_bytes() {
+  for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long v = sysconf(name);
+    if (v > 0) return std::min<int64_t>(v, int64_t{256} << 20);
+  }
+  return int64_t{32} << 20;
+}
+
 double BandwidthCurve::at(double bytes) const {
   if (points.empty()) return 1.0;
   if (bytes <= points.front().first) return points.front().second;
@@ -93,10 +102,24 @@ std::string attention_key(const AttentionWork& a) {
 ProductCost measure_product(const Product& p, double budget_flops) {
   autograd::NoGradGuard no_grad;
   const Product q = proxy_of(p, budget_flops);
-  const Tensor A = random(q.trans_a ? Shape{q.k, q.m} : Shape{q.m, q.k}, q.a, 1);
-  const Tensor B = random(q.trans_b ? Shape{q.n, q.k} : Shape{q.k, q.n}, q.b, 2);
+  // In a training step a product's operands come from memory, not from the cache the previous
+  // run of the same product left them in: the runs cycle through copies that together exceed
+  // the last-level cache (up to 16 of them).
+  const double operand_bytes =
+      double(q.m * q.k) * double(dtype_size(q.a)) + double(q.k * q.n) * double(dtype_size(q.b));
+  const int copies = static_cast<int>(
+      std::clamp(std::ceil(double(last_level_cache_bytes()) / operand_bytes), 1.0, 16.0));
+  std::vector<Tensor> As, Bs;
+  for (int i = 0; i < copies; ++i) {
+    As.push_back(random(q.trans_a ? Shape{q.k, q.m} : Shape{q.m, q.k}, q.a, 1 + 2 * i));
+    Bs.push_back(random(q.trans_b ? Shape{q.n, q.k} : Shape{q.k, q.n}, q.b, 2 + 2 * i));
+  }
   const Tensor bias = q.bias ? random({q.n}, q.c, 3) : Tensor();
+  int turn = 0;
   auto run = [&] {
+    const Tensor& A = As[static_cast<size_t>(turn)];
+    const Tensor& B = Bs[static_cast<size_t>(turn)];
+    turn = (turn + 1) % copies;
     if (q.trans_b) return linear(q.trans_a ? transpose(A, 0, 1) : A, B, bias);
     return matmul(q.trans_a ? transpose(A, 0, 1) : A, B);
   };
@@ -163,6 +186,91 @@ AttentionCost measure_attention(const AttentionWork& a, double budget_flops) {
   return c;
 }
 
+std::string kernel_key(const Pass& p) {
+  std::string shape;
+  for (int64_t d : p.shape) shape += fmt::format("{}{}", shape.empty() ? "" : "x", d);
+  return fmt::format("{} {} {}.{}{}", p.kernel, shape, dtype_name(p.from), dtype_name(p.dtype),
+                     p.kernel == "rope" ? fmt::format(" r{}", p.rotated) : "");
+}
+
+double pass_seconds(const Pass& p, const MachineCosts& costs) {
+  if (!p.kernel.empty()) {
+    const auto it = costs.kernels.find(kernel_key(p));
+    if (it != costs.kernels.end()) return p.backward ? it->second.bwd_s : it->second.fwd_s;
+  }
+  return p.bytes / (costs.bandwidth.at(p.bytes) * 1e9);
+}
+
+KernelCost measure_kernel(const Pass& p) {
+  const std::vector<int64_t>& s = p.shape;
+  Generator g(11, 3);
+  std::vector<Tensor> leaves;  // inputs that get gradients
+  std::vector<Tensor> consts;
+  std::function<Tensor()> f;
+  auto leaf = [&](const Shape& shape, DType dt) {
+    Tensor t = random(shape, dt, 20 + leaves.size()).detach();
+    leaves.push_back(t);
+    return t;
+  };
+  if (p.kernel == "layer_norm" || p.kernel == "rms_norm") {
+    const Tensor x = leaf({s[0], s[1]}, p.dtype);
+    const Tensor w = full({s[1]}, 1.0f), b = zeros({s[1]});
+    if (p.kernel == "layer_norm")
+      f = [x, w, b] { return layer_norm(x, w, b); };
+    else
+      f = [x, w] { return rms_norm(x, w); };
+  } else if (p.kernel == "gelu" || p.kernel == "swiglu") {
+    const Tensor x = leaf(Shape(s.begin(), s.end()), p.dtype);
+    f = p.kernel == "gelu" ? std::function<Tensor()>([x] { return gelu(x); })
+                           : std::function<Tensor()>([x] { return swiglu(x); });
+  } else if (p.kernel == "rope") {
+    const Tensor x = leaf(Shape(s.begin(), s.end()), p.dtype);
+    const double theta = p.theta;
+    const int64_t rotated = p.rotated;
+    f = [x, theta, rotated] { return rope(x, theta, rotated); };
+  } else if (p.kernel == "add") {
+    const Tensor a = leaf({s[0]}, p.from), b = leaf({s[0]}, p.dtype);
+    f = [a, b] { return add(a, b); };
+  } else if (p.kernel == "cast") {
+    const Tensor x = leaf({s[0]}, p.from);
+    const DType to = p.dtype;
+    f = [x, to] { return cast(x, to); };
+  } else if (p.kernel == "sum_rows") {
+    const Tensor x = leaf({s[0], s[1]}, p.dtype);
+    f = [x] { return sum(x, 0); };
+  } else if (p.kernel == "embedding") {
+    const Tensor w = leaf({s[0], s[1]}, DType::kF32);
+    const Tensor idx = g.randint({s[2]}, 0, static_cast<int32_t>(s[0]));
+    f = [w, idx] { return embedding(w, idx); };
+  } else if (p.kernel == "cross_entropy") {
+    const Tensor x = leaf({s[0], s[1]}, p.dtype);
+    const Tensor t = g.randint({s[0]}, 0, static_cast<int32_t>(s[1]));
+    f = [x, t] { return cross_entropy(x, t); };
+  } else {
+    throw std::invalid_argument("plan: no kernel '" + p.kernel + "' to measure");
+  }
+  KernelCost c;
+  {
+    autograd::NoGradGuard no_grad;
+    c.fwd_s = median_seconds([&] { (void)f(); }, 5);
+  }
+  for (Tensor& t : leaves) t.requires_grad_(true);
+  const Tensor y0 = f();
+  const Tensor gy = y0.numel() == 1 ? Tensor() : random(y0.shape(), y0.dtype(), 99);
+  const double both = median_seconds(
+      [&] {
+        const Tensor y = f();
+        if (gy.defined())
+          autograd::backward(y, gy);
+        else
+          autograd::backward(y, Tensor());
+        for (Tensor& t : leaves) t.set_grad(Tensor());
+      },
+      5);
+  c.bwd_s = std::max(0.0, both - c.fwd_s);
+  return c;
+}
+
 BandwidthCurve measure_bandwidth() {
   BandwidthCurve curve;
   for (int64_t total : {int64_t{3} << 16, int64_t{3} << 20, int64_t{3} << 23, int64_t{3} << 26}) {
@@ -203,6 +311,9 @@ MachineCosts measure_costs(const StepModel& step) {
     const std::string key = attention_key(a);
     if (!m.attention.contains(key)) m.attention[key] = measure_attention(a);
   }
+  for (const Pass& p : step.passes)
+    if (!p.kernel.empty() && !m.kernels.contains(kernel_key(p)))
+      m.kernels[kernel_key(p)] = measure_kernel(p);
   m.bandwidth = measure_bandwidth();
   m.op_overhead_s = measure_op_overhead();
   return m;

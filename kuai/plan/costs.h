@@ -23,6 +23,11 @@ struct ProductCost {
   std::string source;   // "measured", "proxy 1024x1024x1024"
 };
 
+// A memory-bound kernel of the step, forward and backward, measured at its shape.
+struct KernelCost {
+  double fwd_s = 0, bwd_s = 0;
+};
+
 struct AttentionCost {
   double fwd_s = 0, bwd_s = 0;  // one call of the step's shape
   std::string source;
@@ -38,6 +43,7 @@ struct BandwidthCurve {
 struct MachineCosts {
   std::map<std::string, ProductCost> products;  // by product_key
   std::map<std::string, AttentionCost> attention;
+  std::map<std::string, KernelCost> kernels;  // by kernel_key
   BandwidthCurve bandwidth;
   double op_overhead_s = 0;  // one dispatched op, its output allocated from the cache
   int threads = 1;
@@ -45,12 +51,18 @@ struct MachineCosts {
 };
 
 std::string product_key(const Product& p);
+int64_t last_level_cache_bytes();  // sysconf's L3 (else L2), at most 256 MiB
 std::string attention_key(const AttentionWork& a);
+std::string kernel_key(const Pass& p);  // the kernel and shape, either direction
+// The seconds of one pass: its kernel measured (forward or backward), or for a pass without a
+// kernel (the optimizer's) its bytes at the bandwidth of its size.
+double pass_seconds(const Pass& p, const MachineCosts& costs);
 
 // Times (and measures the scratch of) `p`: the fastest of a few runs after a warm-up. Products
 // over `budget_flops` are timed on a proxy with the dimensions scaled down alike.
 ProductCost measure_product(const Product& p, double budget_flops = 4e9);
 AttentionCost measure_attention(const AttentionWork& a, double budget_flops = 4e9);
+KernelCost measure_kernel(const Pass& p);
 BandwidthCurve measure_bandwidth();
 double measure_op_overhead();
 

@@ -191,10 +191,9 @@ TimePrediction predict_time(const StepSpec& spec, const StepModel& step, const M
     bwd_s += c.bwd_s;
   }
   for (const Pass& p : step.passes) {
-    const double s = p.bytes / (costs.bandwidth.at(p.bytes) * 1e9);
+    const double s = pass_seconds(p, costs);
     t.memory_s += s * double(p.count);
-    if (p.what.find("backward") != std::string::npos || p.what.find("grad") != std::string::npos)
-      bwd_s += s;
+    if (p.backward) bwd_s += s;
   }
   t.overhead_s = double(step.ops_per_step) * costs.op_overhead_s;
   bwd_s += t.overhead_s / double(2 * spec.accum);
@@ -240,6 +239,9 @@ void complete_costs(const StepModel& step, MachineCosts& costs) {
     const std::string key = attention_key(a);
     if (!costs.attention.contains(key)) costs.attention[key] = measure_attention(a);
   }
+  for (const Pass& p : step.passes)
+    if (!p.kernel.empty() && !costs.kernels.contains(kernel_key(p)))
+      costs.kernels[kernel_key(p)] = measure_kernel(p);
 }
 
 StepModel model_with_costs(StepSpec spec, MachineCosts& costs) {
@@ -423,10 +425,11 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
                    t.attention_s * 1e3);
   double pass_bytes = 0;
   for (const Pass& ps : m.passes) pass_bytes += ps.bytes * double(ps.count);
-  o << fmt::format("  {:<44} {:>8.2f} ms  ({} at {:.1f}-{:.1f} GB/s by size)\n",
-                   "memory-bound passes", t.memory_s * 1e3, human_bytes(pass_bytes),
-                   costs.bandwidth.dram(),
-                   costs.bandwidth.points.empty() ? 0.0 : costs.bandwidth.points.front().second);
+  o << fmt::format(
+      "  {:<44} {:>8.2f} ms  ({} moved: {:.1f} GB/s; the triad streams {:.1f} GB/s from memory)\n",
+      "memory-bound kernels (norms, activations, casts, loss, optimizer)", t.memory_s * 1e3,
+      human_bytes(pass_bytes), pass_bytes / std::max(t.memory_s, 1e-12) * 1e-9,
+      costs.bandwidth.dram());
   o << fmt::format("  {:<44} {:>8.2f} ms  ({} ops x {:.2f} us)\n", "op dispatch",
                    t.overhead_s * 1e3, m.ops_per_step, costs.op_overhead_s * 1e6);
   if (s.ranks > 1)

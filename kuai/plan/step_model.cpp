@@ -278,7 +278,7 @@ class Replay {
   Ten rms_norm(const Ten& x, const std::string& prefix, const std::string& label);
   Ten add(const Ten& a, const Ten& b, const std::string& label);
   Ten unary(const char* op, const Ten& x, int64_t out_numel, bool saves_input,
-            const std::string& label);
+            const std::string& label, std::vector<int64_t> shape);
   Ten attention(const Ten& qkv, const std::string& label);
   Ten embedding(const std::string& weight, int64_t rows, const std::string& label);
   int cross_entropy(const Ten& logits);
@@ -286,7 +286,26 @@ class Replay {
                DType b, DType c, bool bias, int64_t batch = 1) {
     products_.push_back({std::move(what), ta, tb, m, n, k, batch, a, b, c, bias, 1});
   }
-  void pass(std::string what, double bytes) { passes_.push_back({std::move(what), bytes, 1}); }
+  void pass(std::string what, double bytes) {
+    Pass p;
+    p.what = std::move(what);
+    p.bytes = bytes;
+    passes_.push_back(std::move(p));
+  }
+  void kernel(std::string what, double bytes, std::string kind, std::vector<int64_t> shape,
+              DType dtype, DType from, bool backward, bool per_step = false) {
+    if (!recording_) return;
+    Pass p;
+    p.what = std::move(what);
+    p.bytes = bytes;
+    p.kernel = std::move(kind);
+    p.shape = std::move(shape);
+    p.dtype = dtype;
+    p.from = from;
+    p.backward = backward;
+    p.per_step = per_step;
+    passes_.push_back(std::move(p));
+  }
 
   Ten forward_gpt2(const Ten& tokens);
   Ten forward_llama(const Ten& tokens);
@@ -343,7 +362,9 @@ Ten Replay::cast(const Ten& x, DType to, const std::string& label) {
   y.node = x.node < 0 ? -1 : node("cast", {x}, {}, {}, [this, from, n](const std::vector<int>& g) {
     return std::vector<int>{alloc(n * es(from), Kind::kActGrads, "cast grad")};
   });
-  if (recording_) pass("cast", double(n) * double(es(from) + es(to)));
+  kernel(label + " (cast)", double(n) * double(es(from) + es(to)), "cast", {n}, to, from, false);
+  kernel(label + " (cast back of its gradient)", double(n) * double(es(from) + es(to)), "cast", {n},
+         from, to, true);
   return y;
 }
 
@@ -362,7 +383,10 @@ Ten Replay::weight(int p, std::vector<int>& param_of) {
                   [this, n](const std::vector<int>&) {
                     return std::vector<int>{alloc(n * 4, Kind::kActGrads, "weight grad fp32")};
                   });
-    if (recording_) pass("weight cast", double(n) * double(4 + es(s_.compute)));
+    kernel("weight casts", double(n) * double(4 + es(s_.compute)), "cast", {n}, s_.compute,
+           DType::kF32, false, /*per_step=*/true);
+    kernel("weight gradient casts", double(n) * double(4 + es(s_.compute)), "cast", {n},
+           DType::kF32, s_.compute, true);
   }
   param_of.push_back(-1);
   return c;
@@ -393,25 +417,26 @@ Ten Replay::linear(const Ten& x_in, const std::string& prefix, bool bias,
   const Product fwd{label + " forward", false, true, R, N, K, 1, cd, cd, cd, bias, 1};
   const Product dx{label + " dX", false, false, R, K, N, 1, cd, cd, cd, false, 1};
   const Product dw{label + " dW", true, false, N, K, R, 1, cd, cd, cd, false, 1};
-  y.node = node("linear " + prefix, in, param_of, saved,
-                [this, R, N, K, cd, bias, x_needs, prefix, dx, dw](const std::vector<int>&) {
-                  std::vector<int> out;
-                  if (x_needs) {
-                    out.push_back(alloc(R * K * es(cd), Kind::kActGrads, "dx"));
-                    gemm(dx);
-                  } else {
-                    out.push_back(-1);
-                  }
-                  out.push_back(alloc(N * K * es(cd), Kind::kActGrads, prefix + " dW"));
-                  gemm(dw);
-                  if (bias) {
-                    const int db = alloc(N * es(cd), Kind::kActGrads, prefix + " db");
-                    scratch(sum_rows_scratch(R, N, cd));
-                    if (recording_) pass(prefix + " bias grad", double(R * N * es(cd)));
-                    out.push_back(db);
-                  }
-                  return out;
-                });
+  y.node =
+      node("linear " + prefix, in, param_of, saved,
+           [this, R, N, K, cd, bias, x_needs, prefix, dx, dw](const std::vector<int>&) {
+             std::vector<int> out;
+             if (x_needs) {
+               out.push_back(alloc(R * K * es(cd), Kind::kActGrads, "dx"));
+               gemm(dx);
+             } else {
+               out.push_back(-1);
+             }
+             out.push_back(alloc(N * K * es(cd), Kind::kActGrads, prefix + " dW"));
+             gemm(dw);
+             if (bias) {
+               const int db = alloc(N * es(cd), Kind::kActGrads, prefix + " db");
+               scratch(sum_rows_scratch(R, N, cd));
+               kernel("bias gradients", double(R * N * es(cd)), "sum_rows", {R, N}, cd, cd, true);
+               out.push_back(db);
+             }
+             return out;
+           });
   gemm(fwd);
   if (cast_x) drop(x.buf);  // dispatch's handle of the cast input; the node keeps it
   return y;
@@ -436,10 +461,10 @@ Ten Replay::layer_norm(const Ten& x, const std::string& prefix, const std::strin
                 });
   drop(mean);
   drop(rstd);
-  if (recording_) {
-    pass(label + " forward", double(x.numel) * (es(x.dtype) + 4));
-    pass(label + " backward", double(x.numel) * (es(x.dtype) + 4 + 4 + 4));
-  }
+  kernel("layer_norm", double(x.numel) * (es(x.dtype) + 4), "layer_norm", {rows, C}, x.dtype,
+         x.dtype, false);
+  kernel("layer_norm backward", double(x.numel) * (es(x.dtype) + 12), "layer_norm", {rows, C},
+         x.dtype, x.dtype, true);
   return y;
 }
 
@@ -459,10 +484,10 @@ Ten Replay::rms_norm(const Ten& x, const std::string& prefix, const std::string&
                   return out;
                 });
   drop(rstd);
-  if (recording_) {
-    pass(label + " forward", double(x.numel) * (es(x.dtype) + 4));
-    pass(label + " backward", double(x.numel) * (es(x.dtype) + 4 + 4 + 4));
-  }
+  kernel("rms_norm", double(x.numel) * (es(x.dtype) + 4), "rms_norm", {rows, C}, x.dtype, x.dtype,
+         false);
+  kernel("rms_norm backward", double(x.numel) * (es(x.dtype) + 12), "rms_norm", {rows, C}, x.dtype,
+         x.dtype, true);
   return y;
 }
 
@@ -486,12 +511,16 @@ Ten Replay::add(const Ten& a, const Ten& b, const std::string& label) {
     }
     return out;
   });
-  if (recording_) pass(label, double(y.numel) * (es(a.dtype) + es(b.dtype) + es(y.dtype)));
+  kernel("residual add", double(y.numel) * (es(a.dtype) + es(b.dtype) + es(y.dtype)), "add",
+         {a.numel}, b.dtype, a.dtype, false);
+  if (b.dtype != y.dtype && b.numel == y.numel)  // the branch's gradient cast to its dtype
+    kernel("residual gradient casts", double(y.numel) * (es(b.dtype) + es(y.dtype)), "cast",
+           {y.numel}, b.dtype, y.dtype, true);
   return y;
 }
 
 Ten Replay::unary(const char* op, const Ten& x, int64_t out_numel, bool saves_input,
-                  const std::string& label) {
+                  const std::string& label, std::vector<int64_t> shape) {
   Ten y;
   y.dtype = x.dtype;
   y.numel = out_numel;
@@ -502,10 +531,9 @@ Ten Replay::unary(const char* op, const Ten& x, int64_t out_numel, bool saves_in
                 [this, n, d](const std::vector<int>&) {
                   return std::vector<int>{alloc(n * es(d), Kind::kActGrads, "dx")};
                 });
-  if (recording_) {
-    pass(label + " forward", double(n + out_numel) * es(d));
-    pass(label + " backward", double(n + out_numel + (saves_input ? n : 0)) * es(d));
-  }
+  kernel(op, double(n + out_numel) * es(d), op, shape, d, d, false);
+  kernel(std::string(op) + " backward", double(n + out_numel + (saves_input ? n : 0)) * es(d), op,
+         shape, d, d, true);
   return y;
 }
 
@@ -549,7 +577,6 @@ Ten Replay::attention(const Ten& qkv, const std::string& label) {
     w.flops_fwd = 4.0 * double(B * H) * pairs * double(d);
     w.flops_bwd = (s_.flash ? 10.0 : 8.0) * double(B * H) * pairs * double(d);
     attention_.push_back(w);
-    pass(label + " softmax", double(B * H) * pairs * es(cd) * (s_.flash ? 0.0 : 4.0));
   }
   return y;
 }
@@ -564,10 +591,10 @@ Ten Replay::embedding(const std::string& weight_name, int64_t rows, const std::s
   y.node = node("embedding", {leaf_param(p)}, {p}, {}, [this, V, C](const std::vector<int>&) {
     return std::vector<int>{alloc(V * C * 4, Kind::kActGrads, "embedding dW")};
   });
-  if (recording_) {
-    pass(label + " forward", double(rows * C) * 8);
-    pass(label + " backward", double(V * C) * 4 + double(rows * C) * 8);
-  }
+  kernel("embedding", double(rows * C) * 8, "embedding", {V, C, rows}, DType::kF32, DType::kF32,
+         false);
+  kernel("embedding backward", double(V * C) * 4 + double(rows * C) * 8, "embedding", {V, C, rows},
+         DType::kF32, DType::kF32, true);
   return y;
 }
 
@@ -591,10 +618,8 @@ int Replay::cross_entropy(const Ten& logits) {
   scratch(cross_entropy_scratch(R, V, d, s_.threads));
   drop(lse);
   drop(count);
-  if (recording_) {
-    pass("cross-entropy forward", double(R * V) * es(d));
-    pass("cross-entropy backward", double(R * V) * 2 * es(d));
-  }
+  kernel("cross_entropy", double(R * V) * es(d), "cross_entropy", {R, V}, d, d, false);
+  kernel("cross_entropy backward", double(R * V) * 2 * es(d), "cross_entropy", {R, V}, d, d, true);
   drop(loss);  // the loss scalar (a few bytes; the trainer keeps it in the metric ring)
   return n;
 }
@@ -628,7 +653,7 @@ Ten Replay::forward_gpt2(const Ten& tokens) {
     // h1 + mlp(ln_2(h1)): c_proj(gelu(c_fc(.))) in one expression.
     const Ten a2 = layer_norm(h1, h + "ln_2", "h.*.ln_2 output");
     const Ten f = linear(a2, h + "mlp.c_fc", true, "h.*.mlp.c_fc output (gelu input)");
-    const Ten g = unary("gelu", f, f.numel, true, "h.*.mlp.gelu output");
+    const Ten g = unary("gelu", f, f.numel, true, "h.*.mlp.gelu output", {f.numel});
     const Ten o2 = linear(g, h + "mlp.c_proj", true, "h.*.mlp.c_proj output");
     drop(f.buf);
     drop(g.buf);
@@ -657,7 +682,14 @@ Ten Replay::forward_llama(const Ten& tokens) {
     const Ten n1 = rms_norm(x, h + "input_layernorm", "layers.*.input_layernorm output");
     // project(): qkv_proj's output is rotated into a new buffer and dies with project's locals.
     const Ten qkv = linear(n1, h + "self_attn.qkv_proj", false, "layers.*.qkv_proj output");
-    const Ten r = unary("rope", qkv, qkv.numel, false, "layers.*.rope output (q, k, v)");
+    const int64_t H = cfg_.n_head, Hkv = cfg_.kv_heads(), hd = cfg_.d_model / H;
+    const Ten r = unary("rope", qkv, qkv.numel, false, "layers.*.rope output (q, k, v)",
+                        {s_.batch, s_.seq, H + 2 * Hkv, hd});
+    if (recording_)
+      for (size_t j = passes_.size() - 2; j < passes_.size(); ++j) {
+        passes_[j].theta = cfg_.rope_theta;
+        passes_[j].rotated = H + Hkv;
+      }
     drop(qkv.buf);
     const Ten y = attention(r, "layers.*.self_attn");
     drop(r.buf);
@@ -670,7 +702,8 @@ Ten Replay::forward_llama(const Ten& tokens) {
         rms_norm(h1, h + "post_attention_layernorm", "layers.*.post_attention_layernorm output");
     const Ten gu =
         linear(n2, h + "mlp.gate_up_proj", false, "layers.*.gate_up_proj output (swiglu input)");
-    const Ten sw = unary("swiglu", gu, gu.numel / 2, true, "layers.*.swiglu output");
+    const Ten sw = unary("swiglu", gu, gu.numel / 2, true, "layers.*.swiglu output",
+                         {gu.numel / (2 * cfg_.ffn()), 2 * cfg_.ffn()});
     const Ten d = linear(sw, h + "mlp.down_proj", false, "layers.*.down_proj output");
     drop(gu.buf);
     drop(sw.buf);
@@ -999,9 +1032,7 @@ StepModel Replay::run() {
   for (Product& p : m.products) p.count = s_.accum;
   m.passes = passes_;
   for (Pass& p : m.passes)
-    if (!p.what.starts_with("AdamW") && !p.what.starts_with("gradient norm") &&
-        !p.what.starts_with("loss scaler") && !p.what.starts_with("ZeRO"))
-      p.count = s_.accum;
+    if (!p.kernel.empty() && !p.per_step) p.count = s_.accum;
   m.attention = attention_;
   for (AttentionWork& a : m.attention) a.count = s_.accum;
   m.ops_per_step = ops_per_step_;

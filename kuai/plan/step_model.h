@@ -60,11 +60,21 @@ struct Product {
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch); }
 };
 
-// A memory-bound pass (an elementwise op, a norm, a loss, the optimizer): bytes read + written.
+// A memory-bound pass (an elementwise op, a norm, a loss, a cast, the optimizer): the bytes it
+// reads and writes and, for a kernel the planner can run (plan/costs.h), which one at what shape.
 struct Pass {
   std::string what;
   double bytes = 0;
   int64_t count = 1;
+  std::string kernel;          // "layer_norm", "rms_norm", "gelu", "swiglu", "rope", "add",
+                               // "cast", "sum_rows", "embedding", "cross_entropy"; "": bytes only
+  std::vector<int64_t> shape;  // the kernel's input shape (embedding: V, C, rows)
+  DType dtype = DType::kF32;   // its input dtype (cast: the target; add: the second operand's)
+  DType from = DType::kF32;    // cast: the source; add: the first operand's
+  bool backward = false;       // the kernel's backward (measured as forward + backward - forward)
+  bool per_step = false;       // once per optimizer step, not per micro-batch
+  double theta = 10000.0;      // rope
+  int64_t rotated = -1;        // rope: heads rotated
 };
 
 // Attention's own kernels (not routed products): FLOPs and the shape they run at.
