@@ -262,6 +262,10 @@ int run_bench(const std::vector<std::string>& args) {
   for (const std::string& a : args)
     if (a == "ddp") return run_ddp_bench(args);
   for (const std::string& a : args)
+    if (a == "link") return run_link_bench(args);
+  for (const std::string& a : args)
+    if (a == "plan") return run_plan_bench(args);
+  for (const std::string& a : args)
     if (a == "compile") return run_compile_bench(args);
   for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
@@ -279,7 +283,7 @@ int run_bench(const std::vector<std::string>& args) {
     throw std::invalid_argument(
         "unknown benchmark '" + what +
         "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, compile, "
-        "attention, ddp, machine, gemm, bandwidth, adamw)");
+        "attention, ddp, link, plan, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();

@@ -19,6 +19,14 @@ int run_attention_bench(const std::vector<std::string>& args);
 // under mpirun (scaling efficiency), overlap off/on, compression off/fp16/bf16.
 int run_ddp_bench(const std::vector<std::string>& args);
 
+// `mpirun -np N kuai bench link [--no-save]` (bench_link.cpp): the all-reduce's latency and
+// bandwidth over the ranks, saved for `kuai plan`.
+int run_link_bench(const std::vector<std::string>& args);
+
+// `kuai bench plan [--rounds=N]` (bench_plan.cpp): predicted against measured peak memory and
+// step time on the validation configs.
+int run_plan_bench(const std::vector<std::string>& args);
+
 // `kuai info [--cpu-tier | --tier]` (info.cpp): the CPU, the ISA tier in force, which
 // implementation runs each op family.
 int run_info(const std::vector<std::string>& args);

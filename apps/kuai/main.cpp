@@ -1,5 +1,5 @@
-// The `kuai` command: train, sample, prepare, bench, info, tune, plan. Errors print one line and exit
-// non-zero.
+// The `kuai` command: train, sample, prepare, bench, info, tune, plan. Errors print one line and
+// exit non-zero.
 #include <fmt/format.h>
 #include <unistd.h>
 

@@ -1,0 +1,223 @@
+// `kuai bench plan`: how right `kuai plan` is here. For each validation config it runs `kuai plan`
+// (the prediction, as a user gets it) and then `kuai train` (under mpirun for 2 ranks) on the same
+// config, and compares the predicted peak of live tensors and step time with what the run
+// measured (its RESULT line: peak_alloc_mib, step_ms_median). The planner's bars: peak within
+// 10%, step time within 25%. Configs: the GPT-2 and LLaMA families, fp32, bf16 and fp16,
+// accumulation, flash and naive attention, DDP, ZeRO-1 and ZeRO-2 on 2 ranks; more with
+// --configs "OVERRIDES;OVERRIDES" (a `ranks=2` item runs it on 2 ranks).
+#include <fmt/format.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <stdexcept>
+
+#include "bench.h"
+#include "kuai/plan/plan.h"
+
+namespace kuai::app {
+namespace {
+
+std::string self_exe() {
+  std::error_code ec;
+  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("build/kuai") : p.string();
+}
+
+std::string run(const std::string& cmd, int* rc) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) throw std::runtime_error("bench plan: cannot start " + cmd);
+  std::string out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+  const int status = pclose(f);
+  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return out;
+}
+
+// key=value from the last RESULT line of `out`; NaN when absent.
+double result_value(const std::string& out, const std::string& key) {
+  const size_t at = out.rfind("RESULT ");
+  if (at == std::string::npos) return std::nan("");
+  const size_t k = out.find(" " + key + "=", at);
+  if (k == std::string::npos) return std::nan("");
+  return std::stod(out.substr(k + key.size() + 2));
+}
+
+struct Case {
+  std::string label;
+  int ranks = 1;
+  std::vector<std::string> overrides;
+};
+
+std::string quoted(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += " '" + x + "'";
+  return s;
+}
+
+}  // namespace
+
+int run_plan_bench(const std::vector<std::string>& args) {
+  int64_t rounds = 1, steps = 10;
+  std::string json = "runs/bench/plan.json";
+  std::vector<Case> cases = {
+      {"gpt2 fp32 naive", 1, {}},
+      {"gpt2 bf16", 1, {"--train.precision=bf16"}},
+      {"gpt2 fp32, 4 x 4 accumulation", 1, {"--train.batch_size=4", "--train.accum_steps=4"}},
+      {"gpt2 fp32 flash, T 1024",
+       1,
+       {"--model.seq_len=1024", "--train.batch_size=2", "--model.attention=flash"}},
+      {"llama fp32 GQA flash",
+       1,
+       {"--model.family=llama", "--model.n_kv_head=2", "--model.attention=flash"}},
+      {"llama bf16, 2 x 4 accumulation",
+       1,
+       {"--model.family=llama", "--train.precision=bf16", "--train.batch_size=4",
+        "--train.accum_steps=2"}},
+      {"llama fp16 (loss scaler)", 1, {"--model.family=llama", "--train.precision=fp16"}},
+      {"gpt2 DDP 2 ranks", 2, {}},
+      {"gpt2 ZeRO-1 2 ranks", 2, {"--dist.zero=1"}},
+      {"llama ZeRO-2 2 ranks", 2, {"--model.family=llama", "--dist.zero=2"}},
+      {"gpt2 DDP bf16 compression 2 ranks", 2, {"--dist.compression=bf16"}},
+  };
+  std::vector<std::string> base = {"--data.source=synthetic", "--train.eval_every=0",
+                                   "--log.progress=off",      "--log.jsonl=false",
+                                   "--log.tensorboard=false", "--log.save_weights=false",
+                                   "--run.name=bench_plan",   "--train.batch_size=8"};
+  for (const std::string& a : args) {
+    if (a == "plan") continue;
+    if (a.rfind("--rounds=", 0) == 0) {
+      rounds = std::max(1, std::stoi(a.substr(9)));
+    } else if (a.rfind("--steps=", 0) == 0) {
+      steps = std::max(3, std::stoi(a.substr(8)));
+    } else if (a.rfind("--json=", 0) == 0) {
+      json = a.substr(7);
+    } else if (a.rfind("--configs=", 0) == 0) {
+      cases.clear();
+      std::stringstream all(a.substr(10));
+      std::string one;
+      while (std::getline(all, one, ';')) {
+        Case c{one, 1, {}};
+        std::stringstream words(one);
+        std::string w;
+        while (words >> w) {
+          if (w.rfind("ranks=", 0) == 0)
+            c.ranks = std::stoi(w.substr(6));
+          else
+            c.overrides.push_back(w);
+        }
+        cases.push_back(c);
+      }
+    } else if (a.rfind("--", 0) == 0) {
+      base.push_back(a);  // --section.key=value for every config
+    } else {
+      throw std::invalid_argument("bench plan: unknown argument '" + a + "'");
+    }
+  }
+  const std::string kuai = self_exe();
+  // The link: measured once if `kuai bench ddp` has not measured it yet.
+  bool multi = false;
+  for (const Case& c : cases) multi = multi || c.ranks > 1;
+  if (multi && !plan::measured_link()) {
+    int rc = 0;
+    const std::string out =
+        run("mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + kuai +
+                " bench link",
+            &rc);
+    if (rc != 0) throw std::runtime_error("bench plan: measuring the link failed:\n" + out);
+    std::cerr << out;
+  }
+  struct Row {
+    Case c;
+    double pred_mib = 0, pred_ms = 0;
+    std::vector<double> mib, ms;
+  };
+  std::vector<Row> rows;
+  for (const Case& c : cases) {
+    Row r{c};
+    std::vector<std::string> o = base;
+    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
+    if (c.ranks > 1) o.push_back("--train.threads=1");
+    int rc = 0;
+    const std::string pred =
+        run((c.ranks > 1 ? "OMP_NUM_THREADS=1 " : "") + kuai + " plan --no-scaling" + quoted(o) +
+                (c.ranks > 1 ? fmt::format(" --ranks {}", c.ranks) : ""),
+            &rc);
+    r.pred_mib = result_value(pred, "peak_mib");
+    r.pred_ms = result_value(pred, "step_ms");
+    if (rc != 0 || std::isnan(r.pred_mib))
+      throw std::runtime_error("bench plan: `kuai plan` failed for " + c.label + ":\n" + pred);
+    rows.push_back(r);
+  }
+  for (int64_t round = 0; round < rounds; ++round)
+    for (Row& r : rows) {
+      std::vector<std::string> o = r.c.overrides;
+      o.push_back(fmt::format("--train.steps={}", steps));
+      if (r.c.ranks > 1) o.push_back("--train.threads=1");
+      const std::string cmd =
+          (r.c.ranks > 1
+               ? fmt::format(
+                     "mpirun --allow-run-as-root --oversubscribe -np {} -x OMP_NUM_THREADS=1 ",
+                     r.c.ranks)
+               : std::string()) +
+          kuai + " train" + quoted(base) + quoted(o);
+      int rc = 0;
+      const std::string out = run(cmd, &rc);
+      const double mib = result_value(out, "peak_alloc_mib"),
+                   ms = result_value(out, "step_ms_median");
+      if (rc != 0 || std::isnan(mib))
+        throw std::runtime_error("bench plan: `kuai train` failed for " + r.c.label + ":\n" +
+                                 (out.size() > 2000 ? out.substr(out.size() - 2000) : out));
+      r.mib.push_back(mib);
+      r.ms.push_back(ms);
+      std::cerr << fmt::format(
+          "  {:<40} peak {:.1f} MiB (predicted {:.1f}), step {:.1f} ms "
+          "(predicted {:.1f})\n",
+          r.c.label, mib, r.pred_mib, ms, r.pred_ms);
+    }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  std::cout << fmt::format(
+      "\nkuai plan against kuai train ({} steps, median of {} run{}; batch 8 x 256 unless "
+      "said):\n\n| config | ranks | peak MiB predicted | measured | ratio | step ms predicted | "
+      "measured | ratio |\n|---|---|---|---|---|---|---|---|\n",
+      steps, rounds, rounds == 1 ? "" : "s");
+  std::ostringstream js;
+  js << "{\n  \"rows\": [\n";
+  int mem_ok = 0, time_ok = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const double mib = median(r.mib), ms = median(r.ms);
+    const double mr = r.pred_mib / mib, tr = r.pred_ms / ms;
+    mem_ok += std::abs(mr - 1) <= 0.10;
+    time_ok += std::abs(tr - 1) <= 0.25;
+    std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.1f} | {:.1f} | {:.3f} |\n",
+                             r.c.label, r.c.ranks, r.pred_mib, mib, mr, r.pred_ms, ms, tr);
+    js << fmt::format(
+        "    {{\"config\": \"{}\", \"ranks\": {}, \"peak_mib_predicted\": {:.2f}, "
+        "\"peak_mib_measured\": {:.2f}, \"step_ms_predicted\": {:.2f}, \"step_ms_measured\": "
+        "{:.2f}}}{}\n",
+        r.c.label, r.c.ranks, r.pred_mib, mib, r.pred_ms, ms, i + 1 < rows.size() ? "," : "");
+  }
+  js << "  ]\n}\n";
+  std::cout << fmt::format("\npeak within 10%: {} of {}; step time within 25%: {} of {}\n", mem_ok,
+                           rows.size(), time_ok, rows.size());
+  std::cout << fmt::format("RESULT plan_peak_within_10pct={}/{} plan_step_within_25pct={}/{}\n",
+                           mem_ok, rows.size(), time_ok, rows.size());
+  const std::filesystem::path p(json);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << js.str();
+  std::cout << "wrote " << json << "\n";
+  return 0;
+}
+
+}  // namespace kuai::app
