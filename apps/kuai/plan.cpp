@@ -87,9 +87,12 @@ int run_plan(const std::vector<std::string>& args) {
     } else {
       const std::vector<plan::FitOption> options = plan::fit(cfg, ranks, budget, link, costs);
       if (options.empty()) {
-        std::cout << "\n--fit: no combination of fewer micro-batch rows, bf16, flash attention, "
-                     "ZeRO-1/2 and up to 8x the ranks fits; a smaller model or more memory per "
-                     "rank is needed\n";
+        std::cout << "\n--fit: no combination of fewer micro-batch rows (more accumulation), "
+                     "bf16, flash attention, ZeRO-1/2 and up to 64x the ranks (the same global "
+                     "batch) fits. What is left per rank is the fp32 parameters, autocast's weight "
+                     "copies and one row's activations: a shorter sequence, a smaller model or "
+                     "more memory per rank (kuai has no activation checkpointing or parameter "
+                     "sharding, ZeRO-3, yet)\n";
       } else {
         std::cout << fmt::format("\n--fit: {} change set{} within {} (5% spare), fastest first:\n",
                                  options.size(), options.size() == 1 ? "" : "s",

@@ -23,10 +23,16 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+bool g_quick = false;
+
 // The median of `reps` timed runs of fn after one untimed run (which may calibrate the GEMM
 // router for a new shape), each run repeated until it lasts at least `min_s`.
 double median_seconds(const std::function<void()>& fn, int reps, double min_s = 2e-3) {
   fn();
+  if (g_quick) {
+    reps = 1;
+    min_s = 0;
+  }
   int inner = 1;
   for (;;) {
     const double t0 = now_s();
@@ -65,6 +71,8 @@ Product proxy_of(const Product& p, double budget) {
 }
 
 }  // namespace
+
+void set_quick_measurements(bool on) { g_quick = on; }
 
 int64_t last_level_cache_bytes() {
   for (int name : {_SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
@@ -107,8 +115,10 @@ ProductCost measure_product(const Product& p, double budget_flops) {
   // the last-level cache (up to 16 of them).
   const double operand_bytes =
       double(q.m * q.k) * double(dtype_size(q.a)) + double(q.k * q.n) * double(dtype_size(q.b));
-  const int copies = static_cast<int>(
-      std::clamp(std::ceil(double(last_level_cache_bytes()) / operand_bytes), 1.0, 16.0));
+  const int copies =
+      g_quick ? 1
+              : static_cast<int>(std::clamp(
+                    std::ceil(double(last_level_cache_bytes()) / operand_bytes), 1.0, 16.0));
   std::vector<Tensor> As, Bs;
   for (int i = 0; i < copies; ++i) {
     As.push_back(random(q.trans_a ? Shape{q.k, q.m} : Shape{q.m, q.k}, q.a, 1 + 2 * i));
@@ -154,6 +164,11 @@ AttentionCost measure_attention(const AttentionWork& a, double budget_flops) {
     --w.Hkv;
     w.H = w.Hkv * group;
   }
+  // Still too long for one head: a shorter sequence (multiple of 128), scaled by the causal
+  // (query, key) pairs, which the kernels' time follows once the blocks are large.
+  auto pairs = [](int64_t T) { return double(T) * double(T + 1) / 2.0; };
+  while (w.T > 256 && flops_of(w) * pairs(w.T) / pairs(a.T) > budget_flops)
+    w.T = std::max<int64_t>(256, (w.T * 3 / 4) / 128 * 128);
   const int64_t width = w.H + 2 * w.Hkv;
   Tensor qkv = random({w.B, w.T, width, w.d}, w.dtype, 4);
   Tensor gy = random({w.B, w.T, w.H, w.d}, w.dtype, 5);
@@ -179,10 +194,11 @@ AttentionCost measure_attention(const AttentionWork& a, double budget_flops) {
       },
       3);
   c.bwd_s = std::max(0.0, both - c.fwd_s);
-  const double scale = double(a.B * a.H) / double(w.B * w.H);
+  const double scale = double(a.B * a.H) / double(w.B * w.H) * pairs(a.T) / pairs(w.T);
   c.fwd_s *= scale;
   c.bwd_s *= scale;
-  c.source = scale == 1.0 ? "measured" : fmt::format("measured at B {} H {}, scaled", w.B, w.H);
+  c.source =
+      scale == 1.0 ? "measured" : fmt::format("measured at B {} H {} T {}, scaled", w.B, w.H, w.T);
   return c;
 }
 
@@ -201,7 +217,31 @@ double pass_seconds(const Pass& p, const MachineCosts& costs) {
   return p.bytes / (costs.bandwidth.at(p.bytes) * 1e9);
 }
 
-KernelCost measure_kernel(const Pass& p) {
+KernelCost measure_kernel(const Pass& p_in) {
+  // Large kernels are measured on fewer rows (their time is linear in the rows) and scaled: at
+  // most ~32 MiB of input.
+  Pass p = p_in;
+  double scale = 1.0;
+  {
+    const size_t rows_dim = p.kernel == "embedding" ? 2 : 0;
+    double bytes = double(dtype_size(p.dtype));
+    for (int64_t d : p.shape) bytes *= double(d);
+    if (p.kernel == "embedding") bytes = double(p.shape[1] * p.shape[2]) * 4;
+    const double cap = double(int64_t{32} << 20);
+    if (bytes > cap && !p.shape.empty()) {
+      int64_t& rows = p.shape[rows_dim];
+      const int64_t was = rows;
+      rows = std::max<int64_t>(1, static_cast<int64_t>(double(rows) * cap / bytes));
+      if (p.kernel == "rope" && rows == 1 && was > 1) {  // (B, T, heads, d): shorten T too
+        const double left = bytes / double(was) / cap;
+        if (left > 1)
+          p.shape[1] = std::max<int64_t>(1, static_cast<int64_t>(double(p.shape[1]) / left));
+        scale = double(was) * double(p_in.shape[1]) / double(p.shape[1]);
+      } else {
+        scale = double(was) / double(rows);
+      }
+    }
+  }
   const std::vector<int64_t>& s = p.shape;
   Generator g(11, 3);
   std::vector<Tensor> leaves;  // inputs that get gradients
@@ -267,7 +307,8 @@ KernelCost measure_kernel(const Pass& p) {
         for (Tensor& t : leaves) t.set_grad(Tensor());
       },
       5);
-  c.bwd_s = std::max(0.0, both - c.fwd_s);
+  c.bwd_s = std::max(0.0, both - c.fwd_s) * scale;
+  c.fwd_s *= scale;
   return c;
 }
 

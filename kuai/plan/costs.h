@@ -66,6 +66,9 @@ KernelCost measure_kernel(const Pass& p);
 BandwidthCurve measure_bandwidth();
 double measure_op_overhead();
 
+// Tests: each figure from one run (the scratch is exact, the times rough).
+void set_quick_measurements(bool on);
+
 // Everything a step needs, each distinct shape once.
 MachineCosts measure_costs(const StepModel& step);
 

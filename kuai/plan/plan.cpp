@@ -80,7 +80,7 @@ double parse_gbs(const std::string& text, const std::string& what) {
   const auto [v, unit] = number_and_unit(text, what);
   if (unit == "gb/s" || unit == "gbs" || unit == "") return v;
   if (unit == "mb/s") return v / 1e3;
-  if (unit == "gbit/s" || unit == "gb/s" || unit == "gbps") return v / 8;
+  if (unit == "gbit/s" || unit == "gbps") return v / 8;
   throw std::invalid_argument(
       fmt::format("{} = '{}': unknown unit '{}' (GB/s, MB/s, Gbit/s)", what, text, unit));
 }
@@ -299,7 +299,7 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
                            const Link& link, MachineCosts& costs, double headroom) {
   const int64_t B = cfg.batch_size, k = cfg.accum_steps;
   std::vector<int64_t> rank_options = {ranks};
-  for (int64_t f : {2, 4, 8})
+  for (int64_t f : {2, 4, 8, 16, 32, 64})
     if ((B * ranks) % (ranks * f) == 0) rank_options.push_back(ranks * f);
   std::vector<FitOption> out;
   std::set<std::string> seen;

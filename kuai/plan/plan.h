@@ -77,7 +77,8 @@ struct FitOption {
   std::string command(const std::string& config_path) const;  // a ready `kuai train` line
 };
 // Options within `budget_bytes` (with `headroom` of it spare), fastest first: fewer micro-batch
-// rows with more accumulation (the same batch), bf16, flash attention, ZeRO-1/2, more ranks.
+// rows with more accumulation (the same batch), bf16, flash attention, ZeRO-1/2, up to 64x the
+// ranks with the global batch unchanged.
 std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
                            const Link& link, MachineCosts& costs, double headroom = 0.05);
 

@@ -744,13 +744,11 @@ void Replay::accumulate_param(int p, std::vector<int>& grads) {
   if (s_.zero == 2) {  // place(): the bucket on its first gradient; the gradient moves in
     if (b.flat < 0) {
       b.flat = alloc(b.padded * 4, Kind::kGradients, "ZeRO-2 gradient bucket");
-      for (int q : b.params) {
-        if (q != p && grad_[static_cast<size_t>(q)] >= 0) drop(grad_[static_cast<size_t>(q)]);
+      for (int q : b.params) {  // the adopted gradient is copied in and let go
+        if (grad_[static_cast<size_t>(q)] >= 0) drop(grad_[static_cast<size_t>(q)]);
         grad_[static_cast<size_t>(q)] = -2;
       }
     }
-    if (grad_[pi] >= 0) drop(grad_[pi]);
-    grad_[pi] = -2;
   }
   if (!last_micro_) return;
   if (--b.pending == 0) {
@@ -1020,6 +1018,11 @@ StepModel Replay::run() {
     optimizer_step(step);
     ops_per_step_ = ops_ - ops0;
   }
+  if (std::getenv("KUAI_PLAN_DEBUG"))
+    for (const Buffer& b : bufs_)
+      if (b.refs > 0)
+        fprintf(stderr, "live %s %ld refs %d kind %d\n", b.label.c_str(), long(b.cap), b.refs,
+                int(b.kind));
   StepModel m;
   m.peak_bytes = peak_;
   m.at_peak = at_peak_;
