@@ -9,6 +9,8 @@
 // tokens/s over rounds with their spread (min-max), each 2-rank arm against the default 2-rank
 // arm (overlap on, fp32) as a ratio, or "within noise" when their ranges of step times overlap;
 // MiB handed to collectives per step and the overlap share (the trainer's counts), peak RSS.
+// First it measures the link (`kuai bench link`: the all-reduce's latency and bandwidth, which
+// `kuai plan` reads).
 #include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -135,6 +137,20 @@ int run_ddp_bench(const std::vector<std::string>& args) {
       {"2 ranks, ZeRO-1 (all-reduce, all-gather)", 2, {"--dist.zero=1"}},
       {"2 ranks, ZeRO-2 (reduce-scatter, all-gather)", 2, {"--dist.zero=2"}},
   };
+  // The link's constants first (all-reduce latency and bandwidth over 2 ranks, bench_link.cpp),
+  // saved for `kuai plan`'s communication model.
+  {
+    const std::string cmd =
+        "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + self_path() +
+        " bench link 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[1024];
+    while (f != nullptr && std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
+    const int rc = f != nullptr ? pclose(f) : -1;
+    if (rc != 0) throw std::runtime_error("bench ddp: measuring the link failed:\n" + out);
+    std::cout << out << "\n";
+  }
   std::cerr << fmt::format("bench ddp: {} rounds of {} arms; each run `kuai train", rounds,
                            arms.size());
   for (const std::string& s : base) std::cerr << " " << s;

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <iostream>
+#include <map>
 #include <stdexcept>
 
 #include "bench.h"
@@ -94,11 +95,14 @@ int run_plan(const std::vector<std::string>& args) {
                      "more memory per rank (kuai has no activation checkpointing or parameter "
                      "sharding, ZeRO-3, yet)\n";
       } else {
-        std::cout << fmt::format("\n--fit: {} change set{} within {} (5% spare), fastest first:\n",
-                                 options.size(), options.size() == 1 ? "" : "s",
-                                 fmt::format("{:.1f} MiB", double(budget) / (1 << 20)));
-        for (size_t i = 0; i < options.size() && i < 8; ++i) {
-          const plan::FitOption& f = options[i];
+        std::cout << fmt::format(
+            "\n--fit: {} change set{} within {} (5% spare); on {} rank{} first, then more ranks "
+            "(the same global batch); fastest first, at most 4 per rank count:\n",
+            options.size(), options.size() == 1 ? "" : "s",
+            fmt::format("{:.1f} MiB", double(budget) / (1 << 20)), ranks, ranks == 1 ? "" : "s");
+        std::map<int64_t, int> shown;
+        for (const plan::FitOption& f : options) {
+          if (shown[f.ranks]++ >= 4) continue;
           std::string o;
           for (const std::string& x : f.overrides) o += (o.empty() ? "" : " ") + x;
           std::cout << fmt::format("  {:>9.1f} MiB {:>9.2f} ms/step {:>10.0f} tok/s  {}\n",

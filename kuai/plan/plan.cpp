@@ -349,7 +349,9 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
       }
     }
   }
+  // The ranks the run has first (no more hardware), then each larger count; fastest first.
   std::sort(out.begin(), out.end(), [](const FitOption& a, const FitOption& b) {
+    if (a.ranks != b.ranks) return a.ranks < b.ranks;
     if (a.step_s != b.step_s) return a.step_s < b.step_s;
     return a.overrides.size() < b.overrides.size();
   });

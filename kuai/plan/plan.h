@@ -76,7 +76,8 @@ struct FitOption {
   double step_s = 0, tokens_per_s = 0;
   std::string command(const std::string& config_path) const;  // a ready `kuai train` line
 };
-// Options within `budget_bytes` (with `headroom` of it spare), fastest first: fewer micro-batch
+// Options within `budget_bytes` (with `headroom` of it spare), those on `ranks` ranks first, then
+// each larger rank count, fastest first within each: fewer micro-batch
 // rows with more accumulation (the same batch), bf16, flash attention, ZeRO-1/2, up to 64x the
 // ranks with the global batch unchanged.
 std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
