@@ -38,8 +38,17 @@ Tensor cast_input(const Tensor& t, DType to) {
   if (t.is_leaf() && t.requires_grad()) {
     auto it = s.cache.find(t.impl());
     if (it != s.cache.end() && it->second.cast.dtype() == to && !it->second.source.expired() &&
-        it->second.source.lock().get() == t.impl())
+        it->second.source.lock().get() == t.impl()) {
+      // Reused (a later micro-batch, or a second use): its node and the parameter's
+      // AccumulateGrad run right after this use's consumer in backward, not after everything
+      // else, holding each weight's gradient until the end (autograd.h, next_sequence).
+      if (const auto& fn = it->second.cast.grad_fn(); fn && autograd::GradMode::enabled()) {
+        fn->sequence = autograd::next_sequence();
+        for (const autograd::Edge& e : fn->next)  // the parameter's AccumulateGrad, after it
+          if (e.node) e.node->sequence = autograd::next_sequence();
+      }
       return it->second.cast;
+    }
     Tensor c = cast(t, to);
     ++s.param_casts;
     s.cache[t.impl()] = CacheEntry{t.impl_ptr(), c};

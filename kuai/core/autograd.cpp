@@ -128,6 +128,8 @@ void accumulate_into(Tensor& slot, Tensor g) {
 
 }  // namespace
 
+uint64_t next_sequence() { return g_sequence++; }
+
 bool GradMode::enabled() { return g_grad_enabled; }
 void GradMode::set_enabled(bool on) { g_grad_enabled = on; }
 

@@ -59,6 +59,12 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
 
 void backward(const Tensor& root, const Tensor& grad_output);
 
+// A fresh sequence number (later than every node recorded so far). Autocast gives one to a cached
+// weight cast's node each time it hands the cast out again, so that in a later micro-batch the
+// cast runs right after its consumers, as it did in the first one, instead of last (holding every
+// low-precision weight gradient of the backward until its end).
+uint64_t next_sequence();
+
 // Whether this thread is inside backward() (its grad-ready hooks run there): what the process
 // group reads to count the communication launched while backward still runs (DDP's overlap).
 bool backward_in_progress();

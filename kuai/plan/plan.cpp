@@ -311,8 +311,10 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
       for (const std::string& precision :
            std::vector<std::string>{cfg.precision, cfg.precision == "fp32" ? "bf16" : ""}) {
         if (precision.empty()) continue;
+        // Flash only where the config does not run it already ("auto" does from 2048 tokens).
+        const bool flash_already = step_spec(cfg, 1, 1).flash;
         for (const std::string& attention :
-             std::vector<std::string>{cfg.attention, cfg.attention == "flash" ? "" : "flash"}) {
+             std::vector<std::string>{cfg.attention, flash_already ? "" : "flash"}) {
           if (attention.empty()) continue;
           for (int64_t zero : {int64_t{0}, int64_t{1}, int64_t{2}}) {
             if (n == 1 && zero > 0) continue;
@@ -361,7 +363,7 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
 // ---- report ----------------------------------------------------------------------------------
 
 std::string report(const Prediction& p, const MachineCosts& costs, const Link& link,
-                   const std::vector<ScalingRow>& scale) {
+                   const std::vector<ScalingRow>& scale, int64_t save_every) {
   const StepSpec& s = p.spec;
   const StepModel& m = p.step;
   std::ostringstream o;
@@ -374,22 +376,41 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
   o << "\n" << fmt::format("machine: {}\n\n", costs.cpu);
 
   o << fmt::format("memory per rank at the step's peak ({}):\n", m.peak_where);
-  for (int k = 0; k < static_cast<int>(Kind::kCount); ++k) {
+  auto row = [&](Kind k) {
     const int64_t b = m.at_peak[static_cast<size_t>(k)];
     const int64_t held = m.persistent[static_cast<size_t>(k)];
-    if (b == 0 && held == 0) continue;
-    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", kind_name(static_cast<Kind>(k)),
+    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", kind_name(k),
                      human_bytes(double(b)), human_bytes(double(held)));
-  }
+  };
+  row(Kind::kParameters);
+  row(Kind::kGradients);
+  row(Kind::kOptimizer);
+  // kuai's fp32 parameters are the master weights; autocast adds a low-precision copy.
+  if (s.compute == DType::kF32)
+    o << fmt::format("  {:<36} {:>12}   (fp32 training: the parameters themselves)\n",
+                     "master weights", "0 B extra");
+  else
+    o << fmt::format("  {:<36} {:>12}   (the fp32 parameters above are the masters)\n",
+                     "master weights", "0 B extra");
+  if (s.compute != DType::kF32) row(Kind::kWeightCasts);
+  row(Kind::kActivations);
+  row(Kind::kActGrads);
+  row(Kind::kComm);
+  row(Kind::kWorkspace);
+  row(Kind::kData);
   o << fmt::format("  {:<36} {:>12}   of {} per rank: {}\n", "peak of live tensors",
                    human_bytes(double(m.peak_bytes)), human_bytes(double(p.budget_bytes)),
                    p.fits() ? "fits"
                             : fmt::format("does not fit ({:.2f}x)",
                                           double(m.peak_bytes) / double(p.budget_bytes)));
-  if (s.compute != DType::kF32)
-    o << "  (the fp32 parameters are the master weights: autocast keeps one low-precision copy "
-         "of each weight for the step, no second fp32 copy)\n";
-  o << fmt::format("  largest kernel scratch {}\n\n", human_bytes(double(m.workspace_max)));
+  o << fmt::format("  largest kernel scratch {}\n", human_bytes(double(m.workspace_max)));
+  if (save_every > 0)
+    o << fmt::format(
+        "  (checkpoint.save_every: each save also holds a host snapshot of the parameters and "
+        "moments, {}, outside the tracking allocator: it shows in RSS, not in this peak)\n",
+        human_bytes(double(m.persistent[static_cast<size_t>(Kind::kParameters)] +
+                           m.persistent[static_cast<size_t>(Kind::kOptimizer)])));
+  o << "\n";
 
   o << fmt::format("activations saved for backward (last micro-batch, end of forward): {}\n",
                    human_bytes(double(m.saved_total)));

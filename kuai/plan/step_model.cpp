@@ -387,6 +387,12 @@ Ten Replay::weight(int p, std::vector<int>& param_of) {
            DType::kF32, false, /*per_step=*/true);
     kernel("weight gradient casts", double(n) * double(4 + es(s_.compute)), "cast", {n},
            DType::kF32, s_.compute, true);
+  } else {
+    // Reused: autocast gives its node (and the parameter's AccumulateGrad) fresh sequence
+    // numbers (amp/autocast.cpp), so they run right after this use's consumer in backward.
+    nodes_[static_cast<size_t>(c.node)].seq = seq_++;
+    for (int e : nodes_[static_cast<size_t>(c.node)].next)  // and the AccumulateGrad after it
+      if (e >= 0) nodes_[static_cast<size_t>(e)].seq = seq_++;
   }
   param_of.push_back(-1);
   return c;
