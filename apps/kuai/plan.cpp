@@ -81,7 +81,7 @@ int run_plan(const std::vector<std::string>& args) {
   const plan::Prediction p = plan::predict(cfg, ranks, budget, link, costs);
   std::vector<plan::ScalingRow> scale;
   if (do_scaling) scale = plan::scaling(cfg, link, costs, {1, 2, 8, 64, 512});
-  std::cout << plan::report(p, costs, link, scale, cfg.save_every);
+  std::cout << plan::report(p, costs, link, scale, cfg.save_every, cfg.compile);
   if (do_fit) {
     if (p.fits()) {
       std::cout << "\n--fit: the config fits as it is\n";

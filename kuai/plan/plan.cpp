@@ -363,7 +363,7 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
 // ---- report ----------------------------------------------------------------------------------
 
 std::string report(const Prediction& p, const MachineCosts& costs, const Link& link,
-                   const std::vector<ScalingRow>& scale, int64_t save_every) {
+                   const std::vector<ScalingRow>& scale, int64_t save_every, bool compile) {
   const StepSpec& s = p.spec;
   const StepModel& m = p.step;
   std::ostringstream o;
@@ -410,6 +410,10 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
         "moments, {}, outside the tracking allocator: it shows in RSS, not in this peak)\n",
         human_bytes(double(m.persistent[static_cast<size_t>(Kind::kParameters)] +
                            m.persistent[static_cast<size_t>(Kind::kOptimizer)])));
+  if (compile)
+    o << "  (train.compile: the first step runs eagerly while it is captured, so the run's peak is "
+         "the eager step's predicted here; the replays after it keep their intermediates in the "
+         "planned arena, under it)\n";
   o << "\n";
 
   o << fmt::format("activations saved for backward (last micro-batch, end of forward): {}\n",

@@ -86,7 +86,8 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
 // The readable plan: the memory table per rank, the saved activations by op, the time split, the
 // scaling projection; ends without the RESULT line (result_line).
 std::string report(const Prediction& p, const MachineCosts& costs, const Link& link,
-                   const std::vector<ScalingRow>& scale, int64_t save_every = 0);
+                   const std::vector<ScalingRow>& scale, int64_t save_every = 0,
+                   bool compile = false);
 std::string result_line(const Prediction& p);
 
 // "64GiB", "512MiB", "1.5e9" -> bytes; "25GB/s" -> GB/s; "5us" -> microseconds.
