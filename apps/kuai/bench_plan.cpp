@@ -140,7 +140,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
   };
   std::vector<Row> rows;
   for (const Case& c : cases) {
-    Row r{c};
+    Row r{c, 0, 0, {}, {}};
     std::vector<std::string> o = base;
     o.insert(o.end(), c.overrides.begin(), c.overrides.end());
     if (c.ranks > 1) o.push_back("--train.threads=1");

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 
+#include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
@@ -143,6 +144,17 @@ ProductCost measure_product(const Product& p, double budget_flops) {
   c.scratch = std::max<int64_t>(
       0, alloc.stats().peak - before - static_cast<int64_t>(Allocator::round_size(out.nbytes())));
   c.gflops = q.flops() / c.seconds * 1e-9;
+  // What the router's tuning cache says of the shape (gemm/router.h key_of): the implementation
+  // that ran and the rates it measured for each candidate.
+  const bool lowp = q.a != DType::kF32 || q.b != DType::kF32;
+  for (const char* op : {lowp ? (q.bias ? "lowp_bias" : "lowp") : (q.bias ? "bias" : "gemm")}) {
+    const std::string key =
+        fmt::format("{} {}{} {}x{}x{} b{} t{} {}.{}.{}", op, q.trans_a ? 'T' : 'N',
+                    q.trans_b ? 'T' : 'N', q.m, q.n, q.k, q.batch, omp_get_max_threads(),
+                    dtype_name(q.a), dtype_name(q.b), dtype_name(q.c));
+    for (const cpu::TuningEntry& e : cpu::TuningCache::get().entries())
+      if (e.key == key) c.routed = fmt::format("{} ({} GFLOP/s)", e.choice, e.measured);
+  }
   if (q.m != p.m || q.n != p.n || q.k != p.k) {
     c.seconds = p.flops() / (c.gflops * 1e9);
     c.source = fmt::format("proxy {}x{}x{}", q.m, q.n, q.k);

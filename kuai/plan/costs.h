@@ -21,6 +21,9 @@ struct ProductCost {
   double gflops = 0;
   int64_t scratch = 0;  // bytes the product took from the allocator besides its output
   std::string source;   // "measured", "proxy 1024x1024x1024"
+  // The tuning cache's entry for the shape: "onednn (onednn 161.2 openblas 150.3 GFLOP/s)";
+  // empty where the router took its default (tuning off, under mpirun, a product too small).
+  std::string routed;
 };
 
 // A memory-bound kernel of the step, forward and backward, measured at its shape.

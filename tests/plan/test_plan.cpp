@@ -124,7 +124,7 @@ TEST(Plan, RingAllReduceAndBucketOverlap) {
   step.products = {dw};
   step.collectives = {{"all_reduce bucket 0", "all_reduce", 4e7, 0.5}};
   plan::MachineCosts costs;
-  costs.products[plan::product_key(dw)] = {0.010, 1, 0, "test"};  // 10 ms of backward
+  costs.products[plan::product_key(dw)] = {0.010, 1, 0, "test", ""};  // 10 ms of backward
   costs.bandwidth.points = {{1.0, 10.0}};
   const double d = l.seconds("all_reduce", 4e7, 4);  // 30 ms
   const plan::TimePrediction on = plan::predict_time(spec, step, costs, l, true);
