@@ -107,7 +107,7 @@ int run_plan(const std::vector<std::string>& args) {
           for (const std::string& x : f.overrides) o += (o.empty() ? "" : " ") + x;
           std::cout << fmt::format("  {:>9.1f} MiB {:>9.2f} ms/step {:>10.0f} tok/s  {}\n",
                                    double(f.peak_bytes) / (1 << 20), f.step_s * 1e3, f.tokens_per_s,
-                                   f.command(config_path));
+                                   f.command(config_path, overrides));
         }
       }
     }

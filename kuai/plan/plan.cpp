@@ -288,9 +288,20 @@ std::vector<ScalingRow> scaling(const train::TrainConfig& cfg, const Link& link,
 
 // ---- fit -------------------------------------------------------------------------------------
 
-std::string FitOption::command(const std::string& config_path) const {
+std::string FitOption::command(const std::string& config_path,
+                               const std::vector<std::string>& given) const {
   std::string s = ranks > 1 ? fmt::format("mpirun -np {} kuai train", ranks) : "kuai train";
   if (!config_path.empty()) s += " --config " + config_path;
+  // The overrides the plan was given, except those a change replaces (the last one wins anyway).
+  auto key_of = [](std::string o) {
+    if (o.rfind("--", 0) == 0) o = o.substr(2);
+    return o.substr(0, o.find('='));
+  };
+  for (const std::string& g : given) {
+    bool replaced = false;
+    for (const std::string& o : overrides) replaced = replaced || key_of(o) == key_of(g);
+    if (!replaced) s += " " + g;
+  }
   for (const std::string& o : overrides) s += " " + o;
   return s;
 }

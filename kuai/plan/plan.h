@@ -74,7 +74,9 @@ struct FitOption {
   int64_t ranks = 1;
   int64_t peak_bytes = 0;
   double step_s = 0, tokens_per_s = 0;
-  std::string command(const std::string& config_path) const;  // a ready `kuai train` line
+  // A ready `kuai train` line: the config, the overrides the plan was given, then the changes.
+  std::string command(const std::string& config_path,
+                      const std::vector<std::string>& given = {}) const;
 };
 // Options within `budget_bytes` (with `headroom` of it spare), those on `ranks` ranks first, then
 // each larger rank count, fastest first within each: fewer micro-batch
