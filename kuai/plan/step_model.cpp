@@ -4,7 +4,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <queue>
 #include <set>
@@ -1024,11 +1026,13 @@ StepModel Replay::run() {
     optimizer_step(step);
     ops_per_step_ = ops_ - ops0;
   }
+  // KUAI_PLAN_DEBUG=1: what is still live after the two steps (what the steps hold across
+  // steps, and any buffer the replay failed to let go), one line each, on stderr.
   if (std::getenv("KUAI_PLAN_DEBUG"))
     for (const Buffer& b : bufs_)
       if (b.refs > 0)
-        fprintf(stderr, "live %s %ld refs %d kind %d\n", b.label.c_str(), long(b.cap), b.refs,
-                int(b.kind));
+        std::cerr << fmt::format("plan: live {} ({} bytes, {} holders, {})\n", b.label, b.cap,
+                                 b.refs, kind_name(b.kind));
   StepModel m;
   m.peak_bytes = peak_;
   m.at_peak = at_peak_;
