@@ -12,7 +12,6 @@
 // First it measures the link (`kuai bench link`: the all-reduce's latency and bandwidth, which
 // `kuai plan` reads).
 #include <fmt/format.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -25,6 +24,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "command.h"
 
 namespace kuai::app {
 namespace {
@@ -42,20 +42,6 @@ struct Arm {
   double unsharded_mib = -1;
 };
 
-// The median: the middle value, or the mean of the two middle ones (with 2 rounds, not the best).
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::string self_path() {
-  std::error_code ec;
-  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("build/kuai") : p.string();
-}
-
 // Runs one arm once; false (with the tail of its output in `err`) when it failed.
 bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   std::string cmd;
@@ -67,24 +53,15 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   cmd += self_path() + " train";
   for (const std::string& s : base) cmd += " '" + s + "'";
   for (const std::string& s : a.extra) cmd += " '" + s + "'";
-  cmd += " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (f == nullptr) {
-    *err = "cannot start: " + cmd;
-    return false;
-  }
-  std::string out;
-  char buf[1024];
-  while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
-  const int rc = pclose(f);
+  int rc = 0;
+  const std::string out = run_captured(cmd, &rc);
   const size_t at = out.rfind("RESULT tokens_per_s=");  // the summary line, the last one
   double tps = 0, ms = 0, rss = 0;
   if (rc != 0 || at == std::string::npos ||
       std::sscanf(out.c_str() + at, "RESULT tokens_per_s=%lf step_ms_median=%lf peak_rss_mib=%lf",
                   &tps, &ms, &rss) != 3) {
-    *err =
-        fmt::format("{}(exit status {})", out.size() > 1500 ? out.substr(out.size() - 1500) : out,
-                    WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+    *err = fmt::format("{}(exit status {})",
+                       out.size() > 1500 ? out.substr(out.size() - 1500) : out, rc);
     return false;
   }
   a.tokens_per_s.push_back(tps);
@@ -140,14 +117,11 @@ int run_ddp_bench(const std::vector<std::string>& args) {
   // The link's constants first (all-reduce latency and bandwidth over 2 ranks, bench_link.cpp),
   // saved for `kuai plan`'s communication model.
   {
-    const std::string cmd =
-        "mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + self_path() +
-        " bench link 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[1024];
-    while (f != nullptr && std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
-    const int rc = f != nullptr ? pclose(f) : -1;
+    int rc = 0;
+    const std::string out =
+        run_captured("mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
+                         self_path() + " bench link",
+                     &rc);
     if (rc != 0) throw std::runtime_error("bench ddp: measuring the link failed:\n" + out);
     std::cout << out << "\n";
   }

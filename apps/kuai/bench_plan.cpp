@@ -6,7 +6,6 @@
 // accumulation, flash and naive attention, DDP, ZeRO-1 and ZeRO-2 on 2 ranks; more with
 // --configs "OVERRIDES;OVERRIDES" (a `ranks=2` item runs it on 2 ranks).
 #include <fmt/format.h>
-#include <sys/wait.h>
 
 #include <algorithm>
 #include <cmath>
@@ -18,27 +17,11 @@
 #include <stdexcept>
 
 #include "bench.h"
+#include "command.h"
 #include "kuai/plan/plan.h"
 
 namespace kuai::app {
 namespace {
-
-std::string self_exe() {
-  std::error_code ec;
-  const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string("build/kuai") : p.string();
-}
-
-std::string run(const std::string& cmd, int* rc) {
-  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
-  if (f == nullptr) throw std::runtime_error("bench plan: cannot start " + cmd);
-  std::string out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, f) != nullptr) out += buf;
-  const int status = pclose(f);
-  *rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return out;
-}
 
 // key=value from the last RESULT line of `out`; NaN when absent.
 double result_value(const std::string& out, const std::string& key) {
@@ -120,16 +103,16 @@ int run_plan_bench(const std::vector<std::string>& args) {
       throw std::invalid_argument("bench plan: unknown argument '" + a + "'");
     }
   }
-  const std::string kuai = self_exe();
+  const std::string kuai = self_path();
   // The link: measured once if `kuai bench ddp` has not measured it yet.
   bool multi = false;
   for (const Case& c : cases) multi = multi || c.ranks > 1;
   if (multi && !plan::measured_link()) {
     int rc = 0;
     const std::string out =
-        run("mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " + kuai +
-                " bench link",
-            &rc);
+        run_captured("mpirun --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS=1 " +
+                         kuai + " bench link",
+                     &rc);
     if (rc != 0) throw std::runtime_error("bench plan: measuring the link failed:\n" + out);
     std::cerr << out;
   }
@@ -146,9 +129,9 @@ int run_plan_bench(const std::vector<std::string>& args) {
     if (c.ranks > 1) o.push_back("--train.threads=1");
     int rc = 0;
     const std::string pred =
-        run((c.ranks > 1 ? "OMP_NUM_THREADS=1 " : "") + kuai + " plan --no-scaling" + quoted(o) +
-                (c.ranks > 1 ? fmt::format(" --ranks {}", c.ranks) : ""),
-            &rc);
+        run_captured((c.ranks > 1 ? "OMP_NUM_THREADS=1 " : "") + kuai + " plan --no-scaling" +
+                         quoted(o) + (c.ranks > 1 ? fmt::format(" --ranks {}", c.ranks) : ""),
+                     &rc);
     r.pred_mib = result_value(pred, "peak_mib");
     r.pred_ms = result_value(pred, "step_ms");
     if (rc != 0 || std::isnan(r.pred_mib))
@@ -168,7 +151,7 @@ int run_plan_bench(const std::vector<std::string>& args) {
                : std::string()) +
           kuai + " train" + quoted(base) + quoted(o);
       int rc = 0;
-      const std::string out = run(cmd, &rc);
+      const std::string out = run_captured(cmd, &rc);
       const double mib = result_value(out, "peak_alloc_mib"),
                    ms = result_value(out, "step_ms_median");
       if (rc != 0 || std::isnan(mib))
@@ -181,11 +164,6 @@ int run_plan_bench(const std::vector<std::string>& args) {
           "(predicted {:.1f})\n",
           r.c.label, mib, r.pred_mib, ms, r.pred_ms);
     }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    const size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-  };
   std::cout << fmt::format(
       "\nkuai plan against kuai train ({} steps, median of {} run{}; batch 8 x 256 unless "
       "said):\n\n| config | ranks | peak MiB predicted | measured | ratio | step ms predicted | "

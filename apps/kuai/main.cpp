@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "bench.h"
+#include "command.h"
 #include "kuai/data/prepare.h"
 #include "kuai/data/tokenizer.h"
 #include "kuai/dist/process_group.h"
@@ -22,6 +23,8 @@
 #include "kuai/train/trainer.h"
 
 namespace {
+
+using kuai::app::take_option;
 
 constexpr const char* kUsage =
     "usage: kuai <command> [options]\n"
@@ -66,22 +69,6 @@ constexpr const char* kUsage =
     "       [--bandwidth 25GB/s] [--latency 20us] [--fit] [--no-scaling]\n"
     "                                                      predicted memory per rank, step time\n"
     "                                                      and scaling; --fit: what makes it fit\n";
-
-// "--name=value" or "--name value"; advances i past what it consumed.
-bool take_option(const std::vector<std::string>& args, size_t& i, const std::string& name,
-                 std::string& value) {
-  const std::string& a = args[i];
-  if (a == "--" + name) {
-    if (i + 1 >= args.size()) throw std::invalid_argument("--" + name + " needs a value");
-    value = args[++i];
-    return true;
-  }
-  if (a.rfind("--" + name + "=", 0) == 0) {
-    value = a.substr(name.size() + 3);
-    return true;
-  }
-  return false;
-}
 
 int tune_command(const std::vector<std::string>& args) {
   std::string config_path;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "bench.h"
+#include "command.h"
 #include "kuai/plan/plan.h"
 
 namespace kuai::app {
@@ -18,24 +19,11 @@ int run_plan(const std::vector<std::string>& args) {
   int64_t budget = 0;
   std::optional<double> bandwidth, latency;
   bool do_fit = false, do_scaling = true;
-  auto value = [&](size_t& i, const std::string& name, std::string& v) {
-    const std::string& a = args[i];
-    if (a == "--" + name) {
-      if (i + 1 >= args.size()) throw std::invalid_argument("--" + name + " needs a value");
-      v = args[++i];
-      return true;
-    }
-    if (a.rfind("--" + name + "=", 0) == 0) {
-      v = a.substr(name.size() + 3);
-      return true;
-    }
-    return false;
-  };
   for (size_t i = 0; i < args.size(); ++i) {
     std::string v;
-    if (value(i, "config", v)) {
+    if (take_option(args, i, "config", v)) {
       config_path = v;
-    } else if (value(i, "ranks", v)) {
+    } else if (take_option(args, i, "ranks", v)) {
       try {
         ranks = std::stoll(v);
       } catch (const std::exception&) {
@@ -43,13 +31,13 @@ int run_plan(const std::vector<std::string>& args) {
       }
       if (ranks < 1 || std::to_string(ranks) != v)
         throw std::invalid_argument("--ranks = '" + v + "' is not a positive integer");
-    } else if (value(i, "memory-per-rank", v)) {
+    } else if (take_option(args, i, "memory-per-rank", v)) {
       budget = plan::parse_bytes(v, "--memory-per-rank");
       if (budget <= 0) throw std::invalid_argument("--memory-per-rank must be positive");
-    } else if (value(i, "bandwidth", v)) {
+    } else if (take_option(args, i, "bandwidth", v)) {
       bandwidth = plan::parse_gbs(v, "--bandwidth");
       if (!(*bandwidth > 0)) throw std::invalid_argument("--bandwidth must be positive");
-    } else if (value(i, "latency", v)) {
+    } else if (take_option(args, i, "latency", v)) {
       latency = plan::parse_us(v, "--latency");
     } else if (args[i] == "--fit") {
       do_fit = true;

@@ -55,7 +55,11 @@ std::string describe(const GPTConfig& cfg);
 // 3-36x less memory at every T; choose it explicitly when memory is what limits.
 enum class AttentionImpl { kNaive, kFlash, kAuto };
 inline constexpr int64_t kFlashAutoMinT = 2048;
-const char* attention_impl_name(AttentionImpl impl);          // "naive" | "flash" | "auto"
+const char* attention_impl_name(AttentionImpl impl);  // "naive" | "flash" | "auto"
+// Whether `impl` runs flash attention over T positions (auto: from kFlashAutoMinT on).
+inline bool runs_flash(AttentionImpl impl, int64_t T) {
+  return impl == AttentionImpl::kFlash || (impl == AttentionImpl::kAuto && T >= kFlashAutoMinT);
+}
 AttentionImpl parse_attention_impl(const std::string& name);  // throws naming the choices
 
 // Keys and values of the positions seen so far, per layer, for incremental decoding: each new
@@ -76,9 +80,7 @@ class AttentionModule : public Module {
   void set_impl(AttentionImpl impl) { impl_ = impl; }
 
  protected:
-  bool use_flash(int64_t T) const {
-    return impl_ == AttentionImpl::kFlash || (impl_ == AttentionImpl::kAuto && T >= kFlashAutoMinT);
-  }
+  bool use_flash(int64_t T) const { return runs_flash(impl_, T); }
   AttentionImpl impl_ = AttentionImpl::kNaive;
 };
 

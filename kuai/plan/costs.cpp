@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 
+#include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/core/allocator.h"
@@ -144,17 +145,22 @@ ProductCost measure_product(const Product& p, double budget_flops) {
   c.scratch = std::max<int64_t>(
       0, alloc.stats().peak - before - static_cast<int64_t>(Allocator::round_size(out.nbytes())));
   c.gflops = q.flops() / c.seconds * 1e-9;
-  // What the router's tuning cache says of the shape (gemm/router.h key_of): the implementation
-  // that ran and the rates it measured for each candidate.
+  // What the router's tuning cache says of the shape: the implementation that ran and the rates
+  // it measured for each candidate.
   const bool lowp = q.a != DType::kF32 || q.b != DType::kF32;
-  for (const char* op : {lowp ? (q.bias ? "lowp_bias" : "lowp") : (q.bias ? "bias" : "gemm")}) {
-    const std::string key =
-        fmt::format("{} {}{} {}x{}x{} b{} t{} {}.{}.{}", op, q.trans_a ? 'T' : 'N',
-                    q.trans_b ? 'T' : 'N', q.m, q.n, q.k, q.batch, omp_get_max_threads(),
-                    dtype_name(q.a), dtype_name(q.b), dtype_name(q.c));
-    for (const cpu::TuningEntry& e : cpu::TuningCache::get().entries())
-      if (e.key == key) c.routed = fmt::format("{} ({} GFLOP/s)", e.choice, e.measured);
-  }
+  const cpu::GemmShape shape{lowp ? (q.bias ? "lowp_bias" : "lowp") : (q.bias ? "bias" : "gemm"),
+                             q.trans_a,
+                             q.trans_b,
+                             q.m,
+                             q.n,
+                             q.k,
+                             q.batch,
+                             q.a,
+                             q.b,
+                             q.c};
+  const std::string key = cpu::routing_key(shape);
+  for (const cpu::TuningEntry& e : cpu::TuningCache::get().entries())
+    if (e.key == key) c.routed = fmt::format("{} ({} GFLOP/s)", e.choice, e.measured);
   if (q.m != p.m || q.n != p.n || q.k != p.k) {
     c.seconds = p.flops() / (c.gflops * 1e9);
     c.source = fmt::format("proxy {}x{}x{}", q.m, q.n, q.k);
@@ -350,12 +356,15 @@ double measure_op_overhead() {
   return median_seconds([&] { (void)add(a, b); }, 5);
 }
 
-MachineCosts measure_costs(const StepModel& step) {
-  MachineCosts m;
-  m.threads = omp_get_max_threads();
-  m.cpu =
-      fmt::format("{} (family {} model {}), tier {}, {} threads", cpu::cpu_id().model_name,
-                  cpu::cpu_id().family, cpu::cpu_id().model, cpu::isa_name(cpu::isa()), m.threads);
+void measure_costs(const StepModel& step, MachineCosts& m) {
+  if (m.cpu.empty()) {
+    m.threads = omp_get_max_threads();
+    m.cpu = fmt::format("{} (family {} model {}), tier {}, {} threads", cpu::cpu_id().model_name,
+                        cpu::cpu_id().family, cpu::cpu_id().model, cpu::isa_name(cpu::isa()),
+                        m.threads);
+    m.bandwidth = measure_bandwidth();
+    m.op_overhead_s = measure_op_overhead();
+  }
   for (const Product& p : step.products) {
     const std::string key = product_key(p);
     if (!m.products.contains(key)) m.products[key] = measure_product(p);
@@ -367,9 +376,6 @@ MachineCosts measure_costs(const StepModel& step) {
   for (const Pass& p : step.passes)
     if (!p.kernel.empty() && !m.kernels.contains(kernel_key(p)))
       m.kernels[kernel_key(p)] = measure_kernel(p);
-  m.bandwidth = measure_bandwidth();
-  m.op_overhead_s = measure_op_overhead();
-  return m;
 }
 
 }  // namespace kuai::plan

@@ -72,7 +72,8 @@ double measure_op_overhead();
 // Tests: each figure from one run (the scratch is exact, the times rough).
 void set_quick_measurements(bool on);
 
-// Everything a step needs, each distinct shape once.
-MachineCosts measure_costs(const StepModel& step);
+// Measures what `step` needs that `costs` does not hold yet, each distinct shape once (and the
+// machine's bandwidth, dispatch cost and description the first time).
+void measure_costs(const StepModel& step, MachineCosts& costs);
 
 }  // namespace kuai::plan

@@ -111,9 +111,7 @@ StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
   s.seq = cfg.model.seq_len;
   s.accum = cfg.accum_steps;
   s.compute = amp::precision_dtype(cfg.precision);
-  const nn::AttentionImpl impl = nn::parse_attention_impl(cfg.attention);
-  s.flash = impl == nn::AttentionImpl::kFlash ||
-            (impl == nn::AttentionImpl::kAuto && s.seq >= nn::kFlashAutoMinT);
+  s.flash = nn::runs_flash(nn::parse_attention_impl(cfg.attention), s.seq);
   s.ranks = ranks;
   s.zero = ranks > 1 ? cfg.zero : 0;
   s.compression = ranks > 1 ? cfg.compression : "none";
@@ -222,32 +220,10 @@ TimePrediction predict_time(const StepSpec& spec, const StepModel& step, const M
 
 namespace {
 
-// Measures what `step` needs that `costs` does not have yet.
-void complete_costs(const StepModel& step, MachineCosts& costs) {
-  if (costs.cpu.empty()) {
-    const MachineCosts fresh = measure_costs(StepModel{});
-    costs.cpu = fresh.cpu;
-    costs.threads = fresh.threads;
-    costs.bandwidth = fresh.bandwidth;
-    costs.op_overhead_s = fresh.op_overhead_s;
-  }
-  for (const Product& p : step.products) {
-    const std::string key = product_key(p);
-    if (!costs.products.contains(key)) costs.products[key] = measure_product(p);
-  }
-  for (const AttentionWork& a : step.attention) {
-    const std::string key = attention_key(a);
-    if (!costs.attention.contains(key)) costs.attention[key] = measure_attention(a);
-  }
-  for (const Pass& p : step.passes)
-    if (!p.kernel.empty() && !costs.kernels.contains(kernel_key(p)))
-      costs.kernels[kernel_key(p)] = measure_kernel(p);
-}
-
 StepModel model_with_costs(StepSpec spec, MachineCosts& costs) {
   // The products' list first (their scratch unknown), measured, then the replay with it.
   StepModel first = model_step(spec);
-  complete_costs(first, costs);
+  measure_costs(first, costs);
   spec.gemm_scratch = [&costs](const Product& p) {
     const auto it = costs.products.find(product_key(p));
     return it == costs.products.end() ? int64_t{0} : it->second.scratch;
@@ -312,6 +288,9 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
   std::vector<int64_t> rank_options = {ranks};
   for (int64_t f : {2, 4, 8, 16, 32, 64})
     if ((B * ranks) % (ranks * f) == 0) rank_options.push_back(ranks * f);
+  // Flash only where the config does not run it already ("auto" does from 2048 tokens).
+  const bool flash_already =
+      nn::runs_flash(nn::parse_attention_impl(cfg.attention), cfg.model.seq_len);
   std::vector<FitOption> out;
   std::set<std::string> seen;
   for (int64_t n : rank_options) {
@@ -322,8 +301,6 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
       for (const std::string& precision :
            std::vector<std::string>{cfg.precision, cfg.precision == "fp32" ? "bf16" : ""}) {
         if (precision.empty()) continue;
-        // Flash only where the config does not run it already ("auto" does from 2048 tokens).
-        const bool flash_already = step_spec(cfg, 1, 1).flash;
         for (const std::string& attention :
              std::vector<std::string>{cfg.attention, flash_already ? "" : "flash"}) {
           if (attention.empty()) continue;

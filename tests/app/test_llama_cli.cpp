@@ -3,8 +3,6 @@
 // the export with model.init_hf whose first loss is the trained model's, not a fresh one's.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <regex>
 #include <string>
@@ -13,22 +11,14 @@
 #include "kuai/io/hf_llama.h"
 #include "kuai/io/tensor_io.h"
 
+#include "../support/run_kuai.h"
+
 namespace kuai {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Runs the kuai binary built beside the tests; returns (exit status, stdout + stderr).
-std::pair<int, std::string> kuai(const std::string& args) {
-  const std::string cmd = std::string("OMP_NUM_THREADS=1 ") + KUAI_APP_PATH + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+std::pair<int, std::string> kuai(const std::string& args) { return test::run_kuai(args); }
 
 double first_loss(const std::string& log) {
   std::smatch m;

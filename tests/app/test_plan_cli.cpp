@@ -3,24 +3,15 @@
 // prints ready `kuai train` lines; bad flags and keys are named.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
 #include <regex>
 #include <string>
+
+#include "../support/run_kuai.h"
 
 namespace kuai {
 namespace {
 
-std::pair<int, std::string> kuai(const std::string& args) {
-  const std::string cmd = std::string("OMP_NUM_THREADS=1 ") + KUAI_APP_PATH + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+std::pair<int, std::string> kuai(const std::string& args) { return test::run_kuai(args); }
 
 const std::string kTiny =
     "--data.source=synthetic --model.n_layer=2 --model.d_model=64 --model.n_head=4 "

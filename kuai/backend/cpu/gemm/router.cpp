@@ -39,12 +39,6 @@ FakeTimer& fake_timer() {
   return t;
 }
 
-std::string key_of(const GemmShape& s) {
-  return fmt::format("{} {}{} {}x{}x{} b{} t{} {}.{}.{}", s.op, s.trans_a ? 'T' : 'N',
-                     s.trans_b ? 'T' : 'N', s.m, s.n, s.k, s.batch, omp_get_max_threads(),
-                     dtype_name(s.a), dtype_name(s.b), dtype_name(s.c));
-}
-
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -91,6 +85,12 @@ void run_profiled(const GemmShape& shape, const char* impl, const std::function<
                    ms, shape.flops());
 }
 
+std::string routing_key(const GemmShape& s) {
+  return fmt::format("{} {}{} {}x{}x{} b{} t{} {}.{}.{}", s.op, s.trans_a ? 'T' : 'N',
+                     s.trans_b ? 'T' : 'N', s.m, s.n, s.k, s.batch, omp_get_max_threads(),
+                     dtype_name(s.a), dtype_name(s.b), dtype_name(s.c));
+}
+
 size_t route(const GemmShape& shape, std::span<const GemmCandidate> candidates, size_t fallback,
              const std::function<void()>& save_c, const std::function<void()>& restore_c) {
   if (candidates.size() <= 1) return 0;
@@ -100,7 +100,7 @@ size_t route(const GemmShape& shape, std::span<const GemmCandidate> candidates, 
   // product of that shape does not apply, and kernels such as flash attention promise the same
   // bits whatever the team size.
   if (!cache.enabled() || omp_get_level() > 0) return fallback;
-  const std::string key = key_of(shape);
+  const std::string key = routing_key(shape);
   auto index_of = [&](const std::string& name) -> std::optional<size_t> {
     for (size_t i = 0; i < candidates.size(); ++i)
       if (name == candidates[i].name) return i;

@@ -41,6 +41,10 @@ struct GemmShape {
   double flops() const { return 2.0 * static_cast<double>(m) * n * k * batch; }
 };
 
+// The tuning cache's key of `shape` at this thread's OpenMP thread count: "gemm NT 4096x768x256
+// b1 t2 float32.float32.float32".
+std::string routing_key(const GemmShape& shape);
+
 // The index of the candidate that runs `shape`: the cached choice, else (when calibration is
 // allowed here) the measured fastest, else `fallback`. `candidates` must not be empty and be
 // listed in the same order every time. Calibration runs the candidates on the caller's operands
