@@ -220,10 +220,11 @@ TimePrediction predict_time(const StepSpec& spec, const StepModel& step, const M
 
 namespace {
 
-StepModel model_with_costs(StepSpec spec, MachineCosts& costs) {
+// `first`: the replay without GEMM scratch (it lists the products to measure), when the caller
+// made it already.
+StepModel model_with_costs(StepSpec spec, MachineCosts& costs, const StepModel* first = nullptr) {
   // The products' list first (their scratch unknown), measured, then the replay with it.
-  StepModel first = model_step(spec);
-  measure_costs(first, costs);
+  measure_costs(first != nullptr ? *first : model_step(spec), costs);
   spec.gemm_scratch = [&costs](const Product& p) {
     const auto it = costs.products.find(product_key(p));
     return it == costs.products.end() ? int64_t{0} : it->second.scratch;
@@ -231,16 +232,22 @@ StepModel model_with_costs(StepSpec spec, MachineCosts& costs) {
   return model_step(spec);
 }
 
+Prediction predict_spec(const StepSpec& spec, bool overlap, int64_t budget_bytes, const Link& link,
+                        MachineCosts& costs, const StepModel* first = nullptr) {
+  Prediction p;
+  p.spec = spec;
+  p.step = model_with_costs(p.spec, costs, first);
+  p.time = predict_time(p.spec, p.step, costs, link, overlap);
+  p.budget_bytes = budget_bytes;
+  return p;
+}
+
 }  // namespace
 
 Prediction predict(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
                    const Link& link, MachineCosts& costs) {
-  Prediction p;
-  p.spec = step_spec(cfg, ranks, omp_get_max_threads());
-  p.step = model_with_costs(p.spec, costs);
-  p.time = predict_time(p.spec, p.step, costs, link, cfg.overlap);
-  p.budget_bytes = budget_bytes;
-  return p;
+  return predict_spec(step_spec(cfg, ranks, omp_get_max_threads()), cfg.overlap, budget_bytes, link,
+                      costs);
 }
 
 std::vector<ScalingRow> scaling(const train::TrainConfig& cfg, const Link& link,
@@ -322,10 +329,10 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
             std::string key = fmt::format("{}", n);
             for (const auto& x : o) key += " " + x;
             if (!seen.insert(key).second) continue;
-            StepSpec spec = step_spec(c, n, omp_get_max_threads());
+            const StepSpec spec = step_spec(c, n, omp_get_max_threads());
             const StepModel quick = model_step(spec);  // without GEMM scratch: a first cut
             if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
-            const Prediction p = predict(c, n, budget_bytes, link, costs);
+            const Prediction p = predict_spec(spec, c.overlap, budget_bytes, link, costs, &quick);
             if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
             FitOption f;
             f.overrides = o;
