@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/core/allocator.h"

@@ -13,7 +13,7 @@
 
 #include "bench.h"
 #include "kuai/core/ops.h"
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 #include "kuai/plan/plan.h"
 
 namespace kuai::app {

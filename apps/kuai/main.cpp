@@ -12,7 +12,7 @@
 #include "command.h"
 #include "kuai/data/prepare.h"
 #include "kuai/data/tokenizer.h"
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 #include "kuai/io/export.h"
 #include "kuai/io/hf_llama.h"
 #include "kuai/nn/generate.h"

@@ -30,8 +30,7 @@ void check_flag(const Tensor& found_inf, const char* who) {
 
 float read_flag(const Tensor& found_inf, const char* who) {
   check_flag(found_inf, who);
-  count_host_read();  // the host read (free on the CPU device, a sync on a GPU)
-  return found_inf.contiguous().data<float>()[0];
+  return found_inf.item_as<float>();  // the host read (free on the CPU, a sync on a GPU)
 }
 
 }  // namespace
@@ -119,8 +118,7 @@ float GradScaler::scale() const {
 }
 
 int64_t GradScaler::growth_tracker() const {
-  count_host_read();
-  return tracker_.data<int64_t>()[0];
+  return tracker_.item_as<int64_t>();  // counted
 }
 
 void GradScaler::step_on_device(optim::Optimizer& opt, const Tensor& found_inf,
@@ -155,8 +153,8 @@ void GradScaler::load_state(const GradScalerState& state) {
   if (state.growth_tracker < 0)
     throw std::invalid_argument("GradScaler::load_state: growth_tracker must be >= 0, got " +
                                 std::to_string(state.growth_tracker));
-  scale_.data<float>()[0] = state.scale;
-  tracker_.data<int64_t>()[0] = state.growth_tracker;
+  scale_.copy_from_host(&state.scale, sizeof state.scale);
+  tracker_.copy_from_host(&state.growth_tracker, sizeof state.growth_tracker);
   unscaled_ = false;
 }
 

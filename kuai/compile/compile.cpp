@@ -130,6 +130,8 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
   // Capture: the step runs as usual under the recorder.
   std::vector<Tensor> outputs;
   std::vector<int> escaped;
+  // A step: reads of tensor bytes on the host (to_vector(), data<T>(), item()) are counted.
+  StepScope in_step;
   const int64_t reads = host_reads_this_thread();
   compiler::Graph graph =
       compiler::capture([&] { outputs = step_(inputs); },

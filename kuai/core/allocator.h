@@ -33,6 +33,8 @@ class Allocator {
 
   // Size class a request of nbytes is served from (what `current` counts).
   static size_t round_size(size_t nbytes);
+  // Requests made by the calling thread, on every device (num_allocs counts every thread's).
+  static int64_t allocations_this_thread();
 };
 
 // `bytes` of CPU scratch (64-byte aligned) returned when the object goes out of scope. For

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kuai/core/autograd.h"
+#include "kuai/core/backend.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/profiler.h"
 
@@ -17,14 +18,12 @@ void Primitive::eval_cuda(std::span<const Tensor>, std::span<Tensor>) const {
 }
 
 void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
-  const Device d = in.empty() ? (out.empty() ? kCPU : out[0].device()) : in[0].device();
+  const Device d =
+      in.empty() ? (out.empty() ? p.output_device() : out[0].device()) : in[0].device();
   const bool profile = profiler::enabled();
   const auto t0 =
       profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-  if (d.type == DeviceType::kCPU)
-    p.eval_cpu(in, out);
-  else
-    p.eval_cuda(in, out);
+  backend_for(d).evaluate(p, in, out);
   if (profile)
     profiler::record(
         p.name(),
@@ -98,7 +97,7 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
     for (DispatchMode* m : modes) m->intercept(*p, in, out);  // recorded; nothing to evaluate
   } else {
     std::vector<TensorSpec> specs = p->infer(in);
-    const Device device = in.empty() ? kCPU : in[0].device();
+    const Device device = in.empty() ? p->output_device() : in[0].device();
     out.reserve(specs.size());
     for (size_t j = 0; j < specs.size(); ++j) {
       const TensorSpec& s = specs[j];

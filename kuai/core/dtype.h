@@ -64,12 +64,11 @@ inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>
 uint16_t float_to_f16(float f);
 float f16_to_float(uint16_t h);
 
-// Bulk conversion between any two dtypes (n elements). Floats to integers truncate toward zero.
-// Large conversions run in parallel (OpenMP) unless called from inside a parallel region.
-void convert(const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
-
-// convert() on the calling thread only, never forking OpenMP threads: for callers already inside
-// a parallel region that convert one chunk each. Same results and the same fast loops.
-void convert_serial(const void* src, DType src_type, void* dst, DType dst_type, int64_t n);
+// Element i of an array of dtype t, as double (exact for every value of every dtype but i64
+// beyond 2^53), and the store back (floats to integers truncate toward zero; NaN to an integer
+// is 0 only through convert()). For host code that handles a few values; bulk conversion is a
+// kernel (kuai/backend/cpu/convert.h, the Cast primitive).
+double load_element(const void* src, DType t, int64_t i);
+void store_element(void* dst, DType t, int64_t i, double v);
 
 }  // namespace kuai

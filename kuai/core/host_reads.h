@@ -15,4 +15,20 @@ void count_host_read();
 int64_t host_reads_this_thread();
 int64_t host_reads_total();
 
+// Marks the calling thread as running a training step while alive (nests). Inside one, host
+// access to tensor bytes (Tensor::data<T>(), raw_data(), to_vector(), copy_to_host()) counts as a
+// host read: on a device each is a synchronisation. Outside (setup, checkpoint I/O, the loader's
+// host buffers) it does not. TrainStep / the trainer open one per step; compile opens one around
+// a capture, so a step that reads device values that way is seen and runs eagerly.
+class StepScope {
+ public:
+  StepScope();
+  ~StepScope();
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+  static bool active();  // on this thread
+};
+// count_host_read() when this thread is inside a StepScope.
+void count_step_host_read();
+
 }  // namespace kuai

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/dispatch.h"
 #include "kuai/core/primitives.h"
 #include "kuai/core/shape_util.h"
@@ -19,23 +18,23 @@ Tensor run1(std::shared_ptr<const Primitive> p, std::vector<Tensor> in) {
   return dispatch(std::move(p), std::move(in))[0];
 }
 
-void require_cpu(std::string_view op, const Tensor& t) {
-  if (t.device().type != DeviceType::kCPU)
-    throw std::runtime_error(fmt::format("{}: device {} is not supported", op, t.device().str()));
-}
-
 }  // namespace
 
 // ---- creation ----
 
 Tensor full(const Shape& shape, float value, DType dtype, Device device) {
-  if (device != kCPU) require_cpu("full", Tensor::meta(shape, dtype, device));
-  return dispatch(std::make_shared<Fill>(shape, dtype, value), {})[0];
+  return dispatch(std::make_shared<Fill>(shape, dtype, value, device), {})[0];
+}
+
+void fill_(const Tensor& t, float value) {
+  if (!t.is_contiguous())
+    throw std::invalid_argument("fill_: needs a contiguous tensor, got " + t.str());
+  std::vector<Tensor> out = {t};
+  evaluate(Fill(t.shape(), t.dtype(), value, t.device()), {}, out);
 }
 
 Tensor zeros(const Shape& shape, DType dtype, Device device) {
-  if (device != kCPU) require_cpu("zeros", Tensor::meta(shape, dtype, device));
-  return dispatch(std::make_shared<Fill>(shape, dtype, 0.0f), {})[0];
+  return dispatch(std::make_shared<Fill>(shape, dtype, 0.0f, device), {})[0];
 }
 
 namespace {
@@ -45,7 +44,7 @@ Tensor tensor_from(const std::vector<T>& values, const Shape& shape, DType dtype
     throw std::invalid_argument(
         fmt::format("from_vector: {} values for shape {}", values.size(), shape_str(shape)));
   Tensor t = Tensor::empty(shape, dtype, device);
-  std::memcpy(t.raw_data(), values.data(), values.size() * sizeof(T));
+  t.copy_from_host(values.data(), values.size() * sizeof(T));
   return t;
 }
 }  // namespace
@@ -59,9 +58,7 @@ Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Devic
 }
 
 Tensor arange(int64_t n, DType dtype, Device device) {
-  Tensor t = Tensor::empty({n}, DType::kF32, device);
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(i);
+  Tensor t = dispatch(std::make_shared<Arange>(n, device), {})[0];
   return dtype == DType::kF32 ? t : cast(t, dtype);
 }
 
@@ -189,7 +186,6 @@ void add_(const Tensor& a, const Tensor& b) {
   check_same_shape("add_", a, b);
   check_floating("add_", a);
   check_floating("add_", b);
-  require_cpu("add_", a);
   if (!a.is_contiguous()) throw std::invalid_argument("add_: destination must be contiguous");
   dispatch(std::make_shared<AddInPlace>(), {a, b});
 }

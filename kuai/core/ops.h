@@ -14,6 +14,9 @@ namespace kuai {
 // ---- creation ----
 Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = kCPU);
 Tensor full(const Shape& shape, float value, DType dtype = DType::kF32, Device device = kCPU);
+// Writes `value` into every element of a contiguous tensor, on its device, outside autograd and
+// capture (not dispatched): for initialisation, as torch.nn.init's functions run under no_grad.
+void fill_(const Tensor& t, float value);
 Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = kCPU);
 Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device = kCPU);
 inline Tensor from_vector(std::initializer_list<float> values, const Shape& shape,

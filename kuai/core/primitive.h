@@ -1,7 +1,8 @@
 // One class per op. A primitive knows its name and class (read by autocast and fusion), infers
 // its outputs' shapes and dtypes, evaluates itself per backend (eval_cpu lives in
-// backend/cpu/eval_<family>.cpp), and says how to differentiate itself by composing other ops
-// (vjp). Backward of a fused op is a primitive of its own (LayerNormBackward, ...).
+// backend/cpu/eval_<family>.cpp; the meta backend needs nothing from it: shapes are infer()'s),
+// and says how to differentiate itself by composing other ops (vjp). Backward of a fused op is a
+// primitive of its own (LayerNormBackward, ...).
 #pragma once
 
 #include <memory>
@@ -49,6 +50,9 @@ class Primitive : public std::enable_shared_from_this<Primitive> {
   virtual std::vector<TensorSpec> infer(std::span<const Tensor> in) const = 0;
   virtual void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const = 0;
   virtual void eval_cuda(std::span<const Tensor> in, std::span<Tensor> out) const;
+  // Where the outputs of a primitive without inputs live (a creation op carries its device, as
+  // MLX's carry a stream); every other primitive runs on, and outputs to, its inputs' device.
+  virtual Device output_device() const { return kCPU; }
   // Gradients of the inputs given the outputs' gradients (an undefined grad_out means zero).
   // needs_grad[i] says whether input i's gradient is wanted; return undefined where not.
   // Inputs and outputs not listed by saves_input / saves_output arrive as meta tensors.

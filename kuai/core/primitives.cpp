@@ -792,6 +792,27 @@ std::vector<Tensor> Fill::vjp(std::span<const Tensor>, std::span<const Tensor>,
   throw std::logic_error("fill has no inputs to differentiate");
 }
 
+std::vector<TensorSpec> Arange::infer(std::span<const Tensor> in) const {
+  if (!in.empty()) throw std::invalid_argument("arange: takes no inputs");
+  if (n_ < 0) throw std::invalid_argument(fmt::format("arange: negative length {}", n_));
+  return {{{n_}, DType::kF32}};
+}
+std::vector<Tensor> Arange::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("arange has no inputs to differentiate");
+}
+
+std::vector<TensorSpec> RandomFill::infer(std::span<const Tensor> in) const {
+  if (!in.empty()) throw std::invalid_argument("random: takes no inputs");
+  for (int64_t d : shape_)
+    if (d < 0) throw std::invalid_argument("random: negative dimension in " + shape_str(shape_));
+  return {{shape_, kind_ == Kind::kInt ? DType::kI32 : DType::kF32}};
+}
+std::vector<Tensor> RandomFill::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                    std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error("random has no inputs to differentiate");
+}
+
 // ---- in-place updates ----
 
 namespace {

@@ -537,16 +537,61 @@ class FlashAttentionBackward final : public Primitive {
 // replayed instead of reusing what the capture left in them.
 class Fill final : public Primitive {
  public:
-  Fill(Shape shape, DType dtype, float value)
-      : shape_(std::move(shape)), dtype_(dtype), value_(value) {}
+  Fill(Shape shape, DType dtype, float value, Device device = kCPU)
+      : shape_(std::move(shape)), dtype_(dtype), value_(value), device_(device) {}
   KUAI_PRIMITIVE_COMMON("fill", OpClass::kOther)
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
   bool differentiable(size_t) const override { return false; }
+  Device output_device() const override { return device_; }
 
  private:
   Shape shape_;
   DType dtype_;
   float value_;
+  Device device_;
+};
+
+// 0, 1, ..., n-1 as float32 (exact to 2^24).
+class Arange final : public Primitive {
+ public:
+  Arange(int64_t n, Device device) : n_(n), device_(device) {}
+  KUAI_PRIMITIVE_COMMON("arange", OpClass::kOther)
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
+  bool differentiable(size_t) const override { return false; }
+  Device output_device() const override { return device_; }
+
+ private:
+  int64_t n_;
+  Device device_;
+};
+
+// Philox draws (core/rng.h) at a fixed (seed, stream, offset): element i is a pure function of
+// them and i, on every backend and at every thread count. kNormal: float32 N(a, b^2); kUniform:
+// float32 in [a, b); kInt: int32 in [a, b).
+class RandomFill final : public Primitive {
+ public:
+  enum class Kind { kNormal, kUniform, kInt };
+  RandomFill(Kind kind, Shape shape, uint64_t seed, uint64_t stream, uint64_t offset, double a,
+             double b, Device device)
+      : kind_(kind),
+        shape_(std::move(shape)),
+        seed_(seed),
+        stream_(stream),
+        offset_(offset),
+        a_(a),
+        b_(b),
+        device_(device) {}
+  KUAI_PRIMITIVE_COMMON("random", OpClass::kOther)
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
+  bool differentiable(size_t) const override { return false; }
+  Device output_device() const override { return device_; }
+
+ private:
+  Kind kind_;
+  Shape shape_;
+  uint64_t seed_, stream_, offset_;
+  double a_, b_;
+  Device device_;
 };
 
 // ---- in-place updates: the optimizers, gradient clipping and the fp16 loss scaler ----
@@ -554,7 +599,7 @@ class Fill final : public Primitive {
 // optimizer). Inputs marked "!" are written in place (contiguous, never recorded by autograd).
 // Per-step numbers (the learning rate, Adam's bias corrections, the loss scale) are tensor
 // inputs, not constructor arguments, so the same primitive serves every step. None of them is
-// differentiable. (The macro stays defined: kuai/dist's collectives are updates too.)
+// differentiable. (The macro stays defined: kuai/distributed's collectives are updates too.)
 #define KUAI_UPDATE_COMMON(NAME)                                                            \
   std::string_view name() const override { return NAME; }                                   \
   OpClass op_class() const override { return OpClass::kOther; }                             \

@@ -3,6 +3,10 @@
 #include "kuai/core/rng.h"
 
 #include <cmath>
+#include <stdexcept>
+
+#include "kuai/core/dispatch.h"
+#include "kuai/core/primitives.h"
 
 namespace kuai {
 namespace {
@@ -77,22 +81,36 @@ void Generator::randint(int32_t* out, int64_t n, int32_t low, int32_t high) {
   offset_ += static_cast<uint64_t>((n + 3) / 4);
 }
 
-Tensor Generator::normal(const Shape& shape, float mean, float std) {
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  normal(t.data<float>(), t.numel(), mean, std);
+Tensor Generator::draw(int kind, const Shape& shape, double a, double b, Device device) {
+  const int64_t n = shape_numel(shape);
+  Tensor t = dispatch(std::make_shared<RandomFill>(static_cast<RandomFill::Kind>(kind), shape,
+                                                   seed_, stream_, offset_, a, b, device),
+                      {})[0];
+  offset_ += static_cast<uint64_t>((n + 3) / 4);
   return t;
 }
 
-Tensor Generator::uniform(const Shape& shape, float low, float high) {
-  Tensor t = Tensor::empty(shape, DType::kF32);
-  uniform(t.data<float>(), t.numel(), low, high);
-  return t;
+void Generator::normal_(const Tensor& t, float mean, float std) {
+  if (!t.is_contiguous() || t.dtype() != DType::kF32)
+    throw std::invalid_argument("Generator::normal_: needs a contiguous float32 tensor, got " +
+                                t.str());
+  std::vector<Tensor> out = {t};
+  evaluate(RandomFill(RandomFill::Kind::kNormal, t.shape(), seed_, stream_, offset_, mean, std,
+                      t.device()),
+           {}, out);
+  offset_ += static_cast<uint64_t>((t.numel() + 3) / 4);
 }
 
-Tensor Generator::randint(const Shape& shape, int32_t low, int32_t high) {
-  Tensor t = Tensor::empty(shape, DType::kI32);
-  randint(t.data<int32_t>(), t.numel(), low, high);
-  return t;
+Tensor Generator::normal(const Shape& shape, float mean, float std, Device device) {
+  return draw(static_cast<int>(RandomFill::Kind::kNormal), shape, mean, std, device);
+}
+
+Tensor Generator::uniform(const Shape& shape, float low, float high, Device device) {
+  return draw(static_cast<int>(RandomFill::Kind::kUniform), shape, low, high, device);
+}
+
+Tensor Generator::randint(const Shape& shape, int32_t low, int32_t high, Device device) {
+  return draw(static_cast<int>(RandomFill::Kind::kInt), shape, low, high, device);
 }
 
 }  // namespace kuai

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "kuai/core/autograd.h"
+#include "kuai/core/backend.h"
 #include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 
@@ -126,9 +127,86 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+namespace {
+
+// The host may address the tensor's bytes: throws naming the device otherwise.
+void require_host(const Tensor& t, const char* what) {
+  if (!t.defined() || !t.has_storage())
+    throw std::logic_error(std::string(what) + ": tensor has no storage: " + t.str());
+  const Device d = t.device();
+  if (d.type != DeviceType::kCPU && !backend_for(d).host_accessible())
+    throw std::runtime_error(
+        fmt::format("{}: {} lives on {}, which the host cannot address; "
+                    "copy it with .to(kCPU) first",
+                    what, t.str(), d.str()));
+}
+
+}  // namespace
+
 void* Tensor::raw_data() const {
-  if (!impl_ || !impl_->storage) throw std::logic_error("tensor has no storage: " + str());
-  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
+  require_host(*this, "data");
+  count_step_host_read();
+  return device_ptr();
+}
+
+Tensor Tensor::to(Device device) const {
+  if (device == this->device()) return *this;
+  Tensor out = Tensor::empty(shape(), dtype(), device);
+  out.copy_(*this);
+  return out;
+}
+
+const Tensor& Tensor::copy_(const Tensor& src) const {
+  if (src.shape() != shape() || src.dtype() != dtype())
+    throw std::invalid_argument(fmt::format("copy_: {} into {}", src.str(), str()));
+  if (!is_contiguous())
+    throw std::invalid_argument("copy_: the destination must be contiguous, got " + str());
+  const Tensor c = src.is_contiguous() ? src : kuai::contiguous(src.detach());
+  const auto n = static_cast<size_t>(nbytes());
+  if (n == 0 || (c.storage() == storage() && c.offset() == offset())) return *this;
+  const Device from = c.device(), to = device();
+  if (from == to) {
+    backend_for(to).copy_within(device_ptr(), c.device_ptr(), n);
+  } else if (from.type == DeviceType::kCPU) {
+    backend_for(to).copy_from_host(device_ptr(), c.device_ptr(), n);
+  } else if (to.type == DeviceType::kCPU) {
+    backend_for(from).copy_to_host(device_ptr(), c.device_ptr(), n);
+  } else {  // between two devices: through host memory
+    Tensor staged = c.to(kCPU);
+    backend_for(to).copy_from_host(device_ptr(), staged.device_ptr(), n);
+  }
+  return *this;
+}
+
+const Tensor& Tensor::copy_from_host(const void* src, size_t n) const {
+  if (!has_storage() || !is_contiguous() || n != static_cast<size_t>(nbytes()))
+    throw std::invalid_argument(
+        fmt::format("copy_from_host: {} bytes into {} (contiguous, {} bytes)", n, str(), nbytes()));
+  backend_for(device()).copy_from_host(device_ptr(), src, n);
+  return *this;
+}
+
+void Tensor::read_one(void* dst, size_t element_size) const {
+  if (numel() != 1 || static_cast<size_t>(dtype_size(dtype())) != element_size)
+    throw std::invalid_argument(
+        fmt::format("item_as: one element of {} bytes, got {}", element_size, str()));
+  count_host_read();
+  copy_to_host_uncounted(dst, element_size);
+}
+
+void Tensor::copy_to_host_uncounted(void* dst, size_t n) const {
+  if (!has_storage() || !is_contiguous() || n != static_cast<size_t>(nbytes()))
+    throw std::invalid_argument(
+        fmt::format("copy_to_host: {} (contiguous, {} bytes) into {} bytes", str(), nbytes(), n));
+  backend_for(device()).copy_to_host(dst, device_ptr(), n);
+}
+
+void Tensor::copy_to_host(void* dst, size_t n) const {
+  if (!has_storage() || !is_contiguous() || n != static_cast<size_t>(nbytes()))
+    throw std::invalid_argument(
+        fmt::format("copy_to_host: {} (contiguous, {} bytes) into {} bytes", str(), nbytes(), n));
+  count_step_host_read();
+  backend_for(device()).copy_to_host(dst, device_ptr(), n);
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
@@ -168,9 +246,10 @@ Tensor Tensor::clone() const { return kuai::clone(*this); }
 float Tensor::item() const {
   if (numel() != 1) throw std::invalid_argument("item: expected one element, got " + str());
   count_host_read();
-  float v = 0;
-  convert(raw_data(), dtype(), &v, DType::kF32, 1);
-  return v;
+  unsigned char bytes[8];
+  const Tensor c = contiguous();
+  backend_for(device()).copy_to_host(bytes, c.device_ptr(), static_cast<size_t>(c.nbytes()));
+  return static_cast<float>(load_element(bytes, dtype(), 0));
 }
 
 std::string Tensor::str() const {

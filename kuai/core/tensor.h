@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -90,10 +91,21 @@ class Tensor {
   bool has_storage() const { return impl_ && impl_->storage != nullptr; }
   const std::shared_ptr<Storage>& storage() const { return impl_->storage; }
 
-  void* raw_data() const;  // pointer to element 0 of this view
+  // Host access to the bytes, for code above the backends: a pointer to element 0 of this view.
+  // Throws (naming the device) unless the host can address the tensor's device, and counts a
+  // host read when the calling thread is running a training step (host_reads.h: StepScope).
+  void* raw_data() const;
   template <typename T>
   T* data() const {
     return static_cast<T*>(raw_data());
+  }
+  // The same pointer for a backend's kernels, on the tensor's own device: unchecked, uncounted.
+  void* device_ptr() const {
+    return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(impl_->dtype);
+  }
+  template <typename T>
+  T* device_data() const {
+    return static_cast<T*>(device_ptr());
   }
 
   // ---- autograd ----
@@ -117,8 +129,30 @@ class Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor contiguous() const;
   Tensor to(DType dtype) const;
+  // This tensor on `device` (itself when it is there already): a contiguous copy through the
+  // backends (core/backend.h); outside autograd, like detach().
+  Tensor to(Device device) const;
+  // Copies src's elements into this tensor (same shape and dtype, this one contiguous), from any
+  // device to any device, through the backends: not an op (not recorded by autograd or capture,
+  // not counted as a host read). How host code writes values into a tensor that may live on a
+  // device: the optimizer's learning rate, a batch into a compiled step's inputs, loaded state.
+  const Tensor& copy_(const Tensor& src) const;
+  // Writes `nbytes` of host memory over this contiguous tensor's bytes (a host-to-device copy).
+  const Tensor& copy_from_host(const void* src, size_t nbytes) const;
+  // Reads this tensor's bytes (contiguous) into host memory: a host read (counted in a step).
+  void copy_to_host(void* dst, size_t nbytes) const;
   Tensor clone() const;
   float item() const;  // the one element, as float: a host read (host_reads.h)
+  // The one element of a tensor of dtype T, exactly: a host read, counted wherever it is made.
+  template <typename T>
+  T item_as() const {
+    T v{};
+    read_one(&v, sizeof(T));
+    return v;
+  }
+  // copy_to_host() without the count, for a caller that counts its read itself (one
+  // count_host_read() for several tensors read together).
+  void copy_to_host_uncounted(void* dst, size_t nbytes) const;
   template <typename T>
   std::vector<T> to_vector() const;  // a contiguous copy of the elements (same dtype)
 
@@ -128,14 +162,17 @@ class Tensor {
   std::string str() const;  // "Tensor(float32, (2, 3))"
 
  private:
+  void read_one(void* dst, size_t element_size) const;
   std::shared_ptr<TensorImpl> impl_;
 };
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = contiguous();
-  const T* p = c.data<T>();
-  return std::vector<T>(p, p + c.numel());
+  if (sizeof(T) != static_cast<size_t>(dtype_size(dtype())))
+    throw std::invalid_argument("to_vector: element size differs from " + str());
+  std::vector<T> v(static_cast<size_t>(numel()));
+  contiguous().copy_to_host(v.data(), v.size() * sizeof(T));
+  return v;
 }
 
 }  // namespace kuai

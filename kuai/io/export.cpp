@@ -215,10 +215,10 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
       fail(path, fmt::format("parameter \"{}\" is on {}; export reads CPU tensors", name,
                              param.device().str()));
     }
-    const Tensor c = param.contiguous();
+    const Tensor c = param.detach().to(options.dtype).contiguous();  // the Cast op, if any
     std::vector<std::byte>& bytes =
         buffers.emplace_back(static_cast<size_t>(c.numel() * dtype_size(options.dtype)));
-    if (c.numel() > 0) convert(c.raw_data(), c.dtype(), bytes.data(), options.dtype, c.numel());
+    if (c.numel() > 0) c.copy_to_host(bytes.data(), bytes.size());
     checksums[name] = xxh3_hex(bytes.data(), bytes.size());
     views.push_back({name, safetensors_dtype(options.dtype), c.shape(), bytes.data(),
                      static_cast<uint64_t>(bytes.size())});
@@ -301,14 +301,8 @@ void load_weights(const std::string& path, nn::GPT& model) {
     }
     // Copy out of the mapping first: the data section has no alignment guarantee.
     Tensor stored = Tensor::empty(entry->shape, info.dtype);
-    if (!bytes.empty()) std::memcpy(stored.raw_data(), bytes.data(), bytes.size());
-    Tensor value = stored;
-    if (param.dtype() != info.dtype) {
-      value = Tensor::empty(param.shape(), param.dtype());
-      if (value.numel() > 0) {
-        convert(stored.raw_data(), info.dtype, value.raw_data(), param.dtype(), value.numel());
-      }
-    }
+    if (!bytes.empty()) stored.copy_from_host(bytes.data(), bytes.size());
+    Tensor value = stored.to(param.dtype());  // the Cast op where the dtypes differ
     state.emplace(name, std::move(value));
   }
   try {

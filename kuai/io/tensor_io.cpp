@@ -43,7 +43,7 @@ Tensor read_tensor(const SafetensorsFile& file, const std::string& name) {
   if (static_cast<int64_t>(bytes.size()) != t.nbytes())
     throw std::runtime_error(fmt::format("{}: tensor \"{}\" has {} bytes, expected {}", file.path(),
                                          name, bytes.size(), t.nbytes()));
-  if (!bytes.empty()) std::memcpy(t.raw_data(), bytes.data(), bytes.size());
+  if (!bytes.empty()) t.copy_from_host(bytes.data(), bytes.size());
   return t;
 }
 
@@ -60,7 +60,7 @@ void save_safetensors(const std::string& path,
   std::vector<Tensor> keep;  // contiguous copies live until the write is done
   std::vector<SafetensorsView> views;
   for (const auto& [name, t] : tensors) {
-    keep.push_back(t.contiguous());
+    keep.push_back(t.to(kCPU).contiguous());  // host bytes for the writer
     const Tensor& c = keep.back();
     views.push_back({name, safetensors_dtype(c.dtype()), c.shape(), c.raw_data(),
                      static_cast<uint64_t>(c.nbytes())});

@@ -2,6 +2,8 @@
 // run time (see crc32c.h).
 #include "kuai/log/crc32c.h"
 
+#include "kuai/backend/cpu/isa.h"
+
 #include <array>
 #include <cstring>
 
@@ -76,9 +78,10 @@ uint32_t crc32c_table(const void* data, size_t n, uint32_t crc) {
   return ~c;
 }
 
+// SSE4.2 is above the baseline tier (x86-64 with SSE2): KUAI_MAX_ISA=baseline runs the table.
 bool crc32c_has_sse42() {
 #if KUAI_CRC32C_X86
-  static const bool has = __builtin_cpu_supports("sse4.2");
+  static const bool has = __builtin_cpu_supports("sse4.2") && cpu::isa() > cpu::Isa::kBaseline;
   return has;
 #else
   return false;

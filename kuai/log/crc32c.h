@@ -22,7 +22,8 @@ inline constexpr uint32_t mask_crc32c(uint32_t crc) {
 uint32_t masked_crc32c(const void* data, size_t n);
 
 // The two implementations behind crc32c(), same contract. crc32c_sse42() falls back to the
-// table where crc32c_has_sse42() is false (a non-x86 build or an old CPU).
+// table where crc32c_has_sse42() is false (a non-x86 build, an old CPU, or the tier capped at
+// baseline by KUAI_MAX_ISA: kuai/backend/cpu/isa.h).
 uint32_t crc32c_table(const void* data, size_t n, uint32_t crc = 0);
 uint32_t crc32c_sse42(const void* data, size_t n, uint32_t crc = 0);
 bool crc32c_has_sse42();

@@ -63,7 +63,8 @@ std::vector<int32_t> generate(const GPT& model, const std::vector<int32_t>& prom
     const Tensor last = contiguous(narrow(logits, 1, logits.size(1) - 1, 1));
     float u = 0.0f;
     gen.uniform(&u, 1);
-    const int32_t next = sample_token(last.data<float>(), V, opt.temperature, opt.top_k, u);
+    const std::vector<float> row = last.to(kCPU).to_vector<float>();  // the host reads the logits
+    const int32_t next = sample_token(row.data(), V, opt.temperature, opt.top_k, u);
     out.push_back(next);
     context.push_back(next);
     if (on_token) on_token(next);

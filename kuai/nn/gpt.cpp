@@ -133,11 +133,11 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(validated(config)) {
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (auto& [name, p] : named_parameters()) {
     if (p.dim() == 1) {  // LayerNorm / RMSNorm weights stay 1, biases become 0
-      if (name.ends_with(".bias")) std::fill_n(p.data<float>(), p.numel(), 0.0f);
+      if (name.ends_with(".bias")) fill_(p, 0.0f);
       continue;
     }
     const float std = !cfg.is_llama() && name.ends_with("c_proj.weight") ? proj_std : 0.02f;
-    init.normal(p.data<float>(), p.numel(), 0.0f, std);
+    init.normal_(p, 0.0f, std);
   }
 }
 

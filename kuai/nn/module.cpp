@@ -62,8 +62,7 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& state) {
     if (src.shape() != p.shape() || src.dtype() != p.dtype())
       throw std::invalid_argument(fmt::format("load_state_dict: '{}' is {} but the model has {}",
                                               name, src.str(), p.str()));
-    Tensor c = src.contiguous();
-    std::memcpy(p.raw_data(), c.raw_data(), static_cast<size_t>(p.nbytes()));
+    p.copy_(src);
   }
   for (const auto& [name, t] : state)
     if (!known.count(name))

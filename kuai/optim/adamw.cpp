@@ -23,15 +23,14 @@ void Optimizer::zero_grad() {
 
 void Optimizer::set_lr(float lr) {
   lr_ = lr;
-  lr_tensor_.data<float>()[0] = lr;  // the host writes a device input (CPU device: memory)
+  lr_tensor_.copy_from_host(&lr, sizeof lr);  // a host-to-device write, not a read
 }
 
 int64_t Optimizer::step_count() const {
-  count_host_read();
-  return step_.data<int64_t>()[0];
+  return step_.item_as<int64_t>();  // a host read
 }
 
-void Optimizer::set_step_count(int64_t step) { step_.data<int64_t>()[0] = step; }
+void Optimizer::set_step_count(int64_t step) { step_.copy_from_host(&step, sizeof step); }
 
 namespace {
 void check_one_f32(const Tensor& t, const char* what) {

@@ -22,9 +22,12 @@ std::vector<Tensor> grads_of(const std::vector<Tensor>& params) {
 double grad_norm(const std::vector<Tensor>& params) {
   // Each tensor's float64 sum of squares (a primitive), added here in order: a host read.
   double total = 0.0;
-  for (const Tensor& g : grads_of(params))
-    total += std::bit_cast<double>(sum_squares_bits(g).data<int64_t>()[0]);
-  count_host_read();
+  for (const Tensor& g : grads_of(params)) {
+    int64_t bits = 0;
+    sum_squares_bits(g).copy_to_host_uncounted(&bits, sizeof bits);
+    total += std::bit_cast<double>(bits);
+  }
+  count_host_read();  // one read of all the sums
   return std::sqrt(total);
 }
 

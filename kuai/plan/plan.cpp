@@ -313,7 +313,8 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
           if (attention.empty()) continue;
           for (int64_t zero : {int64_t{0}, int64_t{1}, int64_t{2}}) {
             if (n == 1 && zero > 0) continue;
-            if (zero == 2 && cfg.compression != "none") continue;  // not combined (dist/ddp.cpp)
+            if (zero == 2 && cfg.compression != "none")
+              continue;  // not combined (distributed/ddp.cpp)
             train::TrainConfig c = cfg;
             c.batch_size = rows;
             c.accum_steps = accum;

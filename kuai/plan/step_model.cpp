@@ -747,7 +747,7 @@ void Replay::accumulate_param(int p, std::vector<int>& grads) {
     drop(g);  // add_ into the gradient (DDP: its bucket view)
   }
   if (buckets_.empty()) return;
-  // The grad-ready hook (dist/ddp.cpp on_grad).
+  // The grad-ready hook (distributed/ddp.cpp on_grad).
   Bucket& b = buckets_[static_cast<size_t>(bucket_of_[pi])];
   if (s_.zero == 2) {  // place(): the bucket on its first gradient; the gradient moves in
     if (b.flat < 0) {
@@ -927,7 +927,7 @@ void Replay::optimizer_step(int64_t step) {
     pass("AdamW update", double(updated) * 28);
     ops_ += static_cast<int64_t>(params_.size()) * 2;
   }
-  if (s_.zero > 0 && s_.ranks > 1) {  // all-gather of the updated shards (dist/zero.cpp)
+  if (s_.zero > 0 && s_.ranks > 1) {  // all-gather of the updated shards (distributed/zero.cpp)
     const int64_t chunk = std::min<int64_t>(shard_total_, int64_t{1} << 22);
     const int send = alloc(4 * chunk, Kind::kComm, "ZeRO all-gather send");
     const int all = alloc(4 * s_.ranks * chunk, Kind::kComm, "ZeRO all-gather receive");
@@ -962,7 +962,7 @@ void Replay::setup() {
   for (size_t p = 0; p < params_.size(); ++p)
     param_buf_[p] = alloc(params_[p].numel() * 4, Kind::kParameters, params_[p].name);
   if (s_.ranks > 1) {
-    // DDP's buckets (dist/ddp.cpp): reverse registration order, the first capped at
+    // DDP's buckets (distributed/ddp.cpp): reverse registration order, the first capped at
     // first_bucket_mb, the others at bucket_mb, each padded to a multiple of the world size.
     bucket_of_.assign(params_.size(), -1);
     int64_t filled = 0;

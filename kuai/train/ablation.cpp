@@ -74,6 +74,7 @@ TrainConfig quiet_config(const TrainConfig& base, const AblationOptions& o) {
 }
 
 struct Arm {
+  explicit Arm(const TrainConfig& c) : cfg(c) {}
   ArmStats stats;
   TrainConfig cfg;
   std::vector<double> figures;  // one per run
@@ -150,7 +151,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
   }
   AblationRow row;
   row.technique = technique;
-  Arm off{{}, q, {}}, on{{}, q, {}};
+  Arm off(q), on(q);
   std::vector<Arm> extra;
   progress << fmt::format("bench {}: {} steps per run ({} dropped), {} rounds\n", technique,
                           o.steps, o.warmup, o.rounds);
@@ -158,7 +159,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
   if (technique == "precision") {
     off.cfg.precision = "fp32";
     on.cfg.precision = "bf16";
-    Arm fp16{{}, q, {}};
+    Arm fp16(q);
     fp16.cfg.precision = "fp16";
     off.stats.label = "fp32";
     on.stats.label = "bf16 autocast";
@@ -184,7 +185,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     row.claim_memory_lo = row.claim_memory_hi = 1.0 / kAccum;
   } else if (technique == "prefetch") {
     // Calibrate the slow loader: half a step of the instant loader's median.
-    Arm calib{{}, q, {}};
+    Arm calib(q);
     calib.cfg.workers = 0;
     calib.cfg.delay_ms = 0;
     calib.stats.label = "calibration (instant loader)";
@@ -196,7 +197,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     off.cfg.delay_ms = on.cfg.delay_ms = delay;
     off.stats.label = fmt::format("0 workers, {:.0f} ms/batch loader", delay);
     on.stats.label = fmt::format("{} workers, {:.0f} ms/batch loader", kPrefetchWorkers, delay);
-    Arm instant{{}, q, {}};
+    Arm instant(q);
     instant.cfg.workers = 0;
     instant.cfg.delay_ms = 0;
     instant.stats.label = "instant loader";
@@ -221,7 +222,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     on.stats.label = "compiled (captured, planned, replayed)";
     // The pass-by-pass ablation: the compiled step with each pass off in turn.
     for (const std::string& pass : compiler::PassOptions::names()) {
-      Arm without{{}, q, {}};
+      Arm without(q);
       without.cfg.compile = true;
       without.cfg.compile_disable = pass;
       without.stats.label = "compiled without " + pass;

@@ -20,8 +20,8 @@
 
 #include "kuai/core/ops.h"
 #include "kuai/core/version.h"
-#include "kuai/dist/process_group.h"
-#include "kuai/dist/zero.h"
+#include "kuai/distributed/process_group.h"
+#include "kuai/distributed/zero.h"
 #include "kuai/io/checksum.h"
 #include "kuai/io/safetensors.h"
 #include "kuai/train/config.h"
@@ -116,7 +116,7 @@ void copy_into(Blob& b, const std::string& name, const Tensor& t) {
   b.name = name;
   b.shape = c.shape();
   if (b.bytes.size() != n) b.bytes = std::vector<std::byte>(n);
-  std::memcpy(b.bytes.data(), c.data<float>(), n);
+  c.copy_to_host(b.bytes.data(), n);
 }
 
 void write_blobs(const std::string& path, const std::vector<Blob>& blobs, const std::string& kind) {
@@ -165,7 +165,7 @@ void load_entry(const io::SafetensorsFile& file, const std::string& name, const 
   if (!dst.is_contiguous())
     throw std::invalid_argument("checkpoint: destination tensor is not contiguous");
   const auto bytes = file.data(*e);
-  std::memcpy(dst.data<float>(), bytes.data(), bytes.size());
+  dst.copy_from_host(bytes.data(), bytes.size());
 }
 
 std::string piece_name(const char* kind, const OptimizerPiece& p) {
@@ -473,7 +473,8 @@ void Checkpointer::commit() {
     s = spare_.get();  // the snapshot just written
   }
   const int world = group_->size(), rank = group_->rank();
-  // Every rank's optimizer file: (written, bytes, xxh3).
+  // Every rank's optimizer file: (written, bytes, xxh3). Host tensors: the process group
+  // exchanges them in host memory.
   Tensor mine = zeros({3}, DType::kI64), all = zeros({3 * world}, DType::kI64);
   if (own_error.empty() && s != nullptr && !s->written.empty()) {
     const FileRecord& f = s->written.back();  // the optimizer file comes last
@@ -718,9 +719,9 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShar
           const int64_t lo = std::max(b, src.begin), hi = std::min(e, src.begin + src.length);
           if (lo >= hi) continue;
           const auto bytes = src.file->data(*src.entry);
-          std::memcpy(dst.data<float>() + (lo - b),
-                      bytes.data() + static_cast<size_t>(lo - src.begin) * sizeof(float),
-                      static_cast<size_t>(hi - lo) * sizeof(float));
+          Tensor::view_of(dst, {hi - lo}, {1}, dst.offset() + (lo - b))
+              .copy_from_host(bytes.data() + static_cast<size_t>(lo - src.begin) * sizeof(float),
+                              static_cast<size_t>(hi - lo) * sizeof(float));
           covered += hi - lo;
         }
       if (covered != e - b)

@@ -28,8 +28,8 @@
 #include "kuai/data/batch_source.h"
 #include "kuai/data/loader.h"
 #include "kuai/data/token_file.h"
-#include "kuai/dist/ddp.h"
-#include "kuai/dist/zero.h"
+#include "kuai/distributed/ddp.h"
+#include "kuai/distributed/zero.h"
 #include "kuai/io/export.h"
 #include "kuai/io/hf_llama.h"
 #include "kuai/io/tensor_io.h"
@@ -174,9 +174,12 @@ Tensor evaluate(const nn::GPT& model, const data::BatchSource& src, int64_t batc
   amp::AutocastGuard amp(compute != DType::kF32, compute);
   const int64_t B = src.batch_size(), T = src.seq_len();
   Tensor x = Tensor::empty({B, T}, DType::kI32), y = Tensor::empty({B, T}, DType::kI32);
+  std::vector<int32_t> hx(static_cast<size_t>(B * T)), hy(hx.size());  // host side
   Tensor total;
   for (int64_t i = 0; i < batches; ++i) {
-    src.fill(i, x.data<int32_t>(), y.data<int32_t>());
+    src.fill(i, hx.data(), hy.data());
+    x.copy_from_host(hx.data(), hx.size() * sizeof(int32_t));
+    y.copy_from_host(hy.data(), hy.size() * sizeof(int32_t));
     Tensor l = model.loss(x, y);
     total = total.defined() ? add(total, l) : l;
   }
@@ -564,7 +567,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (stop_work) {
       stop_work->wait();  // queued a step ago: complete
       stop_work.reset();
-      stop_agreed = stop_flag.data<float>()[0] > 0.0f;  // host memory, not a device read
+      // The flag is reduced by the process group in host memory: not a device read.
+      stop_agreed = stop_flag.data<float>()[0] > 0.0f;
     }
     if (world > 1 ? stop_agreed : opts.stop && opts.stop->load()) {
       result.interrupted = true;
@@ -572,6 +576,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       break;
     }
     const auto t0 = std::chrono::steady_clock::now();
+    // From here to the counters below the thread runs a step: host access to tensor bytes counts.
+    std::optional<StepScope> in_step(std::in_place);
     const int64_t reads0 = host_reads_this_thread();
     const dist::ProcessGroup::CollectiveStats all0 = group->total_stats(),
                                               ar0 = group->stats(Collective::kAllReduce),
@@ -589,8 +595,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       for (int64_t micro = 0; micro < k; ++micro) {
         data::Batch batch = loader.next();
         wait_ms += loader.last_wait_ms();
-        std::memcpy(step_inputs[2 * micro].raw_data(), batch.x.raw_data(), batch.x.nbytes());
-        std::memcpy(step_inputs[2 * micro + 1].raw_data(), batch.y.raw_data(), batch.y.nbytes());
+        step_inputs[2 * micro].copy_(batch.x);  // host batch slot -> the graph's input
+        step_inputs[2 * micro + 1].copy_(batch.y);
       }
       data_ms = ms(std::chrono::steady_clock::now() - td).count();
       const std::vector<Tensor> o = (*compiled)(step_inputs);
@@ -629,6 +635,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       reduced_in_backward += ar.bytes_sent_in_backward - ar0.bytes_sent_in_backward +
                              rs.bytes_sent_in_backward - rs0.bytes_sent_in_backward;
     }
+    in_step.reset();
     if (profiler::enabled()) {
       profiler::record("[step] data", data_ms);
       profiler::record("[step] forward+backward", ms(t_fb - t0).count() - data_ms);

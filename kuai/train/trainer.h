@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/optimizer.h"
 #include "kuai/train/config.h"

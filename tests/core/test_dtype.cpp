@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/core/dtype.h"
 
 namespace kuai {

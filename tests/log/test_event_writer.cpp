@@ -12,6 +12,7 @@
 #include <limits>
 #include <random>
 
+#include "kuai/backend/cpu/isa.h"
 #include "kuai/log/crc32c.h"
 #include "kuai/log/event_writer.h"
 
@@ -146,6 +147,17 @@ TEST(Crc32c, IncrementalEqualsOneShot) {
     for (unsigned char b : buf) c = fn(&b, 1, c);
     EXPECT_EQ(c, whole);
   }
+}
+
+// The instruction path follows the ISA tier (KUAI_MAX_ISA caps it; tests/run_tier.sh runs this at
+// every tier): baseline (x86-64 with SSE2) runs the table; every tier from avx2 up has SSE4.2.
+TEST(Crc32c, TheInstructionPathFollowsTheTier) {
+#if defined(__x86_64__)
+  const bool expected = cpu::isa() != cpu::Isa::kBaseline;
+  EXPECT_EQ(crc32c_has_sse42(), expected) << "tier " << cpu::isa_name(cpu::isa());
+#else
+  EXPECT_FALSE(crc32c_has_sse42());
+#endif
 }
 
 TEST(Crc32c, HardwareMatchesTable) {

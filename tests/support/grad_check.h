@@ -1,7 +1,10 @@
 // Test support: a float64 oracle harness. An op case pairs a kuai op with a naive float64
 // reference forward. check_op() compares the fp32 forward with the reference, then compares
 // kuai's backward (vjp of sum(w * out) for a random cotangent w) against central finite
-// differences of the float64 reference, input by input. Tolerances are given per case.
+// differences of the float64 reference, input by input. Tolerances are given per case. Then the
+// device axis (ggml's test-backend-ops): the case runs again on every other registered backend
+// (the meta backend here) and must dispatch the same ops with the same shapes, dtypes and saved
+// bytes, and the same gradient shapes, as on the CPU.
 #pragma once
 
 #include <functional>

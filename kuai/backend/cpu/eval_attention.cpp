@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kuai/backend/cpu/attention.h"
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/flash_attention.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/ops.h"
@@ -28,7 +29,7 @@ int64_t group_of(const Tensor& q, const Tensor& k) { return q.size(1) / k.size(1
 cpu::HeadView head_view(const Tensor& q, const Tensor& k, const Tensor& v, int64_t b, int64_t h) {
   const int64_t kh = h / group_of(q, k);
   auto at = [&](const Tensor& t, int64_t head) {
-    return t.data<float>() + b * t.strides()[0] + head * t.strides()[1];
+    return t.device_data<float>() + b * t.strides()[0] + head * t.strides()[1];
   };
   return {at(q, h), at(k, kh), at(v, kh), q.strides()[2], k.strides()[2], v.strides()[2]};
 }
@@ -83,7 +84,7 @@ GradTarget grad_target(const Tensor& q, const Tensor& k, Tensor& g,
   const int64_t es = dtype_size(q.dtype());
   if (Hkv != H)
     scratch = std::make_unique<ScratchBytes>(static_cast<size_t>(B * T * 2 * H * d * es));
-  return {static_cast<char*>(g.raw_data()),
+  return {static_cast<char*>(g.device_ptr()),
           scratch ? static_cast<char*>(scratch->data()) : nullptr,
           T,
           H,
@@ -116,7 +117,7 @@ class HeadScratch {
 // so nothing of size (B, H, T, T) is ever held in fp32.
 
 const char* head_ptr(const Tensor& t, int64_t b, int64_t h) {
-  return static_cast<const char*>(t.raw_data()) +
+  return static_cast<const char*>(t.device_ptr()) +
          (b * t.strides()[0] + h * t.strides()[1]) * dtype_size(t.dtype());
 }
 
@@ -133,8 +134,8 @@ void forward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scale
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   const DType t = q.dtype();
   const int64_t es = dtype_size(t);
-  char* y = static_cast<char*>(out[0].raw_data());  // (B, T, H, d)
-  char* p = static_cast<char*>(out[1].raw_data());  // (B, H, T, T)
+  char* y = static_cast<char*>(out[0].device_ptr());  // (B, T, H, d)
+  char* p = static_cast<char*>(out[1].device_ptr());  // (B, H, T, T)
   const HeadScratch scratch(T, B * H, 2);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -161,10 +162,10 @@ void backward_lowp(std::span<const Tensor> in, std::span<Tensor> out, float scal
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     float* p32 = scratch.at(1);
-    convert_serial(static_cast<const char*>(p.raw_data()) + bh * T * T * es, t, p32, DType::kF32,
+    convert_serial(static_cast<const char*>(p.device_ptr()) + bh * T * T * es, t, p32, DType::kF32,
                    T * T);
-    const char* dyh =
-        static_cast<const char*>(dy.raw_data()) + (b * dy.strides()[0] + h * dy.strides()[2]) * es;
+    const char* dyh = static_cast<const char*>(dy.device_ptr()) +
+                      (b * dy.strides()[0] + h * dy.strides()[2]) * es;
     cpu::attention_head_backward(typed_head(q, k, v, b, h), p32, dyh, dy.strides()[1], gt.dq(b, h),
                                  gt.ldq(), gt.dkv(b, h, 0), gt.ldkv(), gt.dkv(b, h, 1), gt.ldkv(),
                                  T, d, scale, causal, scratch.at(0));
@@ -179,8 +180,8 @@ void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
   const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
                v = unit_last_stride(in[2]);
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
-  float* y = out[0].data<float>();  // (B, T, H, d)
-  float* p = out[1].data<float>();  // (B, H, T, T)
+  float* y = out[0].device_data<float>();  // (B, T, H, d)
+  float* p = out[1].device_data<float>();  // (B, H, T, T)
   const HeadScratch scratch(T, B * H, 1);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -198,7 +199,7 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
   const Tensor& p = in[3];                    // (B, H, T, T) contiguous
   const Tensor dy = unit_last_stride(in[4]);  // (B, T, H, d)
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
-  const float *pp = p.data<float>(), *pdy = dy.data<float>();
+  const float *pp = p.device_data<float>(), *pdy = dy.device_data<float>();
   std::unique_ptr<ScratchBytes> kv_scratch;
   const GradTarget gt = grad_target(q, k, out[0], kv_scratch);
   auto f = [](char* c) { return reinterpret_cast<float*>(c); };
@@ -220,7 +221,7 @@ namespace {
 // Element (b, h) of a 4-D tensor whose dims 0 and 1 are batch and head, or (with `bthd`) of a
 // (B, T, H, d) tensor, as a byte pointer.
 const char* bh_ptr(const Tensor& t, int64_t b, int64_t h, bool bthd = false) {
-  return static_cast<const char*>(t.raw_data()) +
+  return static_cast<const char*>(t.device_ptr()) +
          (b * t.strides()[0] + h * t.strides()[bthd ? 2 : 1]) * dtype_size(t.dtype());
 }
 char* bh_ptr(Tensor& t, int64_t b, int64_t h, bool bthd = false) {
@@ -233,8 +234,8 @@ void FlashAttention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out)
   const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
                v = unit_last_stride(in[2]);
   const int64_t B = q.size(0), H = q.size(1), G = group_of(q, k);
-  Tensor& y = out[0];                 // (B, tq, H, d)
-  float* lse = out[1].data<float>();  // (B, H, tq)
+  Tensor& y = out[0];                        // (B, tq, H, d)
+  float* lse = out[1].device_data<float>();  // (B, H, tq)
   const cpu::FlashParams p{q.size(2), k.size(2), q.size(3), scale_, causal_, q.dtype()};
   std::vector<cpu::FlashHead> heads;
   for (int64_t b = 0; b < B; ++b)
@@ -248,8 +249,8 @@ void FlashAttention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out)
 void FlashAttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const Tensor q = unit_last_stride(in[0]), k = unit_last_stride(in[1]),
                v = unit_last_stride(in[2]), y = unit_last_stride(in[3]);
-  const float* lse = in[4].data<float>();     // (B, H, T) contiguous
-  const Tensor dy = unit_last_stride(in[5]);  // (B, T, H, d)
+  const float* lse = in[4].device_data<float>();  // (B, H, T) contiguous
+  const Tensor dy = unit_last_stride(in[5]);      // (B, T, H, d)
   const int64_t B = q.size(0), H = q.size(1), G = group_of(q, k);
   const cpu::FlashParams p{q.size(2), k.size(2), q.size(3), scale_, causal_, q.dtype()};
   std::unique_ptr<ScratchBytes> kv_scratch;

@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <cstring>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/strided.h"
 #include "kuai/backend/cpu/widen.h"
@@ -15,12 +16,12 @@ namespace kuai {
 
 void Copy::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const Tensor& x = in[0];
-  cpu::copy_strided(x.raw_data(), x.strides(), out[0].raw_data(), out[0].strides(), x.shape(),
+  cpu::copy_strided(x.device_ptr(), x.strides(), out[0].device_ptr(), out[0].strides(), x.shape(),
                     dtype_size(x.dtype()));
 }
 
 void Cast::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  convert(in[0].raw_data(), in[0].dtype(), out[0].raw_data(), to_, in[0].numel());
+  convert(in[0].device_ptr(), in[0].dtype(), out[0].device_ptr(), to_, in[0].numel());
 }
 
 void Concat::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
@@ -28,8 +29,8 @@ void Concat::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t es = dtype_size(y.dtype());
   int64_t start = 0;
   for (const Tensor& x : in) {
-    char* dst = static_cast<char*>(y.raw_data()) + start * y.strides()[dim_] * es;
-    cpu::copy_strided(x.raw_data(), x.strides(), dst, y.strides(), x.shape(), es);
+    char* dst = static_cast<char*>(y.device_ptr()) + start * y.strides()[dim_] * es;
+    cpu::copy_strided(x.device_ptr(), x.strides(), dst, y.strides(), x.shape(), es);
     start += x.shape()[dim_];
   }
 }
@@ -37,9 +38,9 @@ void Concat::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
 void NarrowBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   Tensor& y = out[0];
   const int64_t es = dtype_size(y.dtype());
-  std::memset(y.raw_data(), 0, static_cast<size_t>(y.nbytes()));
-  char* dst = static_cast<char*>(y.raw_data()) + start_ * y.strides()[dim_] * es;
-  cpu::copy_strided(in[0].raw_data(), in[0].strides(), dst, y.strides(), in[0].shape(), es);
+  std::memset(y.device_ptr(), 0, static_cast<size_t>(y.nbytes()));
+  char* dst = static_cast<char*>(y.device_ptr()) + start_ * y.strides()[dim_] * es;
+  cpu::copy_strided(in[0].device_ptr(), in[0].strides(), dst, y.strides(), in[0].shape(), es);
 }
 
 namespace {
@@ -61,9 +62,9 @@ void broadcast_loop(const Tensor& a, const Tensor& b, Tensor& y, F f) {
   const int64_t n = static_cast<int64_t>(sh.size());
   const int64_t inner = sh[n - 1];
   const int64_t rows = shape_numel(sh) / inner;
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* py = y.data<float>();
+  const float* pa = a.device_data<float>();
+  const float* pb = b.device_data<float>();
+  float* py = y.device_data<float>();
 #pragma omp parallel for schedule(static) if (rows * inner > (1 << 16) && rows > 1)
   for (int64_t r = 0; r < rows; ++r) {
     int64_t oa = 0, ob = 0, oy = 0, rem = r;
@@ -95,8 +96,8 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
     if (op_ == BinaryOp::kAdd && out[0].dtype() == DType::kF32) {  // fp32 residual + bf16 branch
       for (int i = 0; i < 2; ++i)
         if (in[i].dtype() == DType::kF32 && in[1 - i].dtype() != DType::kF32)
-          return cpu::add_f32_lowp(in[i].data<float>(), in[1 - i].data<uint16_t>(),
-                                   out[0].data<float>(), out[0].numel(), in[1 - i].dtype());
+          return cpu::add_f32_lowp(in[i].device_data<float>(), in[1 - i].device_data<uint16_t>(),
+                                   out[0].device_data<float>(), out[0].numel(), in[1 - i].dtype());
     }
     const BinaryOp op = op_;
     cpu::map_widened<2>({&in[0], &in[1]}, out[0], [op](auto src, float* y, int64_t n) {
@@ -118,9 +119,9 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   Tensor& y = out[0];
   const int64_t n = y.numel();
   if (a.shape() == b.shape()) {
-    const float* pa = a.data<float>();
-    const float* pb = b.data<float>();
-    float* py = y.data<float>();
+    const float* pa = a.device_data<float>();
+    const float* pb = b.device_data<float>();
+    float* py = y.device_data<float>();
     switch (op_) {
       case BinaryOp::kAdd:
         cpu::add(pa, pb, py, n);
@@ -151,9 +152,11 @@ void Binary::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   if (full != nullptr) {
     const int64_t cols = row->numel();
     if (op_ == BinaryOp::kAdd)
-      cpu::add_row(full->data<float>(), row->data<float>(), y.data<float>(), n / cols, cols);
+      cpu::add_row(full->device_data<float>(), row->device_data<float>(), y.device_data<float>(),
+                   n / cols, cols);
     else
-      cpu::mul_row(full->data<float>(), row->data<float>(), y.data<float>(), n / cols, cols);
+      cpu::mul_row(full->device_data<float>(), row->device_data<float>(), y.device_data<float>(),
+                   n / cols, cols);
     return;
   }
   switch (op_) {
@@ -176,48 +179,49 @@ void Scale::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   if (!cpu::all_f32(in, out))
     return cpu::map_widened<1>(
         {&in[0]}, out[0], [s = s_](auto src, float* y, int64_t n) { cpu::scale(src[0], s, y, n); });
-  cpu::scale(in[0].data<float>(), s_, out[0].data<float>(), in[0].numel());
+  cpu::scale(in[0].device_data<float>(), s_, out[0].device_data<float>(), in[0].numel());
 }
 
 void Gelu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   if (in[0].dtype() != DType::kF32)
-    return cpu::gelu_forward_lowp(in[0].data<uint16_t>(), out[0].data<uint16_t>(), in[0].numel(),
-                                  in[0].dtype());
+    return cpu::gelu_forward_lowp(in[0].device_data<uint16_t>(), out[0].device_data<uint16_t>(),
+                                  in[0].numel(), in[0].dtype());
   if (!cpu::all_f32(in, out))
     return cpu::map_widened<1>(
         {&in[0]}, out[0], [](auto src, float* y, int64_t n) { cpu::gelu_forward(src[0], y, n); });
-  cpu::gelu_forward(in[0].data<float>(), out[0].data<float>(), in[0].numel());
+  cpu::gelu_forward(in[0].device_data<float>(), out[0].device_data<float>(), in[0].numel());
 }
 
 void GeluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   if (in[0].dtype() != DType::kF32 && in[1].dtype() == in[0].dtype())
-    return cpu::gelu_backward_lowp(in[0].data<uint16_t>(), in[1].data<uint16_t>(),
-                                   out[0].data<uint16_t>(), in[0].numel(), in[0].dtype());
+    return cpu::gelu_backward_lowp(in[0].device_data<uint16_t>(), in[1].device_data<uint16_t>(),
+                                   out[0].device_data<uint16_t>(), in[0].numel(), in[0].dtype());
   if (!cpu::all_f32(in, out))
     return cpu::map_widened<2>({&in[0], &in[1]}, out[0], [](auto src, float* dx, int64_t n) {
       cpu::gelu_backward(src[0], src[1], dx, n);
     });
-  cpu::gelu_backward(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(), in[0].numel());
+  cpu::gelu_backward(in[0].device_data<float>(), in[1].device_data<float>(),
+                     out[0].device_data<float>(), in[0].numel());
 }
 
 void Silu::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  cpu::silu_forward(in[0].raw_data(), out[0].raw_data(), in[0].numel(), in[0].dtype());
+  cpu::silu_forward(in[0].device_ptr(), out[0].device_ptr(), in[0].numel(), in[0].dtype());
 }
 
 void SiluBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
-  cpu::silu_backward(in[0].raw_data(), in[1].raw_data(), out[0].raw_data(), in[0].numel(),
+  cpu::silu_backward(in[0].device_ptr(), in[1].device_ptr(), out[0].device_ptr(), in[0].numel(),
                      in[0].dtype());
 }
 
 void SwiGLU::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t F = out[0].shape().empty() ? 1 : out[0].shape().back();
-  cpu::swiglu_forward(in[0].raw_data(), out[0].raw_data(), F == 0 ? 0 : out[0].numel() / F, F,
+  cpu::swiglu_forward(in[0].device_ptr(), out[0].device_ptr(), F == 0 ? 0 : out[0].numel() / F, F,
                       in[0].dtype());
 }
 
 void SwiGLUBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t F = in[1].shape().empty() ? 1 : in[1].shape().back();
-  cpu::swiglu_backward(in[0].raw_data(), in[1].raw_data(), out[0].raw_data(),
+  cpu::swiglu_backward(in[0].device_ptr(), in[1].device_ptr(), out[0].device_ptr(),
                        F == 0 ? 0 : in[1].numel() / F, F, in[0].dtype());
 }
 
@@ -225,15 +229,15 @@ void Rope::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   Tensor x = in[0];
   if (x.numel() > 0 && x.strides()[3] != 1) x = contiguous(x.detach());
   const Shape& st = x.strides();
-  cpu::rope({x.raw_data(), st[0], st[1], st[2], out[0].raw_data(), x.size(0), x.size(1), x.size(2),
-             x.size(3), rotated_heads_, pos0_, theta_, inverse_, x.dtype()});
+  cpu::rope({x.device_ptr(), st[0], st[1], st[2], out[0].device_ptr(), x.size(0), x.size(1),
+             x.size(2), x.size(3), rotated_heads_, pos0_, theta_, inverse_, x.dtype()});
 }
 
 void GeluBackwardSum::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const int64_t inner = in[0].shape().back();
   const int64_t n = inner == 0 ? 0 : in[0].numel() / inner;
-  cpu::gelu_backward_sum(in[0].data<float>(), in[1].data<float>(), out[0].data<float>(),
-                         out[1].data<float>(), n, inner);
+  cpu::gelu_backward_sum(in[0].device_data<float>(), in[1].device_data<float>(),
+                         out[0].device_data<float>(), out[1].device_data<float>(), n, inner);
 }
 
 void FusedElementwise::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
@@ -254,10 +258,11 @@ void FusedElementwise::eval_cpu(std::span<const Tensor> in, std::span<Tensor> ou
       for (size_t j = 0; j < steps_.size(); ++j) {
         args.clear();
         for (int a : steps_[j].args)
-          args.push_back(a >= 0 ? Tensor::borrow(in[static_cast<size_t>(a)].data<float>() + begin,
-                                                 {m}, DType::kF32)
-                                : results[static_cast<size_t>(-1 - a)]);
-        float* dst = j + 1 == steps_.size() ? out[0].data<float>() + begin
+          args.push_back(
+              a >= 0 ? Tensor::borrow(in[static_cast<size_t>(a)].device_data<float>() + begin, {m},
+                                      DType::kF32)
+                     : results[static_cast<size_t>(-1 - a)]);
+        float* dst = j + 1 == steps_.size() ? out[0].device_data<float>() + begin
                                             : mine + j * static_cast<size_t>(kBlock);
         results[j] = Tensor::borrow(dst, {m}, DType::kF32);
         steps_[j].op->eval_cpu(args, std::span<Tensor>(&results[j], 1));

@@ -86,18 +86,18 @@ void Matmul::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   if (a.dtype() != DType::kF32) {  // bf16 / f16 operands, fp32 accumulation (gemm_lowp.h)
     const DType t = a.dtype();
     if (b.dim() == 2 && folds_into_rows(a, *la))
-      cpu::gemm_lowp(false, lb->trans, M * batch, N, K, 1.0f, a.raw_data(), t, la->ld, b.raw_data(),
-                     t, lb->ld, 0.0f, y.raw_data(), t, N);
+      cpu::gemm_lowp(false, lb->trans, M * batch, N, K, 1.0f, a.device_ptr(), t, la->ld,
+                     b.device_ptr(), t, lb->ld, 0.0f, y.device_ptr(), t, N);
     else if (batch == 1)
-      cpu::gemm_lowp(la->trans, lb->trans, M, N, K, 1.0f, a.raw_data(), t, la->ld, b.raw_data(), t,
-                     lb->ld, 0.0f, y.raw_data(), t, N);
+      cpu::gemm_lowp(la->trans, lb->trans, M, N, K, 1.0f, a.device_ptr(), t, la->ld, b.device_ptr(),
+                     t, lb->ld, 0.0f, y.device_ptr(), t, N);
     else
       cpu::eval_widened(*this, in, out);  // batched low-precision products: through fp32
     return;
   }
-  const float* pa = a.data<float>();
-  const float* pb = b.data<float>();
-  float* py = y.data<float>();
+  const float* pa = a.device_data<float>();
+  const float* pb = b.device_data<float>();
+  float* py = y.device_data<float>();
   if (b.dim() == 2 && folds_into_rows(a, *la)) {
     cpu::gemm(false, lb->trans, M * batch, N, K, 1.0f, pa, la->ld, pb, lb->ld, 0.0f, py, N);
     return;
@@ -124,19 +124,19 @@ void Linear::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
     // bf16 / f16: fp32 accumulation, the bias added in fp32, y rounded once.
     const DType t = x.dtype();
     if (in.size() == 3)
-      cpu::gemm_lowp_bias(false, true, R, N, K, x.raw_data(), t, K, w.raw_data(), t, K,
-                          in[2].raw_data(), t, y.raw_data(), t, N);
+      cpu::gemm_lowp_bias(false, true, R, N, K, x.device_ptr(), t, K, w.device_ptr(), t, K,
+                          in[2].device_ptr(), t, y.device_ptr(), t, N);
     else
-      cpu::gemm_lowp(false, true, R, N, K, 1.0f, x.raw_data(), t, K, w.raw_data(), t, K, 0.0f,
-                     y.raw_data(), t, N);
+      cpu::gemm_lowp(false, true, R, N, K, 1.0f, x.device_ptr(), t, K, w.device_ptr(), t, K, 0.0f,
+                     y.device_ptr(), t, N);
     return;
   }
   if (in.size() == 3)
-    cpu::gemm_bias(false, true, R, N, K, x.data<float>(), K, w.data<float>(), K,
-                   in[2].data<float>(), y.data<float>(), N);
+    cpu::gemm_bias(false, true, R, N, K, x.device_data<float>(), K, w.device_data<float>(), K,
+                   in[2].device_data<float>(), y.device_data<float>(), N);
   else
-    cpu::gemm(false, true, R, N, K, 1.0f, x.data<float>(), K, w.data<float>(), K, 0.0f,
-              y.data<float>(), N);
+    cpu::gemm(false, true, R, N, K, 1.0f, x.device_data<float>(), K, w.device_data<float>(), K,
+              0.0f, y.device_data<float>(), N);
 }
 
 }  // namespace kuai

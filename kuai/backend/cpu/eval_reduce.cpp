@@ -3,6 +3,7 @@
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/widen.h"
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/primitives.h"
 
@@ -25,16 +26,16 @@ void Sum::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
       cpu::fill(a, 0.0f, inner);
       for (int64_t r0 = 0; r0 < n; r0 += rows) {
         const int64_t m = std::min(rows, n - r0);
-        convert(static_cast<const char*>(in[0].raw_data()) + (o * n + r0) * inner * dtype_size(t),
+        convert(static_cast<const char*>(in[0].device_ptr()) + (o * n + r0) * inner * dtype_size(t),
                 t, block.data(), DType::kF32, m * inner);
         cpu::sum_axis(block.data(), part.data(), 1, m, inner);
         cpu::add(a, part.data(), a, inner);
       }
     }
-    convert(acc.data(), DType::kF32, out[0].raw_data(), out[0].dtype(), outer * inner);
+    convert(acc.data(), DType::kF32, out[0].device_ptr(), out[0].dtype(), outer * inner);
     return;
   }
-  cpu::sum_axis(in[0].data<float>(), out[0].data<float>(), outer, s[dim_], inner);
+  cpu::sum_axis(in[0].device_data<float>(), out[0].device_data<float>(), outer, s[dim_], inner);
 }
 
 }  // namespace kuai

@@ -6,6 +6,7 @@
 // query_block() a query block's dq (the second pass of the split schedule). The row loops are
 // KUAI_CLONE kernels, so exp, max and the dot products vectorise, with fixed-lane sums.
 #include "kuai/backend/cpu/flash_attention.h"
+#include "kuai/backend/cpu/convert.h"
 
 #include <fmt/format.h>
 #include <omp.h>

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kuai/backend/cpu/bf16_access.h"
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/parallel_chunks.h"

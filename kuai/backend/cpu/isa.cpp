@@ -139,7 +139,9 @@ std::string cpu_flags_report() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
   auto flag = [&out](const char* name, bool on) {
-    out += (out.empty() ? "" : " ") + std::string(name) + (on ? "+" : "-");
+    if (!out.empty()) out += ' ';
+    out += name;
+    out += on ? '+' : '-';
   };
   flag("avx2", __builtin_cpu_supports("avx2"));
   flag("fma", __builtin_cpu_supports("fma"));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/dtype.h"

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/strided.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/ops.h"
@@ -36,13 +37,13 @@ void eval_widened(const Primitive& p, std::span<const Tensor> in, std::span<Tens
     if (!is_low(t.dtype())) continue;
     Tensor w = fp32_scratch(t);
     if (t.is_contiguous()) {
-      convert(t.raw_data(), t.dtype(), w.raw_data(), DType::kF32, t.numel());
+      convert(t.device_ptr(), t.dtype(), w.device_ptr(), DType::kF32, t.numel());
     } else {  // gathered into a contiguous low-precision buffer first
       const int64_t es = dtype_size(t.dtype());
       ScratchBytes packed(static_cast<size_t>(t.numel() * es));
-      copy_strided(t.raw_data(), t.strides(), packed.data(), contiguous_strides(t.shape()),
+      copy_strided(t.device_ptr(), t.strides(), packed.data(), contiguous_strides(t.shape()),
                    t.shape(), es);
-      convert(packed.data(), t.dtype(), w.raw_data(), DType::kF32, t.numel());
+      convert(packed.data(), t.dtype(), w.device_ptr(), DType::kF32, t.numel());
     }
     t = w;
   }
@@ -52,7 +53,8 @@ void eval_widened(const Primitive& p, std::span<const Tensor> in, std::span<Tens
   p.eval_cpu(in32, out32);
   for (size_t j = 0; j < out.size(); ++j)
     if (is_low(out[j].dtype()))
-      convert(out32[j].raw_data(), DType::kF32, out[j].raw_data(), out[j].dtype(), out[j].numel());
+      convert(out32[j].device_ptr(), DType::kF32, out[j].device_ptr(), out[j].dtype(),
+              out[j].numel());
 }
 
 }  // namespace kuai::cpu

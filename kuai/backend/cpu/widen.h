@@ -12,6 +12,7 @@
 #include <array>
 #include <span>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/parallel_chunks.h"
 #include "kuai/core/primitive.h"
 
@@ -40,19 +41,19 @@ void map_widened(const std::array<const Tensor*, N>& in, const Tensor& out, Fn&&
       for (size_t i = 0; i < N; ++i) {
         const DType t = in[i]->dtype();
         if (t == DType::kF32) {
-          src[i] = in[i]->template data<float>() + c;
+          src[i] = in[i]->template device_data<float>() + c;
         } else {
-          convert_serial(static_cast<const char*>(in[i]->raw_data()) + c * dtype_size(t), t, buf[i],
-                         DType::kF32, m);
+          convert_serial(static_cast<const char*>(in[i]->device_ptr()) + c * dtype_size(t), t,
+                         buf[i], DType::kF32, m);
           src[i] = buf[i];
         }
       }
       const DType to = out.dtype();
-      float* dst = to == DType::kF32 ? out.template data<float>() + c : buf[N];
+      float* dst = to == DType::kF32 ? out.template device_data<float>() + c : buf[N];
       fn(src, dst, m);
       if (to != DType::kF32)
-        convert_serial(buf[N], DType::kF32, static_cast<char*>(out.raw_data()) + c * dtype_size(to),
-                       to, m);
+        convert_serial(buf[N], DType::kF32,
+                       static_cast<char*>(out.device_ptr()) + c * dtype_size(to), to, m);
     }
   });
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../../support/random.h"
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"

@@ -16,6 +16,7 @@
 #include <optional>
 #include <vector>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/libraries.h"
 #include "kuai/backend/cpu/gemm/onednn.h"

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/backend/cpu/gemm/packed.h"
@@ -489,7 +490,9 @@ void check_round_a(bool rounds) {
               << " beta " << beta << " element " << i << (rounds ? " (A rounded)" : "");
           off_plain = std::max(off_plain, static_cast<double>(std::abs(got[i] - want_plain[i])));
         }
-        if (rounds) EXPECT_GT(off_plain, tol) << "A was not rounded to bf16";
+        if (rounds) {
+          EXPECT_GT(off_plain, tol) << "A was not rounded to bf16";
+        }
       }
     }
   }

@@ -11,9 +11,9 @@
 
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
-#include "kuai/dist/ddp.h"
-#include "kuai/dist/process_group.h"
-#include "kuai/dist/zero.h"
+#include "kuai/distributed/ddp.h"
+#include "kuai/distributed/process_group.h"
+#include "kuai/distributed/zero.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/adamw.h"
 

@@ -1,5 +1,5 @@
 // The DDP reducer (see ddp.h).
-#include "kuai/dist/ddp.h"
+#include "kuai/distributed/ddp.h"
 
 #include <fmt/format.h>
 
@@ -7,11 +7,12 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "kuai/core/backend.h"
 #include "kuai/core/dispatch.h"
 #include "kuai/core/dtype.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
-#include "kuai/dist/collective_ops.h"
+#include "kuai/distributed/collective_ops.h"
 
 namespace kuai::dist {
 
@@ -36,8 +37,10 @@ Compression parse_compression(const std::string& name) {
 
 namespace {
 
-// The compression hook of one bucket, run on the communication thread around its all-reduce.
-// Chunks of kChunk elements through convert_serial's vectorised conversions.
+// The compression hook of one bucket, run on the communication thread around its all-reduce:
+// host loops over the bucket's memory, in chunks of kChunk elements through the backend's
+// conversions. (The CPU device's memory is the host's; a device backend needs these two passes
+// as kernels of its own.)
 struct Compressor {
   static constexpr int64_t kChunk = 2048;
   float* grad;      // the bucket (fp32)
@@ -46,6 +49,7 @@ struct Compressor {
   int64_t n;
   DType wire_dtype;
   float inv_world;
+  Backend* backend;
 
   void before() const {
     float v[kChunk], back[kChunk];
@@ -53,13 +57,13 @@ struct Compressor {
       const int64_t m = std::min(kChunk, n - i0);
       for (int64_t i = 0; i < m; ++i)
         v[i] = grad[i0 + i] * inv_world + (residual != nullptr ? residual[i0 + i] : 0.0f);
-      convert_serial(v, DType::kF32, wire + i0, wire_dtype, m);
+      backend->convert(v, DType::kF32, wire + i0, wire_dtype, m);
       if (residual == nullptr) continue;
-      convert_serial(wire + i0, wire_dtype, back, DType::kF32, m);
+      backend->convert(wire + i0, wire_dtype, back, DType::kF32, m);
       for (int64_t i = 0; i < m; ++i) residual[i0 + i] = v[i] - back[i];
     }
   }
-  void after() const { convert_serial(wire, wire_dtype, grad, DType::kF32, n); }
+  void after() const { backend->convert(wire, wire_dtype, grad, DType::kF32, n); }
 };
 
 }  // namespace
@@ -109,10 +113,9 @@ struct DistributedDataParallel::State {
     const Tensor cur = p.grad();  // before allocate() points it into the bucket
     if (!buckets[b].flat.defined()) allocate(b);
     if (cur.defined() && cur.has_storage() && cur.storage() == buckets[b].flat.storage()) return;
-    const Tensor src = (cur.defined() ? cur : g).contiguous();
-    std::memcpy(buckets[b].flat.data<float>() + offset[param], src.data<float>(),
-                static_cast<size_t>(src.numel()) * sizeof(float));
+    const Tensor src = cur.defined() ? cur : g;
     allocate_view(param);
+    p.grad().copy_(src);  // into the bucket, on its device
   }
   void allocate_view(int64_t param) {
     Tensor& p = params[param];
@@ -156,12 +159,13 @@ struct DistributedDataParallel::State {
         continue;
       }
       // The wire copy goes through the collective; the hooks cast the bucket into and out of it.
-      const Compressor c{buckets[i].flat.data<float>(),
-                         wire[i].data<uint16_t>(),
-                         residual.empty() ? nullptr : residual[i].data<float>(),
+      const Compressor c{buckets[i].flat.device_data<float>(),
+                         wire[i].device_data<uint16_t>(),
+                         residual.empty() ? nullptr : residual[i].device_data<float>(),
                          buckets[i].flat.numel(),
                          wire[i].dtype(),
-                         1.0f / static_cast<float>(group->size())};
+                         1.0f / static_cast<float>(group->size()),
+                         &backend_for(buckets[i].flat.device())};
       std::vector<Tensor> touched = all_reduced(i);
       std::swap(touched[0], touched[1]);  // the reduced tensor first
       dispatch(std::make_shared<AllReduceStart>(

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 #include "kuai/optim/adamw.h"
 
 namespace kuai::dist {
@@ -72,7 +72,8 @@ class ZeroAdamW : public optim::Optimizer {
  private:
   std::vector<Segment> segments_of(int rank) const;  // computed once, into segments_
   // Elements [begin, begin + length) of `rank`'s shard between `buf` and the parameters.
-  void copy_shard_range(int rank, int64_t begin, int64_t length, float* buf, bool to_params);
+  void copy_shard_range(int rank, int64_t begin, int64_t length, const Tensor& buf,
+                        int64_t buf_offset, bool to_params);
 
   struct Member {
     size_t group, param;

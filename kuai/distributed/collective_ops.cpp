@@ -1,5 +1,5 @@
 // Collectives as primitives (see collective_ops.h).
-#include "kuai/dist/collective_ops.h"
+#include "kuai/distributed/collective_ops.h"
 
 #include <stdexcept>
 

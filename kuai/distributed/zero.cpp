@@ -1,5 +1,5 @@
 // ZeRO stages 1 and 2 (see zero.h).
-#include "kuai/dist/zero.h"
+#include "kuai/distributed/zero.h"
 
 #include <fmt/format.h>
 
@@ -133,26 +133,33 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   Tensor send = zeros({chunk}), all = zeros({chunk * world});
   for (int64_t c0 = 0; c0 < shard_; c0 += chunk) {
     const int64_t len = std::min(chunk, shard_ - c0);
-    copy_shard_range(group_->rank(), c0, len, send.data<float>(), /*to_params=*/false);
+    copy_shard_range(group_->rank(), c0, len, send, 0, /*to_params=*/false);
     group_->all_gather(send, all)->wait();
     for (int r = 0; r < world; ++r)
-      if (r != group_->rank())
-        copy_shard_range(r, c0, len, all.data<float>() + r * chunk, /*to_params=*/true);
+      if (r != group_->rank()) copy_shard_range(r, c0, len, all, r * chunk, /*to_params=*/true);
   }
 }
 
-void ZeroAdamW::copy_shard_range(int rank, int64_t begin, int64_t length, float* buf,
-                                 bool to_params) {
+namespace {
+// Elements [begin, begin + n) of a contiguous tensor as a flat view (not dispatched: the copies
+// below are the optimizer's, outside autograd and capture).
+Tensor flat_range(const Tensor& t, int64_t begin, int64_t n) {
+  return Tensor::view_of(t, {n}, {1}, t.offset() + begin);
+}
+}  // namespace
+
+void ZeroAdamW::copy_shard_range(int rank, int64_t begin, int64_t length, const Tensor& buf,
+                                 int64_t buf_offset, bool to_params) {
   for (const Segment& s : segments_[rank]) {
     const int64_t b = std::max(begin, s.shard_offset);
     const int64_t e = std::min(begin + length, s.shard_offset + s.length);
     if (b >= e) continue;
-    float* p = groups_[s.group].params[s.param].data<float>() + s.begin + (b - s.shard_offset);
-    float* x = buf + (b - begin);
+    Tensor p = flat_range(groups_[s.group].params[s.param], s.begin + (b - s.shard_offset), e - b);
+    Tensor x = flat_range(buf, buf_offset + (b - begin), e - b);
     if (to_params)
-      std::memcpy(p, x, static_cast<size_t>(e - b) * sizeof(float));
+      p.copy_(x);
     else
-      std::memcpy(x, p, static_cast<size_t>(e - b) * sizeof(float));
+      x.copy_(p);
   }
 }
 

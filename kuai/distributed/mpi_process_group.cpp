@@ -33,8 +33,9 @@
 #include <thread>
 #include <vector>
 
+#include "kuai/core/backend.h"
 #include "kuai/core/dtype.h"
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 
 #if KUAI_HAVE_MPI
 #include <mpi.h>
@@ -123,7 +124,7 @@ class MpiProcessGroup final : public ProcessGroup {
     check_reducible(t, "all_reduce", true);
     const DType dt = t.dtype();
     const int n = count(t.numel(), "all_reduce");
-    void* p = t.raw_data();
+    void* p = t.device_ptr();
     const MPI_Datatype type = dt == DType::kF32 ? MPI_FLOAT : half_type_;
     const MPI_Op mop = dt == DType::kF32 ? MPI_SUM : dt == DType::kBF16 ? bf16_sum_ : f16_sum_;
     return enqueue(
@@ -147,8 +148,8 @@ class MpiProcessGroup final : public ProcessGroup {
           fmt::format("reduce_scatter: in holds {} elements, not size() {} x out's {}", in.numel(),
                       size_, out.numel()));
     const int n = count(out.numel(), "reduce_scatter");
-    const float* src = in.data<float>();
-    float* dst = out.data<float>();
+    const float* src = in.device_data<float>();
+    float* dst = out.device_data<float>();
     return enqueue(
         fmt::format("reduce_scatter of {} fp32", in.numel()),
         {Collective::kReduceScatter, in.nbytes(), out.nbytes()},
@@ -168,8 +169,8 @@ class MpiProcessGroup final : public ProcessGroup {
           "in's {} elements (it holds {})",
           size_, in.numel(), out.numel()));
     const int bytes = count(in.nbytes(), "all_gather");
-    const void* src = in.raw_data();
-    void* dst = out.raw_data();
+    const void* src = in.device_ptr();
+    void* dst = out.device_ptr();
     return enqueue(fmt::format("all_gather of {} {}", in.numel(), dtype_name(in.dtype())),
                    {Collective::kAllGather, in.nbytes(), out.nbytes()}, [=, this](MPI_Request* r) {
                      return MPI_Iallgather(src, bytes, MPI_BYTE, dst, bytes, MPI_BYTE, comm_, r);
@@ -181,7 +182,7 @@ class MpiProcessGroup final : public ProcessGroup {
     if (root < 0 || root >= size_)
       throw std::invalid_argument(fmt::format("broadcast: root {} of {} ranks", root, size_));
     const int bytes = count(t.nbytes(), "broadcast");
-    void* p = t.raw_data();
+    void* p = t.device_ptr();
     return enqueue(
         fmt::format("broadcast of {} {} from rank {}", t.numel(), dtype_name(t.dtype()), root),
         {Collective::kBroadcast, rank_ == root ? t.nbytes() : 0, rank_ == root ? 0 : t.nbytes()},
@@ -200,6 +201,12 @@ class MpiProcessGroup final : public ProcessGroup {
     std::function<int(MPI_Request*)> start;
     std::function<void()> after;
   };
+
+  // MPI reduces host memory: conversions run on the CPU backend, on this thread.
+  static void host_convert(const void* src, DType st, void* dst, DType dt, int64_t n) {
+    static Backend& cpu = backend_for(kCPU);
+    cpu.convert(src, st, dst, dt, n);
+  }
 
   static int count(int64_t n, const char* op) {
     if (n > INT32_MAX)
@@ -220,9 +227,9 @@ class MpiProcessGroup final : public ProcessGroup {
     uint16_t* h = static_cast<uint16_t*>(p);
     for (int i0 = 0; i0 < n; i0 += kChunk) {
       const int m = std::min(kChunk, n - i0);
-      convert_serial(h + i0, dt, f, DType::kF32, m);
+      host_convert(h + i0, dt, f, DType::kF32, m);
       for (int i = 0; i < m; ++i) f[i] *= inv;
-      convert_serial(f, DType::kF32, h + i0, dt, m);
+      host_convert(f, DType::kF32, h + i0, dt, m);
     }
   }
 
@@ -235,10 +242,10 @@ class MpiProcessGroup final : public ProcessGroup {
     uint16_t* y = static_cast<uint16_t*>(inout);
     for (int i0 = 0; i0 < len; i0 += kChunk) {
       const int m = std::min(kChunk, len - i0);
-      convert_serial(x + i0, t, a, DType::kF32, m);
-      convert_serial(y + i0, t, b, DType::kF32, m);
+      host_convert(x + i0, t, a, DType::kF32, m);
+      host_convert(y + i0, t, b, DType::kF32, m);
       for (int i = 0; i < m; ++i) b[i] += a[i];
-      convert_serial(b, DType::kF32, y + i0, t, m);
+      host_convert(b, DType::kF32, y + i0, t, m);
     }
   }
   static void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "kuai/core/primitives.h"
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 
 namespace kuai::dist {
 

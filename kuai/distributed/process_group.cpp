@@ -1,6 +1,8 @@
 // Work handles, the single-process group and the choice of group (see process_group.h). The MPI
 // group lives in mpi_process_group.cpp.
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
+
+#include "kuai/core/backend.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -67,7 +69,8 @@ class SingleProcessGroup final : public ProcessGroup {
     if (in.numel() != out.numel())
       throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
     record_launch(Collective::kReduceScatter, in.nbytes(), out.nbytes());
-    std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));
+    backend_for(out.device())
+        .copy_within(out.device_ptr(), in.device_ptr(), static_cast<size_t>(in.nbytes()));
     return done("reduce_scatter");
   }
   std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override {
@@ -77,7 +80,8 @@ class SingleProcessGroup final : public ProcessGroup {
           "all_gather: in and out must be contiguous, of one dtype, out holding size() * "
           "in.numel() elements");
     record_launch(Collective::kAllGather, in.nbytes(), out.nbytes());
-    std::memcpy(out.raw_data(), in.raw_data(), static_cast<size_t>(in.nbytes()));
+    backend_for(out.device())
+        .copy_within(out.device_ptr(), in.device_ptr(), static_cast<size_t>(in.nbytes()));
     return done("all_gather");
   }
   std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {

@@ -15,10 +15,10 @@
 // summed gradients.
 //
 // ZeRO-2 (shard_gradients): each bucket is reduce-scattered instead of all-reduced, so a rank
-// receives the average of its own part of the bucket only (see dist/zero.h for the partition), and
-// the bucket's memory is held only while a backward fills it: allocated when its first gradient
-// arrives, released as soon as its reduce-scatter has completed. The full gradients then never
-// exist all at once (with overlap on); the parameters' .grad are empty between steps.
+// receives the average of its own part of the bucket only (see distributed/zero.h for the
+// partition), and the bucket's memory is held only while a backward fills it: allocated when its
+// first gradient arrives, released as soon as its reduce-scatter has completed. The full gradients
+// then never exist all at once (with overlap on); the parameters' .grad are empty between steps.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "kuai/dist/process_group.h"
+#include "kuai/distributed/process_group.h"
 #include "kuai/nn/module.h"
 
 namespace kuai::dist {

@@ -1,0 +1,184 @@
+// The device seam (kuai/core/backend.h): the layers above the backends include none of them;
+// tensors move between devices with to() and copy_(); creation ops carry their device; meta
+// tensors have shapes and no bytes, and the allocator accounts them as it does CPU memory; host
+// access to tensor bytes throws off the host and counts as a host read inside a step.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kuai/core/allocator.h"
+#include "kuai/core/backend.h"
+#include "kuai/core/host_reads.h"
+#include "kuai/core/ops.h"
+#include "kuai/core/rng.h"
+
+namespace kuai {
+namespace {
+
+// No file of the engine above the backends includes one: they reach a device only through
+// core/backend.h. (kuai/plan still times products through the CPU backend: it moves onto the
+// backend interface with the planner's rewrite on the meta backend, and joins this list then.)
+TEST(Backend, TheLayersAboveIncludeNoBackend) {
+  namespace fs = std::filesystem;
+  int files = 0;
+  for (const char* dir : {"core", "nn", "optim", "amp", "compile", "distributed"}) {
+    for (const auto& e :
+         fs::recursive_directory_iterator(fs::path(KUAI_SOURCE_DIR) / "kuai" / dir)) {
+      if (!e.is_regular_file()) continue;
+      ++files;
+      std::ifstream f(e.path());
+      std::string line;
+      for (int n = 1; std::getline(f, line); ++n) {
+        if (line.rfind("#include", 0) != 0) continue;
+        EXPECT_EQ(line.find("kuai/backend"), std::string::npos)
+            << dir << "/" << e.path().filename().string() << ":" << n << ": " << line;
+      }
+    }
+  }
+  EXPECT_GT(files, 50);
+  EXPECT_FALSE(fs::exists(fs::path(KUAI_SOURCE_DIR) / "kuai" / "dist"));
+}
+
+TEST(Backend, CpuAndMetaAreRegisteredAndSayWhatTheyAre) {
+  EXPECT_TRUE(backend_available(DeviceType::kCPU));
+  EXPECT_TRUE(backend_available(DeviceType::kMeta));
+  EXPECT_EQ(backend_for(kCPU).describe().rfind("cpu: ", 0), 0u) << backend_for(kCPU).describe();
+  EXPECT_TRUE(backend_for(kCPU).host_accessible());
+  EXPECT_FALSE(backend_for(kMeta).host_accessible());
+  EXPECT_FALSE(backend_for(kMeta).has_bytes());
+  if (!backend_available(DeviceType::kCUDA)) {
+    try {
+      (void)zeros({2}, DType::kF32, Device{DeviceType::kCUDA, 0});
+      ADD_FAILURE() << "a CUDA tensor without a CUDA backend";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda:0"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Backend, CreationOpsCarryTheirDevice) {
+  for (Device d : {kCPU, kMeta}) {
+    Generator g(1, 2);
+    for (const Tensor& t : {zeros({2, 3}, DType::kBF16, d), full({4}, 2.5f, DType::kF32, d),
+                            arange(5, DType::kF32, d), g.normal({3, 3}, 0.0f, 1.0f, d),
+                            g.uniform({7}, -1.0f, 1.0f, d), g.randint({2, 2}, 0, 9, d),
+                            from_vector(std::vector<float>{1, 2, 3}, {3}, d)})
+      EXPECT_EQ(t.device(), d) << t.str();
+  }
+  // The same draws on the CPU whether made as a tensor or into a buffer.
+  Generator a(5, 1), b(5, 1);
+  std::vector<float> host(10);
+  b.normal(host.data(), 10, 0.0f, 2.0f);
+  EXPECT_EQ(a.normal({10}, 0.0f, 2.0f).to_vector<float>(), host);
+  EXPECT_EQ(a.offset(), b.offset());
+  EXPECT_EQ(arange(4).to_vector<int32_t>(), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(arange(3, DType::kF32).to_vector<float>(), (std::vector<float>{0, 1, 2}));
+}
+
+TEST(Backend, ToAndCopyMoveValuesBetweenDevices) {
+  const Tensor x = from_vector(std::vector<float>{1, -2, 3, 4, 5, 6}, {2, 3});
+  EXPECT_TRUE(x.to(kCPU).is_same(x));
+  const Tensor m = x.to(kMeta);
+  EXPECT_EQ(m.device(), kMeta);
+  EXPECT_EQ(m.shape(), x.shape());
+  EXPECT_EQ(m.dtype(), x.dtype());
+  // A transposed view copies as its elements in order.
+  Tensor y = Tensor::empty({3, 2});
+  y.copy_(transpose(x, 0, 1));
+  EXPECT_EQ(y.to_vector<float>(), (std::vector<float>{1, 4, -2, 5, 3, 6}));
+  EXPECT_THROW(y.copy_(x), std::invalid_argument);  // shapes differ
+  // Meta tensors have no bytes: reading them on the host is an error that names the device.
+  for (auto read : {+[](const Tensor& t) { (void)t.data<float>(); },
+                    +[](const Tensor& t) { (void)t.to_vector<float>(); },
+                    +[](const Tensor& t) { (void)t.to(kCPU); },
+                    +[](const Tensor& t) { (void)sum(t).item(); }}) {
+    try {
+      read(m);
+      ADD_FAILURE() << "read a meta tensor on the host";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("meta"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The same allocations on the CPU and on meta tensors: the allocator counts them alike (rounded
+// sizes, cached blocks reused), so a step run on meta tensors has the CPU step's peak.
+TEST(Backend, TheAllocatorAccountsMetaTensorsAsCpuOnes) {
+  auto churn = [](Device d) {
+    Allocator& a = Allocator::get();
+    a.empty_cache(d);
+    const int64_t base = a.stats(d).current;
+    a.reset_peak(d);
+    std::vector<int64_t> live;
+    {
+      std::vector<Tensor> keep;
+      for (int64_t n : {100, 3000, 1 << 18, 77, 1 << 21, 5000}) {
+        keep.push_back(Tensor::empty({n}, DType::kF32, d));
+        if (n == 3000) keep.erase(keep.begin());  // a freed block, reused below if it fits
+        live.push_back(a.stats(d).current - base);
+      }
+      keep.push_back(Tensor::empty({90}, DType::kBF16, d));
+      live.push_back(a.stats(d).current - base);
+    }
+    live.push_back(a.stats(d).peak - base);
+    live.push_back(a.stats(d).current - base);
+    return live;
+  };
+  EXPECT_EQ(churn(kMeta), churn(kCPU));
+}
+
+// A transformer block's ops, forward and backward, on meta tensors: no bytes anywhere, the
+// gradients' shapes and devices right.
+TEST(Backend, ABlocksForwardAndBackwardRunOnMetaTensors) {
+  Generator g(3, 0);
+  const Tensor x = g.normal({2, 16, 32}, 0.0f, 1.0f, kMeta).requires_grad_(true);
+  const Tensor w = g.normal({32, 96}, 0.0f, 1.0f, kMeta).requires_grad_(true);
+  const Tensor h =
+      layer_norm(x, full({32}, 1.0f, DType::kF32, kMeta), zeros({32}, DType::kF32, kMeta), 1e-5f);
+  const Tensor qkv = matmul(h, w);
+  std::vector<Tensor> parts = chunk(reshape(qkv, {2, 16, 6, 16}), 3, 2);
+  for (Tensor& p : parts) p = transpose(p, 1, 2);
+  const Tensor y = scaled_dot_product_attention(parts[0], parts[1], parts[2], true);
+  const Tensor loss = mean(gelu(y));
+  EXPECT_EQ(loss.device(), kMeta);
+  loss.backward();
+  EXPECT_EQ(x.grad().shape(), x.shape());
+  EXPECT_EQ(x.grad().device(), kMeta);
+  EXPECT_EQ(w.grad().shape(), w.shape());
+}
+
+// Host access to tensor bytes counts as a host read inside a step, on the stepping thread, and
+// nowhere else; writes through copy_() and copy_from_host() are not reads.
+TEST(Backend, HostAccessInsideAStepIsAHostRead) {
+  const Tensor t = full({4}, 1.0f);
+  const int64_t r0 = host_reads_this_thread();
+  (void)t.to_vector<float>();
+  (void)t.data<float>();
+  EXPECT_EQ(host_reads_this_thread(), r0);  // setup, checkpoint I/O: not counted
+  {
+    StepScope step;
+    (void)t.to_vector<float>();
+    EXPECT_EQ(host_reads_this_thread(), r0 + 1);
+    (void)t.data<float>();
+    EXPECT_EQ(host_reads_this_thread(), r0 + 2);
+    float v = 3.0f;
+    t.copy_(full({4}, 2.0f));
+    Tensor(t).copy_from_host(std::vector<float>(4, v).data(), 4 * sizeof(float));
+    EXPECT_EQ(host_reads_this_thread(), r0 + 2);
+    int64_t other = -1;
+    std::thread([&] {
+      (void)t.to_vector<float>();  // not this thread's step
+      other = host_reads_this_thread();
+    }).join();
+    EXPECT_EQ(other, 0);
+  }
+  EXPECT_EQ(narrow(t, 0, 2, 1).contiguous().item_as<float>(), 3.0f);  // counted anywhere
+  EXPECT_EQ(host_reads_this_thread(), r0 + 3);
+}
+
+}  // namespace
+}  // namespace kuai
