@@ -1,5 +1,6 @@
 // The training loop (see trainer.h).
 #include "kuai/train/trainer.h"
+#include "kuai/train/train_step.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -437,13 +438,6 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   using Collective = dist::ProcessGroup::Collective;
   int64_t steps_counted = 0, reads_in_steps = 0, sent_in_steps = 0;
   int64_t reduced_in_steps = 0, reduced_in_backward = 0;
-  // The computation of one optimizer step: the micro-batches (from `batch_at`), forward and
-  // backward, DDP's all-reduce, the scaler, clipping, the update, zero_grad. The eager loop and
-  // the compiled step (technique 4, which captures this) run the same code.
-  struct StepTensors {
-    Tensor loss, norm, scale_used;
-    std::chrono::steady_clock::time_point t_fb;
-  };
   std::shared_ptr<dist::Work> loss_work;
   // Several ranks: the logged loss is the mean over ranks, averaged by an all-reduce queued
   // behind the gradient buckets that the logger thread waits for before it reads the loss; and
@@ -460,101 +454,28 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     stop_flag = full({1}, opts.stop && opts.stop->load() ? 1.0f : 0.0f, DType::kF32, kCPU);
     stop_work = group->all_reduce(stop_flag, dist::ReduceOp::kSum);
   };
-  auto run_step = [&](const std::function<data::Batch(int64_t)>& batch_at) {
-    Tensor loss;
-    // Technique 1: autocast over every micro-batch of the step, so each weight is cast once per
-    // step; the guard ends (and drops the casts) before the optimizer updates the weights.
-    std::optional<amp::AutocastGuard> amp;
-    if (compute != DType::kF32) amp.emplace(true, compute);
-    // fp16: the loss factor scale / k stays on the device (computed before autocast: fp32).
-    Tensor loss_factor;
-    if (scaler.enabled()) {
-      autograd::NoGradGuard no_grad;
-      loss_factor = scale(scaler.scale_tensor(), 1.0f / static_cast<float>(k));
-    }
-    for (int64_t micro = 0; micro < k; ++micro) {
-      data::Batch batch = batch_at(micro);
-      if (ddp) ddp->prepare_backward(micro + 1 == k);  // no_sync until the last micro-batch
-      Tensor l = loss_factor.defined()
-                     ? forward_backward(model, batch.x, batch.y, loss_factor)
-                     : forward_backward(model, batch.x, batch.y, 1.0f / static_cast<float>(k));
-      autograd::NoGradGuard no_grad;
-      loss = loss.defined() ? add(loss, l) : l;  // summed on the device
-    }
-    amp.reset();
-    if (ddp) ddp->finish_backward();  // the gradients are now the average over ranks
-    const auto t_fb = std::chrono::steady_clock::now();  // forward and backward done
-    if (k > 1 || world > 1) {
-      autograd::NoGradGuard no_grad;
-      loss = scale(loss, 1.0f / static_cast<float>(k));
-    }
-    // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
-    // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
-    // ZeRO-2 holds only its shard of the averaged gradients: the overflow check and the norm
-    // run there and are combined across ranks, so every rank decides alike.
-    const bool sharded_grads = zero && zero->stage() == 2;
-    Tensor found_inf;
-    if (!sharded_grads)
-      found_inf = scaler.unscale_(params);
-    else if (scaler.enabled())
-      found_inf = zero->found_inf_across_ranks(scaler.unscale_grads_({zero->gradient_shard()}));
+  // The step itself (train_step.h): micro-batches, DDP, the scaler, clipping, the update, and
+  // under train.compile its capture and replays (technique 4).
+  StepOptions so;
+  so.accum_steps = k;
+  so.compute = compute;
+  so.grad_clip = static_cast<float>(cfg.grad_clip);
+  so.compile = cfg.compile;
+  so.passes = compiler::PassOptions::all_but(cfg.compile_disable);
+  so.executable.memory = cfg.compile_memory == "separate"
+                             ? compiler::ExecutableOptions::Memory::kSeparate
+                             : compiler::ExecutableOptions::Memory::kArena;
+  so.log = [&out, quiet = opts.quiet](const std::string& m) {
+    if (quiet) return;
+    if (m.rfind("train.compile: not applied", 0) == 0)
+      out << m << "\n";
     else
-      found_inf = scaler.unscale_grads_({});
-    const Tensor norm = sharded_grads ? zero->grad_norm_tensor() : optim::grad_norm_tensor(params);
-    Tensor scale_used;  // fp16: the scale of this step, kept for the logger (update changes it)
-    if (scaler.enabled()) {
-      autograd::NoGradGuard no_grad;
-      scale_used = clone(scaler.scale_tensor());
-    }
-    scaler.step_on_device(opt, found_inf,
-                          optim::clip_coefficient(norm, static_cast<float>(cfg.grad_clip)));
-    scaler.update(found_inf);
-    if (ddp)
-      ddp->zero_grad();  // the gradients stay views into the buckets
-    else
-      opt.zero_grad();
-    return StepTensors{loss, norm, scale_used, t_fb};
+      out << "\n" << m << "\n";
   };
-
-  // Technique 4: the step captured on its first call and replayed after, guarded (compile.h).
-  // DDP steps are captured with their bucket collectives; ZeRO steps are not (yet).
-  std::optional<CompiledStep> compiled;
-  std::vector<Tensor> step_inputs;  // (B, T) int32 x and y per micro-batch: the graph's inputs
-  if (cfg.compile && zero) {
-    if (!opts.quiet)
-      out << "train.compile: not applied: ZeRO steps are not captured yet (their reduce-scatter "
-             "and all-gather are not primitives); this run is eager\n";
-  } else if (cfg.compile) {
-    adamw->ensure_state();  // state made inside the captured step would be made anew each replay
-    for (int64_t i = 0; i < 2 * k; ++i) step_inputs.push_back(Tensor::empty({B, T}, DType::kI32));
-    CompileOptions co;
-    co.module = &model;
-    co.passes = compiler::PassOptions::all_but(cfg.compile_disable);
-    co.executable.memory = cfg.compile_memory == "separate"
-                               ? compiler::ExecutableOptions::Memory::kSeparate
-                               : compiler::ExecutableOptions::Memory::kArena;
-    co.state = [&] {
-      std::vector<Tensor> t = {adamw->step_tensor(), adamw->lr_tensor(), scaler.scale_tensor()};
-      for (const auto& g : adamw->exp_avg()) t.insert(t.end(), g.begin(), g.end());
-      for (const auto& g : adamw->exp_avg_sq()) t.insert(t.end(), g.begin(), g.end());
-      if (ddp)  // DDP: the gradient buckets the captured collectives reduce
-        for (const auto& b : ddp->buckets()) t.push_back(b.flat);
-      return t;
-    };
-    co.log = [&out, quiet = opts.quiet](const std::string& m) {
-      if (!quiet) out << "\n" << m << "\n";
-    };
-    compiled.emplace(kuai::compile(
-        [&](const std::vector<Tensor>& in) {
-          const StepTensors s = run_step([&](int64_t m) {
-            return data::Batch{in[static_cast<size_t>(2 * m)], in[static_cast<size_t>(2 * m + 1)]};
-          });
-          std::vector<Tensor> o = {s.loss, s.norm};
-          if (s.scale_used.defined()) o.push_back(s.scale_used);
-          return o;
-        },
-        co));
-  }
+  TrainStep train_step(
+      model, [&model](const Tensor& x, const Tensor& y) { return model.loss(x, y); }, opt, scaler,
+      so, ddp ? &*ddp : nullptr, zero.get());
+  const CompiledStep* compiled = train_step.compiled();
   for (int64_t step = result.start_step; step < cfg.steps; ++step) {
     // ZeRO on several ranks: the checkpoint saved after the previous step is put in place now
     // (a collective; its files were written meanwhile).
@@ -585,37 +506,19 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     const double lr = learning_rate(cfg, step);
     opt.set_lr(static_cast<float>(lr));
     double wait_ms = 0.0, data_ms = 0.0;
-    std::chrono::steady_clock::time_point t_fb;
-    StepTensors st;
     loss_work.reset();
-    if (compiled) {
-      // Technique 4: the micro-batches are copied into the step's input tensors (the graph's
-      // inputs), then the captured step replays (the first call captures it).
+    StepOutputs st = train_step.step([&](int64_t) {
       const auto td = std::chrono::steady_clock::now();
-      for (int64_t micro = 0; micro < k; ++micro) {
-        data::Batch batch = loader.next();
-        wait_ms += loader.last_wait_ms();
-        step_inputs[2 * micro].copy_(batch.x);  // host batch slot -> the graph's input
-        step_inputs[2 * micro + 1].copy_(batch.y);
-      }
-      data_ms = ms(std::chrono::steady_clock::now() - td).count();
-      const std::vector<Tensor> o = (*compiled)(step_inputs);
-      st = {o[0], o[1], o.size() > 2 ? o[2] : Tensor(), {}};
-      t_fb = std::chrono::steady_clock::now();
-    } else {
-      st = run_step([&](int64_t) {
-        const auto td = std::chrono::steady_clock::now();
-        data::Batch batch = loader.next();
-        wait_ms += loader.last_wait_ms();
-        data_ms += ms(std::chrono::steady_clock::now() - td).count();
-        return batch;
-      });
-      t_fb = st.t_fb;
-    }
+      data::Batch batch = loader.next();
+      wait_ms += loader.last_wait_ms();
+      data_ms += ms(std::chrono::steady_clock::now() - td).count();
+      return batch;
+    });
+    const std::chrono::steady_clock::time_point t_fb = st.backward_done;
     reduce_loss_and_stop(st.loss);
     Tensor loss = st.loss;  // (loss_work: set on several ranks)
-    const Tensor& norm = st.norm;
-    const Tensor& scale_used = st.scale_used;
+    const Tensor& norm = st.grad_norm;
+    const Tensor& scale_used = st.loss_scale;
     if (cfg.sync_every_step) {  // the habit technique 10 removes
       if (loss_work) loss_work->wait();
       (void)loss.item();
@@ -665,6 +568,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
               {"data_wait_ms", wait_ms},
               {"tokens_per_s", tokens_per_step / (step_ms / 1000.0)}};
     if (scale_used.defined()) m.device.emplace_back("loss_scale", scale_used);
+    if (st.skipped.defined()) m.device.emplace_back("skipped", st.skipped);
     const bool last = step + 1 == cfg.steps;
     if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
       m.device.emplace_back(
@@ -723,6 +627,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     result.losses.push_back(static_cast<float>(s.get("loss")));
     result.grad_norms.push_back(static_cast<float>(s.get("grad_norm")));
     if (s.has("val_loss")) result.val_losses.emplace_back(s.step, float(s.get("val_loss")));
+    if (s.has("skipped") && s.get("skipped") != 0.0) ++result.skipped_steps;
   }
   std::vector<double> timed(result.step_ms.begin() + (result.step_ms.size() > 1 ? 1 : 0),
                             result.step_ms.end());

@@ -38,6 +38,7 @@ struct TrainResult {
   int64_t alloc_reserved_bytes = 0;     // what the allocator holds at the end (live + cached)
   double rss_max_mib = 0;               // largest resident set sampled after each step of this run
   float final_loss = 0;
+  int64_t skipped_steps = 0;  // fp16: steps the scaler skipped (inf/NaN gradients), as logged
   int64_t steps_done = 0;
   bool interrupted = false;
   std::string run_path;    // runs/<name>, empty when no run directory was written

@@ -94,6 +94,7 @@ void expect_resume_is_bit_exact(const std::string& precision,
   EXPECT_EQ(saved.state.loss_scale.has_value(), precision == "fp16");
   if (saved.state.loss_scale) {
     EXPECT_NE(saved.state.loss_scale->scale, 65536.0f) << "the scale never moved before the save";
+    EXPECT_GT(first.skipped_steps, 0) << "no step was skipped before the save";
   }
 
   TrainOptions r;
