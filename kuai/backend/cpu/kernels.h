@@ -1,8 +1,13 @@
 // Raw-pointer fp32 kernels of the CPU backend, one family per source file (elementwise.cpp,
 // reduce.cpp, softmax.cpp, layer_norm.cpp, embedding.cpp, cross_entropy.cpp, optim.cpp).
 // OpenMP-parallel; hot loops are compiled for AVX-512, AVX2+FMA and a portable baseline and the
-// best one the running CPU supports is picked at load time. Every function here has a naive
-// counterpart in reference.h that the tests compare against. All tensors contiguous, row-major.
+// best one the running CPU supports is picked at load time (isa.h). Every kernel with math in it
+// has a naive counterpart in reference.h that the tests compare against at odd shapes (norms,
+// softmax, GELU, SiLU, SwiGLU, RoPE, the fused add + LayerNorm and GELU backward + sum, embedding,
+// cross-entropy, the optimizers); the one-line arithmetic (add .. fill, the row broadcasts) is
+// checked against a loop in its test, and the _serial, low-precision and fused-accumulate
+// variants against their fp32 or unfused versions, bit for bit where they claim it. All tensors
+// contiguous, row-major.
 #pragma once
 
 #include <cstdint>

@@ -55,4 +55,11 @@ void layer_norm_backward(const float* dy, const float* x, const float* w, const 
   }
 }
 
+void add_layer_norm_forward(const float* a, const float* b, float* x, const float* w,
+                            const float* bias, float* y, float* mean, float* rstd, int64_t N,
+                            int64_t C, float eps) {
+  for (int64_t i = 0; i < N * C; ++i) x[i] = a[i] + b[i];
+  layer_norm_forward(x, w, bias, y, mean, rstd, N, C, eps);
+}
+
 }  // namespace kuai::cpu::ref

@@ -16,4 +16,10 @@ void sum_axis(const float* x, float* y, int64_t outer, int64_t n, int64_t inner)
   }
 }
 
+void gelu_backward_sum(const float* x, const float* dy, float* dx, float* db, int64_t n,
+                       int64_t inner) {
+  gelu_backward(x, dy, dx, n * inner);
+  sum_axis(dx, db, 1, n, inner);
+}
+
 }  // namespace kuai::cpu::ref
