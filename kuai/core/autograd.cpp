@@ -169,12 +169,18 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
 
 namespace {
 thread_local int t_backward_depth = 0;
+std::atomic<int> g_threads_in_backward{0};
 }  // namespace
 
-BackwardScope::BackwardScope() { ++t_backward_depth; }
-BackwardScope::~BackwardScope() { --t_backward_depth; }
+BackwardScope::BackwardScope() {
+  if (t_backward_depth++ == 0) g_threads_in_backward.fetch_add(1, std::memory_order_relaxed);
+}
+BackwardScope::~BackwardScope() {
+  if (--t_backward_depth == 0) g_threads_in_backward.fetch_sub(1, std::memory_order_relaxed);
+}
 
 bool backward_in_progress() { return t_backward_depth > 0; }
+bool backward_running() { return g_threads_in_backward.load(std::memory_order_relaxed) > 0; }
 
 void backward(const Tensor& root, const Tensor& grad_output) {
   BackwardScope in_backward;

@@ -68,6 +68,9 @@ uint64_t next_sequence();
 // Whether this thread is inside backward() (its grad-ready hooks run there): what the process
 // group reads to count the communication launched while backward still runs (DDP's overlap).
 bool backward_in_progress();
+// Whether any thread of the process is inside backward now: what the communication thread reads
+// to measure the share of its collectives' time that ran while backward still ran.
+bool backward_running();
 // Marks this thread as inside backward while it lives: backward() itself, and a compiled step's
 // replay around the nodes it captured in backward (so communication they launch counts as
 // overlapped, as it did when captured).

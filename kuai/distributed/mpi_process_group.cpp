@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "kuai/core/autograd.h"
 #include "kuai/core/backend.h"
 #include "kuai/core/dtype.h"
 #include "kuai/distributed/process_group.h"
@@ -200,6 +201,7 @@ class MpiProcessGroup final : public ProcessGroup {
     std::shared_ptr<Work> work;
     std::function<int(MPI_Request*)> start;
     std::function<void()> after;
+    Collective kind = Collective::kAllReduce;
   };
 
   // MPI reduces host memory: conversions run on the CPU backend, on this thread.
@@ -267,7 +269,7 @@ class MpiProcessGroup final : public ProcessGroup {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) throw std::logic_error("process group: used after shutdown");
-      queue_.push_back({work, std::move(start), std::move(after)});
+      queue_.push_back({work, std::move(start), std::move(after), launch.kind});
     }
     cv_.notify_one();
     return work;
@@ -310,15 +312,26 @@ class MpiProcessGroup final : public ProcessGroup {
       MPI_Isend(&seq, 1, MPI_INT64_T, p, 0, arrive_comm_, &notes.back());
     }
     // 2. The collective.
+    using Clock = std::chrono::steady_clock;
+    // Its time, and the part of it while backward still runs, sampled at every poll.
+    Clock::time_point last = Clock::now();
+    double busy = 0, busy_in_backward = 0;
+    auto tick = [&] {
+      const Clock::time_point now = Clock::now();
+      const double dt = std::chrono::duration<double>(now - last).count();
+      busy += dt;
+      if (autograd::backward_running()) busy_in_backward += dt;
+      last = now;
+    };
     MPI_Request req = MPI_REQUEST_NULL;
     int rc = task.start(&req);
     // 3. Poll it against the deadline.
-    using Clock = std::chrono::steady_clock;
     const auto t0 = Clock::now();
     const auto deadline = t0 + std::chrono::duration<double>(timeout_s_);
     int flag = 0;
     for (int64_t polls = 0; rc == MPI_SUCCESS && !flag; ++polls) {
       rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      tick();
       if (rc != MPI_SUCCESS || flag) break;
       if (g_terminating.load(std::memory_order_relaxed)) terminated(task, seq, req, notes, arrived);
       if (polls < 1000) continue;
@@ -334,6 +347,8 @@ class MpiProcessGroup final : public ProcessGroup {
     }
     MPI_Waitall(static_cast<int>(notes.size()), notes.data(), MPI_STATUSES_IGNORE);
     if (task.after) task.after();
+    tick();
+    record_time(task.kind, busy, busy_in_backward);
     task.work->finish();
   }
 

@@ -112,6 +112,13 @@ void ProcessGroup::record_launch(Collective kind, int64_t sent, int64_t received
   if (in_backward) s.bytes_sent_in_backward += sent;
 }
 
+void ProcessGroup::record_time(Collective kind, double seconds, double seconds_in_backward) {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  CollectiveStats& s = stats_[static_cast<int>(kind)];
+  s.seconds += seconds;
+  s.seconds_in_backward += seconds_in_backward;
+}
+
 ProcessGroup::CollectiveStats ProcessGroup::stats(Collective kind) const {
   std::lock_guard<std::mutex> lock(stats_mu_);
   return stats_[static_cast<int>(kind)];
@@ -125,6 +132,8 @@ ProcessGroup::CollectiveStats ProcessGroup::total_stats() const {
     t.bytes_sent += s.bytes_sent;
     t.bytes_received += s.bytes_received;
     t.bytes_sent_in_backward += s.bytes_sent_in_backward;
+    t.seconds += s.seconds;
+    t.seconds_in_backward += s.seconds_in_backward;
   }
   return t;
 }

@@ -88,6 +88,11 @@ class ProcessGroup {
     int64_t bytes_sent = 0;
     int64_t bytes_received = 0;
     int64_t bytes_sent_in_backward = 0;
+    // Time the communication thread spent on these collectives (from its start call to their
+    // completion and hooks), and the part of it while some thread was still in backward: the
+    // overlap in time, beside the launch share above. Zero for groups without a thread.
+    double seconds = 0;
+    double seconds_in_backward = 0;
   };
   enum class Collective { kAllReduce, kReduceScatter, kAllGather, kBroadcast, kBarrier };
   static constexpr int kNumCollectives = 5;
@@ -97,6 +102,8 @@ class ProcessGroup {
   int64_t bytes_sent() const { return total_stats().bytes_sent; }
 
  protected:
+  // Called by the communication thread as a collective completes.
+  void record_time(Collective kind, double seconds, double seconds_in_backward);
   // Called by each collective on the caller's thread as it is launched.
   void record_launch(Collective kind, int64_t sent, int64_t received);
   // Throws std::invalid_argument unless t is contiguous and fp32 (or bf16/f16 where

@@ -77,10 +77,10 @@ std::string result_line(const TrainResult& r) {
   return fmt::format(
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
       "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
-      "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f}",
+      "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f} overlap_time={:.3f}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
       r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
-      static_cast<double>(r.peak_alloc_bytes) / (1 << 20));
+      static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time);
 }
 
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
@@ -438,6 +438,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   using Collective = dist::ProcessGroup::Collective;
   int64_t steps_counted = 0, reads_in_steps = 0, sent_in_steps = 0;
   int64_t reduced_in_steps = 0, reduced_in_backward = 0;
+  // The communication thread's time on all-reduces and reduce-scatters over the run (read at its
+  // end, when every collective has completed).
+  const double reduce_seconds0 = group->stats(Collective::kAllReduce).seconds +
+                                 group->stats(Collective::kReduceScatter).seconds;
+  const double reduce_seconds_in_backward0 =
+      group->stats(Collective::kAllReduce).seconds_in_backward +
+      group->stats(Collective::kReduceScatter).seconds_in_backward;
   std::shared_ptr<dist::Work> loss_work;
   // Several ranks: the logged loss is the mean over ranks, averaged by an all-reduce queued
   // behind the gradient buckets that the logger thread waits for before it reads the loss; and
@@ -605,6 +612,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     result.overlap = reduced_in_steps > 0 ? static_cast<double>(reduced_in_backward) /
                                                 static_cast<double>(reduced_in_steps)
                                           : 0.0;
+    const auto ar = group->stats(Collective::kAllReduce);
+    const auto rs = group->stats(Collective::kReduceScatter);
+    const double secs = ar.seconds + rs.seconds - reduce_seconds0;
+    const double secs_bw =
+        ar.seconds_in_backward + rs.seconds_in_backward - reduce_seconds_in_backward0;
+    result.overlap_time = secs > 0 ? secs_bw / secs : 0.0;
   }
   if (ckpt) {
     try {

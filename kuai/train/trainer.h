@@ -50,6 +50,10 @@ struct TrainResult {
   double host_reads_per_step = 0;
   double comm_mib_per_step = 0;
   double overlap = 0;
+  // The share of the communication thread's time on those collectives (start to completion,
+  // compression hooks included) that passed while backward was still running: the overlap in
+  // time. 0 alone, or with a group that has no communication thread.
+  double overlap_time = 0;
   // train.compile: captures made (re-captures after a guard failed included), whether the step
   // fell back to eager, the graph's arena and node count.
   int64_t compile_captures = 0;
