@@ -18,14 +18,13 @@ namespace {
 // A usable scale: finite and a normal float, so that 1/scale is finite too.
 bool usable_scale(float x) { return std::isfinite(x) && x >= FLT_MIN; }
 
-// found_inf as the scaler hands it out: a one-element float32 tensor on the CPU device.
+// found_inf as the scaler hands it out: a one-element float32 tensor (on the scale's device;
+// dispatch names a mismatch).
 void check_flag(const Tensor& found_inf, const char* who) {
   if (!found_inf.defined() || found_inf.dtype() != DType::kF32 || found_inf.numel() != 1)
     throw std::invalid_argument(std::string(who) +
                                 ": found_inf must be a one-element float32 tensor, got " +
                                 (found_inf.defined() ? found_inf.str() : "an undefined tensor"));
-  if (found_inf.device() != kCPU)
-    throw std::runtime_error(std::string(who) + " has no CUDA implementation in this build");
 }
 
 float read_flag(const Tensor& found_inf, const char* who) {
@@ -54,7 +53,7 @@ GradScaler::GradScaler(const GradScalerOptions& options)
 }
 
 Tensor GradScaler::unscale_(const std::vector<Tensor>& params) {
-  Device device = kCPU;
+  Device device = scale_.device();
   for (const Tensor& p : params)
     if (p.defined() && p.grad().defined()) {
       device = p.grad().device();
@@ -62,8 +61,6 @@ Tensor GradScaler::unscale_(const std::vector<Tensor>& params) {
     }
   Tensor found_inf = zeros({}, DType::kF32, device);
   if (!opt_.enabled) return found_inf;
-  if (device != kCPU)
-    throw std::runtime_error("GradScaler::unscale_ has no CUDA implementation in this build");
   if (unscaled_)
     throw std::logic_error(
         "GradScaler::unscale_: already called since the last update(); the gradients would be "
@@ -97,13 +94,14 @@ void GradScaler::apply_unscale(const std::vector<Tensor>& grads, const Tensor& f
 }
 
 Tensor GradScaler::unscale_grads_(const std::vector<Tensor>& grads) {
-  Tensor found_inf = zeros({}, DType::kF32);
+  Tensor found_inf = zeros({}, DType::kF32, scale_.device());
   if (!opt_.enabled) return found_inf;
   for (const Tensor& g : grads)
-    if (g.device() != kCPU || g.dtype() != DType::kF32 || !g.is_contiguous())
+    if (g.device() != scale_.device() || g.dtype() != DType::kF32 || !g.is_contiguous())
       throw std::invalid_argument(
-          "GradScaler::unscale_grads_: gradients must be contiguous float32 on the CPU, got " +
-          g.str());
+          "GradScaler::unscale_grads_: gradients must be contiguous "
+          "float32 on " +
+          scale_.device().str() + ", got " + g.str());
   if (unscaled_)
     throw std::logic_error(
         "GradScaler::unscale_grads_: already called since the last update(); the gradients would "
@@ -123,7 +121,8 @@ int64_t GradScaler::growth_tracker() const {
 
 void GradScaler::step_on_device(optim::Optimizer& opt, const Tensor& found_inf,
                                 const Tensor& grad_factor) {
-  const Tensor factor = grad_factor.defined() ? grad_factor : full({}, 1.0f);
+  const Tensor factor =
+      grad_factor.defined() ? grad_factor : full({}, 1.0f, DType::kF32, scale_.device());
   if (!opt_.enabled) return opt.step(factor);
   check_flag(found_inf, "GradScaler::step");
   opt.step(factor, found_inf);
@@ -144,7 +143,9 @@ void GradScaler::update(const Tensor& found_inf) {
                  opt_.growth_interval);
 }
 
-void GradScaler::update(bool found_inf) { update(full({}, found_inf ? 1.0f : 0.0f)); }
+void GradScaler::update(bool found_inf) {
+  update(full({}, found_inf ? 1.0f : 0.0f, DType::kF32, scale_.device()));
+}
 
 void GradScaler::load_state(const GradScalerState& state) {
   if (!usable_scale(state.scale))

@@ -28,4 +28,12 @@ Backend& backend_for(Device device) {
 
 bool backend_available(DeviceType type) { return slots()[static_cast<size_t>(type)] != nullptr; }
 
+namespace {
+thread_local Device t_default_device = kCPU;
+}  // namespace
+
+Device default_device() { return t_default_device; }
+DeviceGuard::DeviceGuard(Device device) : previous_(t_default_device) { t_default_device = device; }
+DeviceGuard::~DeviceGuard() { t_default_device = previous_; }
+
 }  // namespace kuai

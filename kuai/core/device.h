@@ -32,4 +32,20 @@ struct Device {
 inline constexpr Device kCPU{DeviceType::kCPU, 0};
 inline constexpr Device kMeta{DeviceType::kMeta, 0};
 
+// The device creation ops (zeros, full, arange, from_vector, a Generator's draws) use when the
+// caller names none: kCPU, unless a DeviceGuard on this thread says otherwise. PyTorch's
+// `with torch.device("meta"): model = GPT(cfg)`: a model built under DeviceGuard(kMeta) has its
+// parameters there, and an optimizer built there its state.
+Device default_device();
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(Device device);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  Device previous_;
+};
+
 }  // namespace kuai

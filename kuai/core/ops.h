@@ -12,18 +12,21 @@
 namespace kuai {
 
 // ---- creation ----
-Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = kCPU);
-Tensor full(const Shape& shape, float value, DType dtype = DType::kF32, Device device = kCPU);
+Tensor zeros(const Shape& shape, DType dtype = DType::kF32, Device device = default_device());
+Tensor full(const Shape& shape, float value, DType dtype = DType::kF32,
+            Device device = default_device());
 // Writes `value` into every element of a contiguous tensor, on its device, outside autograd and
 // capture (not dispatched): for initialisation, as torch.nn.init's functions run under no_grad.
 void fill_(const Tensor& t, float value);
-Tensor from_vector(const std::vector<float>& values, const Shape& shape, Device device = kCPU);
-Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape, Device device = kCPU);
+Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                   Device device = default_device());
+Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape,
+                   Device device = default_device());
 inline Tensor from_vector(std::initializer_list<float> values, const Shape& shape,
-                          Device device = kCPU) {
+                          Device device = default_device()) {
   return from_vector(std::vector<float>(values), shape, device);
 }
-Tensor arange(int64_t n, DType dtype = DType::kI32, Device device = kCPU);
+Tensor arange(int64_t n, DType dtype = DType::kI32, Device device = default_device());
 
 // ---- views (share storage; differentiable) ----
 Tensor reshape(const Tensor& x, Shape shape);  // one dim may be -1; copies only if it must

@@ -25,9 +25,11 @@ class Generator {
 
   // Tensors of the same draws (contiguous float32 / int32) on `device`: a RandomFill primitive
   // at the generator's offset, which then advances past the draw as the host calls do.
-  Tensor normal(const Shape& shape, float mean = 0.0f, float std = 1.0f, Device device = kCPU);
-  Tensor uniform(const Shape& shape, float low = 0.0f, float high = 1.0f, Device device = kCPU);
-  Tensor randint(const Shape& shape, int32_t low, int32_t high, Device device = kCPU);
+  Tensor normal(const Shape& shape, float mean = 0.0f, float std = 1.0f,
+                Device device = default_device());
+  Tensor uniform(const Shape& shape, float low = 0.0f, float high = 1.0f,
+                 Device device = default_device());
+  Tensor randint(const Shape& shape, int32_t low, int32_t high, Device device = default_device());
 
   // The same draws written over a contiguous float32 tensor on its device, outside autograd and
   // capture (not dispatched): for initialising parameters in place.

@@ -145,8 +145,8 @@ Tensor GPT::embed(const Tensor& idx, int64_t start) const {
   const int64_t t = idx.size(1);
   if (cfg_.is_llama()) return wte_->forward(idx);  // positions enter as rotations
   // (B, t, C) + (t, C)
-  return add(wte_->forward(idx),
-             start == 0 ? wpe_->forward(arange(t)) : narrow(wpe_->weight(), 0, start, t));
+  return add(wte_->forward(idx), start == 0 ? wpe_->forward(arange(t, DType::kI32, idx.device()))
+                                            : narrow(wpe_->weight(), 0, start, t));
 }
 
 Tensor GPT::head(const Tensor& x) const {

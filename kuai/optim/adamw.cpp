@@ -34,21 +34,24 @@ void Optimizer::set_step_count(int64_t step) { step_.copy_from_host(&step, sizeo
 
 namespace {
 void check_one_f32(const Tensor& t, const char* what) {
-  if (t.device() != kCPU || t.dtype() != DType::kF32 || t.numel() != 1)
+  if (t.dtype() != DType::kF32 || t.numel() != 1)
     throw std::invalid_argument(std::string("Optimizer::step: ") + what +
-                                " must be a one-element float32 CPU tensor, got " + t.str());
+                                " must be a one-element float32 tensor, got " + t.str());
 }
 }  // namespace
 
 void Optimizer::step(float grad_scale) {
   autograd::NoGradGuard no_grad;  // the views an update takes of its parameters build no graph
-  update(full({1}, grad_scale), zeros({1}));
+  update(full({1}, grad_scale, DType::kF32, lr_tensor_.device()),
+         zeros({1}, DType::kF32, lr_tensor_.device()));
 }
 
 void Optimizer::step(const Tensor& grad_scale) {
   check_one_f32(grad_scale, "grad_scale");
   autograd::NoGradGuard no_grad;
-  update(grad_scale.contiguous(), zeros({1}));  // read by the update primitives where they run
+  update(grad_scale.contiguous(),
+         zeros({1}, DType::kF32,
+               lr_tensor_.device()));  // read by the update primitives where they run
 }
 
 void Optimizer::step(const Tensor& grad_scale, const Tensor& skip_if) {
@@ -69,8 +72,8 @@ void AdamW::ensure_state() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     if (!m_[gi].empty()) continue;
     for (Tensor& p : groups_[gi].params) {
-      m_[gi].push_back(zeros(p.shape()));
-      v_[gi].push_back(zeros(p.shape()));
+      m_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));
+      v_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));
     }
   }
 }

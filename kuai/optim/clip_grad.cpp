@@ -41,9 +41,9 @@ Tensor grad_norm_tensor(const std::vector<Tensor>& params) {
 }
 
 Tensor clip_coefficient(const Tensor& norm, float max_norm) {
-  if (norm.device() != kCPU || norm.dtype() != DType::kF32 || norm.numel() != 1)
-    throw std::invalid_argument(
-        "clip_coefficient: expected a one-element float32 CPU tensor, got " + norm.str());
+  if (norm.dtype() != DType::kF32 || norm.numel() != 1)
+    throw std::invalid_argument("clip_coefficient: expected a one-element float32 tensor, got " +
+                                norm.str());
   return clip_factor(norm, max_norm);
 }
 

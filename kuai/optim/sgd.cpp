@@ -16,7 +16,7 @@ void SGD::update(const Tensor& grad_scale, const Tensor& skip) {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
     if (buf_[gi].empty())
-      for (Tensor& p : group.params) buf_[gi].push_back(zeros(p.shape()));
+      for (Tensor& p : group.params) buf_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));
     for (size_t i = 0; i < group.params.size(); ++i) {
       Tensor& p = group.params[i];
       Tensor g = p.grad();
