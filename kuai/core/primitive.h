@@ -25,6 +25,15 @@ struct TensorSpec {
   DType dtype = DType::kF32;
 };
 
+// What one evaluation costs, from shapes alone (so the meta backend can report it for a step it
+// never runs): the floating-point operations of its products (2 per multiply-add; elementwise
+// arithmetic is counted as memory traffic, not FLOPs), and the bytes it reads and writes.
+struct Cost {
+  double flops = 0;
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+};
+
 // Primitives are made with std::make_shared (ops.cpp) and shared by autograd nodes and captured
 // graphs: a mode that keeps one takes shared_from_this().
 class Primitive : public std::enable_shared_from_this<Primitive> {
@@ -50,6 +59,9 @@ class Primitive : public std::enable_shared_from_this<Primitive> {
   virtual std::vector<TensorSpec> infer(std::span<const Tensor> in) const = 0;
   virtual void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const = 0;
   virtual void eval_cuda(std::span<const Tensor> in, std::span<Tensor> out) const;
+  // Its cost at these inputs and outputs. Default: a memory-bound pass reading every input and
+  // writing every output (views: nothing). Products and attention count their FLOPs.
+  virtual Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const;
   // Where the outputs of a primitive without inputs live (a creation op carries its device, as
   // MLX's carry a stream); every other primitive runs on, and outputs to, its inputs' device.
   virtual Device output_device() const { return kCPU; }

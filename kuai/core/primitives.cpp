@@ -453,6 +453,62 @@ std::vector<Tensor> Linear::vjp(std::span<const Tensor> in, std::span<const Tens
 }
 
 // ---------------------------------------------------------------------------------------------
+// Costs (primitive.h): products count 2 FLOPs per multiply-add.
+
+Cost Primitive::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c;
+  if (is_view()) return c;
+  for (const Tensor& t : in) c.bytes_read += t.nbytes();
+  for (const Tensor& t : out) c.bytes_written += t.nbytes();
+  return c;
+}
+
+Cost Matmul::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c = Primitive::cost(in, out);
+  c.flops = 2.0 * static_cast<double>(out[0].numel()) * static_cast<double>(in[0].shape().back());
+  return c;
+}
+
+Cost Linear::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c = Primitive::cost(in, out);  // the bias add is counted as traffic, not FLOPs
+  c.flops = 2.0 * static_cast<double>(out[0].numel()) * static_cast<double>(in[1].shape()[1]);
+  return c;
+}
+
+namespace {
+// Query-key pairs attention multiplies: every pair, or under the causal mask the ones at or
+// before each query's position (query i of tq sits at tk - tq + i).
+double attention_pairs(const Tensor& q, const Tensor& k, bool causal) {
+  const double tq = static_cast<double>(q.size(2)), tk = static_cast<double>(k.size(2));
+  const double per_head = causal ? tq * (tk - tq) + tq * (tq + 1) / 2 : tq * tk;
+  return static_cast<double>(q.size(0)) * static_cast<double>(q.size(1)) * per_head;
+}
+}  // namespace
+
+// Forward: S = Q K^T and Y = P V, 2 products of d per pair. Backward: dV = P^T dY, dP = dY V^T,
+// dQ = dS K, dK = dS^T Q (4 products); flash recomputes S as well (5).
+Cost Attention::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c = Primitive::cost(in, out);
+  c.flops = 4.0 * attention_pairs(in[0], in[1], causal_) * static_cast<double>(in[0].size(3));
+  return c;
+}
+Cost FlashAttention::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c = Primitive::cost(in, out);
+  c.flops = 4.0 * attention_pairs(in[0], in[1], causal_) * static_cast<double>(in[0].size(3));
+  return c;
+}
+Cost AttentionBackward::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c = Primitive::cost(in, out);
+  c.flops = 8.0 * attention_pairs(in[0], in[1], causal_) * static_cast<double>(in[0].size(3));
+  return c;
+}
+Cost FlashAttentionBackward::cost(std::span<const Tensor> in, std::span<const Tensor> out) const {
+  Cost c = Primitive::cost(in, out);
+  c.flops = 10.0 * attention_pairs(in[0], in[1], causal_) * static_cast<double>(in[0].size(3));
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Normalisation, softmax, losses
 
 std::vector<TensorSpec> Softmax::infer(std::span<const Tensor> in) const {

@@ -278,12 +278,14 @@ class Matmul final : public Primitive {
  public:
   KUAI_PRIMITIVE_COMMON("matmul", OpClass::kMatmul)
   bool accepts_strided(size_t) const override { return true; }
+  Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
 };
 
 class Linear final : public Primitive {  // (x, w[, b])
  public:
   KUAI_PRIMITIVE_COMMON("linear", OpClass::kMatmul)
   bool saves_input(size_t i) const override { return i < 2; }
+  Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
 };
 
 // ---- normalisation, softmax, losses ----
@@ -477,6 +479,7 @@ class Attention final : public Primitive {
   Attention(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("attention", OpClass::kAttention)
   bool accepts_strided(size_t) const override { return true; }
+  Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   bool saves_output(size_t j) const override { return j == 1; }
 
  private:
@@ -494,6 +497,7 @@ class AttentionBackward final : public Primitive {
   AttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("attention_backward", OpClass::kAttention)
   bool accepts_strided(size_t) const override { return true; }
+  Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
 
  private:
   float scale_;
@@ -510,6 +514,7 @@ class FlashAttention final : public Primitive {
   FlashAttention(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("flash_attention", OpClass::kAttention)
   bool accepts_strided(size_t) const override { return true; }
+  Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   bool saves_output(size_t) const override { return true; }  // y and lse
 
  private:
@@ -524,6 +529,7 @@ class FlashAttentionBackward final : public Primitive {
   FlashAttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("flash_attention_backward", OpClass::kAttention)
   bool accepts_strided(size_t) const override { return true; }
+  Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
 
  private:

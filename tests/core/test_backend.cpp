@@ -13,6 +13,7 @@
 
 #include "kuai/core/allocator.h"
 #include "kuai/core/backend.h"
+#include "kuai/core/dispatch.h"
 #include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
@@ -241,6 +242,74 @@ TEST(MetaStep, AGptAndALlamaTrainStepRunOnMetaTensors) {
       EXPECT_LE(meta, cpu);
       EXPECT_GE(meta, cpu * 9 / 10);
     }
+  }
+}
+
+}  // namespace
+}  // namespace kuai::train
+
+namespace kuai::train {
+namespace {
+
+// Sums every primitive's cost, by class.
+class CostTally final : public DispatchMode {
+ public:
+  bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override {
+    const Cost c = p.cost(in, std::span<const Tensor>(out.data(), out.size()));
+    (p.op_class() == OpClass::kMatmul      ? matmul_flops
+     : p.op_class() == OpClass::kAttention ? attention_flops
+                                           : other_flops) += c.flops;
+    bytes += c.bytes_read + c.bytes_written;
+    return false;
+  }
+  double matmul_flops = 0, attention_flops = 0, other_flops = 0;
+  int64_t bytes = 0;
+};
+
+// The costs of a real step on meta tensors are the textbook count: 6 FLOPs per matmul weight per
+// token (forward 2, backward 4), and attention's 12 per causal query-key pair and head dimension
+// (forward 4, backward 8), per layer.
+TEST(MetaStep, TheStepsCostsOnMetaAreTheTextbookCount) {
+  for (const char* family : {"gpt2", "llama"}) {
+    SCOPED_TRACE(family);
+    nn::GPTConfig cfg;
+    cfg.family = family;
+    cfg.vocab_size = 96;
+    cfg.n_layer = 3;
+    cfg.n_head = 4;
+    cfg.n_kv_head = std::string(family) == "llama" ? 2 : 0;
+    cfg.d_model = 64;
+    cfg.seq_len = 24;
+    DeviceGuard on(kMeta);
+    nn::GPT model(cfg, 3);
+    optim::AdamW opt(param_groups(model, 0.1f), optim::AdamWOptions{});
+    amp::GradScaler scaler(amp::GradScalerOptions{65536.0f, 2.0f, 0.5f, 2000, false});
+    StepOptions o;
+    o.accum_steps = 2;
+    TrainStep step(
+        model, [&model](const Tensor& x, const Tensor& y) { return model.loss(x, y); }, opt, scaler,
+        o);
+    const int64_t B = 3, T = 24;
+    Generator g(9, 0);
+    std::vector<data::Batch> b;
+    for (int i = 0; i < 2; ++i) b.push_back({g.randint({B, T}, 0, 96), g.randint({B, T}, 0, 96)});
+    CostTally tally;
+    {
+      ModeGuard guard(tally);
+      step.step(b);
+    }
+    double weights = 0;
+    for (auto& [name, p] : model.named_parameters())
+      if (p.dim() == 2 && name != "wpe.weight" &&
+          !(name == "embed_tokens.weight" && !model.config().tied()))
+        weights += static_cast<double>(p.numel());
+    const double tokens = static_cast<double>(B * T * o.accum_steps);
+    EXPECT_EQ(tally.matmul_flops, 6.0 * tokens * weights);
+    const double pairs = static_cast<double>(B) * cfg.n_head * (T * (T + 1) / 2);
+    EXPECT_EQ(tally.attention_flops,
+              12.0 * pairs * (cfg.d_model / cfg.n_head) * cfg.n_layer * o.accum_steps);
+    EXPECT_EQ(tally.other_flops, 0.0);
+    EXPECT_GT(tally.bytes, 0);
   }
 }
 
