@@ -4,6 +4,8 @@
 // access to tensor bytes throws off the host and counts as a host read inside a step.
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -195,7 +197,8 @@ namespace {
 // The real training step on meta tensors: a GPT-2 and a LLaMA built under DeviceGuard(kMeta)
 // (parameters, AdamW's moments, the scaler's scale all there) through TrainStep, with autocast
 // and accumulation. No bytes anywhere; the allocator's peak for the meta device against the CPU
-// run of the same step: equal but for the kernels' scratch, which the meta backend does not run.
+// run of the same step: lower by at most the kernels' scratch, which the meta backend does not
+// run (its share depends on the tier: about 1-5% of this tiny step at amx, 12% at avx2).
 TEST(MetaStep, AGptAndALlamaTrainStepRunOnMetaTensors) {
   for (const char* family : {"gpt2", "llama"}) {
     for (DType compute : {DType::kF32, DType::kBF16}) {
@@ -234,13 +237,17 @@ TEST(MetaStep, AGptAndALlamaTrainStepRunOnMetaTensors) {
         for (const Tensor& p : model.parameters()) EXPECT_EQ(p.device(), d);
         return a.stats(d).peak - base;
       };
-      const int64_t cpu = peak_of(kCPU), meta = peak_of(kMeta);
-      std::printf("[ meta     ] %s %s: step peak cpu %lld B, meta %lld B\n", family,
+      ScratchRegion::reset_peak();
+      const int64_t cpu = peak_of(kCPU);
+      // Kernel scratch: the most this thread held at once, on each of the kernels' threads.
+      const int64_t scratch = ScratchRegion::peak() * omp_get_max_threads();
+      const int64_t meta = peak_of(kMeta);
+      std::printf("[ meta     ] %s %s: step peak cpu %lld B, meta %lld B, scratch %lld B\n", family,
                   std::string(dtype_name(compute)).c_str(), static_cast<long long>(cpu),
-                  static_cast<long long>(meta));
+                  static_cast<long long>(meta), static_cast<long long>(scratch));
       EXPECT_GT(meta, 0);
       EXPECT_LE(meta, cpu);
-      EXPECT_GE(meta, cpu * 9 / 10);
+      EXPECT_GE(meta, cpu - scratch) << "scratch bound " << scratch;
     }
   }
 }
