@@ -202,11 +202,8 @@ void Tensor::copy_to_host_uncounted(void* dst, size_t n) const {
 }
 
 void Tensor::copy_to_host(void* dst, size_t n) const {
-  if (!has_storage() || !is_contiguous() || n != static_cast<size_t>(nbytes()))
-    throw std::invalid_argument(
-        fmt::format("copy_to_host: {} (contiguous, {} bytes) into {} bytes", str(), nbytes(), n));
+  copy_to_host_uncounted(dst, n);
   count_step_host_read();
-  backend_for(device()).copy_to_host(dst, device_ptr(), n);
 }
 
 Tensor& Tensor::requires_grad_(bool on) {
@@ -248,7 +245,7 @@ float Tensor::item() const {
   count_host_read();
   unsigned char bytes[8];
   const Tensor c = contiguous();
-  backend_for(device()).copy_to_host(bytes, c.device_ptr(), static_cast<size_t>(c.nbytes()));
+  c.copy_to_host_uncounted(bytes, static_cast<size_t>(c.nbytes()));
   return static_cast<float>(load_element(bytes, dtype(), 0));
 }
 

@@ -14,6 +14,16 @@
 
 namespace kuai::train {
 
+Tensor scaled_backward(const Tensor& loss, float loss_scale) {
+  (loss_scale == 1.0f ? loss : scale(loss, loss_scale)).backward();
+  return loss.detach();
+}
+
+Tensor scaled_backward(const Tensor& loss, const Tensor& loss_scale) {
+  mul(loss, loss_scale).backward();
+  return loss.detach();
+}
+
 TrainStep::TrainStep(nn::Module& model, LossFn loss, optim::Optimizer& opt, amp::GradScaler& scaler,
                      const StepOptions& options, dist::DistributedDataParallel* ddp,
                      dist::ZeroAdamW* zero)
@@ -120,14 +130,9 @@ StepOutputs TrainStep::run(const std::function<data::Batch(int64_t)>& batch_at) 
   for (int64_t micro = 0; micro < k; ++micro) {
     data::Batch batch = batch_at(micro);
     if (ddp_) ddp_->prepare_backward(micro + 1 == k);  // no_sync until the last micro-batch
-    Tensor l = loss_(batch.x, batch.y);
-    if (loss_factor.defined())
-      mul(l, loss_factor).backward();
-    else if (k == 1)
-      l.backward();
-    else
-      scale(l, 1.0f / static_cast<float>(k)).backward();
-    l = l.detach();
+    const Tensor l = loss_factor.defined()
+                         ? scaled_backward(loss_(batch.x, batch.y), loss_factor)
+                         : scaled_backward(loss_(batch.x, batch.y), 1.0f / static_cast<float>(k));
     autograd::NoGradGuard no_grad;
     loss = loss.defined() ? add(loss, l) : l;  // summed on the device
   }

@@ -49,6 +49,12 @@ struct StepOutputs {
   std::chrono::steady_clock::time_point backward_done;
 };
 
+// Backward of loss * loss_scale (gradients add into .grad; a factor of 1 multiplies nothing);
+// returns the loss detached, a device tensor. The factor as a one-element device tensor (the fp16
+// scaler's scale / k) keeps the multiply on the device.
+Tensor scaled_backward(const Tensor& loss, float loss_scale);
+Tensor scaled_backward(const Tensor& loss, const Tensor& loss_scale);
+
 class TrainStep {
  public:
   // (B, T) int32 inputs and targets -> a scalar loss (mean over tokens), recorded by autograd.

@@ -96,16 +96,12 @@ std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weigh
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
-  Tensor loss = model.loss(x, y);
-  (loss_scale == 1.0f ? loss : scale(loss, loss_scale)).backward();
-  return loss.detach();
+  return scaled_backward(model.loss(x, y), loss_scale);
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y,
                         const Tensor& loss_scale) {
-  Tensor loss = model.loss(x, y);
-  mul(loss, loss_scale).backward();
-  return loss.detach();
+  return scaled_backward(model.loss(x, y), loss_scale);
 }
 
 namespace {

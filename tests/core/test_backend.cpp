@@ -194,6 +194,49 @@ TEST(Backend, HostAccessInsideAStepIsAHostRead) {
 namespace kuai::train {
 namespace {
 
+// A small GPT-2 or LLaMA, its AdamW and (disabled) scaler, and a TrainStep of 2 micro-batches over
+// them, all built on the current default device (DeviceGuard), with B x T batches for it.
+struct StepRig {
+  static nn::GPTConfig config(const char* family, int64_t vocab, int64_t layers, int64_t T) {
+    nn::GPTConfig c;
+    c.family = family;
+    c.vocab_size = vocab;
+    c.n_layer = layers;
+    c.n_head = 4;
+    c.n_kv_head = std::string(family) == "llama" ? 2 : 0;
+    c.d_model = 64;
+    c.seq_len = T;
+    return c;
+  }
+  static StepOptions options(DType compute) {
+    StepOptions o;
+    o.accum_steps = 2;
+    o.compute = compute;
+    return o;
+  }
+  StepRig(const char* family, int64_t vocab, int64_t layers, int64_t T, DType compute)
+      : cfg(config(family, vocab, layers, T)),
+        model(cfg, 3),
+        opt(param_groups(model, 0.1f), optim::AdamWOptions{}),
+        scaler(amp::GradScalerOptions{65536.0f, 2.0f, 0.5f, 2000, false}),
+        step(
+            model, [this](const Tensor& x, const Tensor& y) { return model.loss(x, y); }, opt,
+            scaler, options(compute)) {}
+  std::vector<data::Batch> batches(int64_t B) const {
+    Generator g(9, 0);
+    std::vector<data::Batch> b;
+    const auto V = static_cast<int32_t>(cfg.vocab_size);
+    for (int64_t i = 0; i < step.options().accum_steps; ++i)
+      b.push_back({g.randint({B, cfg.seq_len}, 0, V), g.randint({B, cfg.seq_len}, 0, V)});
+    return b;
+  }
+  nn::GPTConfig cfg;
+  nn::GPT model;
+  optim::AdamW opt;
+  amp::GradScaler scaler;
+  TrainStep step;
+};
+
 // The real training step on meta tensors: a GPT-2 and a LLaMA built under DeviceGuard(kMeta)
 // (parameters, AdamW's moments, the scaler's scale all there) through TrainStep, with autocast
 // and accumulation. No bytes anywhere; the allocator's peak for the meta device against the CPU
@@ -203,38 +246,19 @@ TEST(MetaStep, AGptAndALlamaTrainStepRunOnMetaTensors) {
   for (const char* family : {"gpt2", "llama"}) {
     for (DType compute : {DType::kF32, DType::kBF16}) {
       SCOPED_TRACE(std::string(family) + " " + std::string(dtype_name(compute)));
-      nn::GPTConfig cfg;
-      cfg.family = family;
-      cfg.vocab_size = 64;
-      cfg.n_layer = 2;
-      cfg.n_head = 4;
-      cfg.n_kv_head = std::string(family) == "llama" ? 2 : 0;
-      cfg.d_model = 64;
-      cfg.seq_len = 32;
       auto peak_of = [&](Device d) {
         Allocator& a = Allocator::get();
         a.empty_cache(d);
         const int64_t base = a.stats(d).current;
         a.reset_peak(d);
         DeviceGuard on(d);
-        nn::GPT model(cfg, 3);
-        optim::AdamW opt(param_groups(model, 0.1f), optim::AdamWOptions{});
-        amp::GradScaler scaler(amp::GradScalerOptions{65536.0f, 2.0f, 0.5f, 2000, false});
-        StepOptions o;
-        o.accum_steps = 2;
-        o.compute = compute;
-        TrainStep step(
-            model, [&model](const Tensor& x, const Tensor& y) { return model.loss(x, y); }, opt,
-            scaler, o);
-        Generator g(9, 0);
-        std::vector<data::Batch> b;
-        for (int i = 0; i < 2; ++i)
-          b.push_back({g.randint({2, 32}, 0, 64), g.randint({2, 32}, 0, 64)});
+        StepRig rig(family, 64, 2, 32, compute);
+        const std::vector<data::Batch> b = rig.batches(2);
         StepOutputs out;
-        for (int s = 0; s < 2; ++s) out = step.step(b);
+        for (int s = 0; s < 2; ++s) out = rig.step.step(b);
         EXPECT_EQ(out.loss.device(), d);
         EXPECT_EQ(out.grad_norm.device(), d);
-        for (const Tensor& p : model.parameters()) EXPECT_EQ(p.device(), d);
+        for (const Tensor& p : rig.model.parameters()) EXPECT_EQ(p.device(), d);
         return a.stats(d).peak - base;
       };
       ScratchRegion::reset_peak();
@@ -251,12 +275,6 @@ TEST(MetaStep, AGptAndALlamaTrainStepRunOnMetaTensors) {
     }
   }
 }
-
-}  // namespace
-}  // namespace kuai::train
-
-namespace kuai::train {
-namespace {
 
 // Sums every primitive's cost, by class.
 class CostTally final : public DispatchMode {
@@ -279,42 +297,26 @@ class CostTally final : public DispatchMode {
 TEST(MetaStep, TheStepsCostsOnMetaAreTheTextbookCount) {
   for (const char* family : {"gpt2", "llama"}) {
     SCOPED_TRACE(family);
-    nn::GPTConfig cfg;
-    cfg.family = family;
-    cfg.vocab_size = 96;
-    cfg.n_layer = 3;
-    cfg.n_head = 4;
-    cfg.n_kv_head = std::string(family) == "llama" ? 2 : 0;
-    cfg.d_model = 64;
-    cfg.seq_len = 24;
     DeviceGuard on(kMeta);
-    nn::GPT model(cfg, 3);
-    optim::AdamW opt(param_groups(model, 0.1f), optim::AdamWOptions{});
-    amp::GradScaler scaler(amp::GradScalerOptions{65536.0f, 2.0f, 0.5f, 2000, false});
-    StepOptions o;
-    o.accum_steps = 2;
-    TrainStep step(
-        model, [&model](const Tensor& x, const Tensor& y) { return model.loss(x, y); }, opt, scaler,
-        o);
+    StepRig rig(family, 96, 3, 24, DType::kF32);
     const int64_t B = 3, T = 24;
-    Generator g(9, 0);
-    std::vector<data::Batch> b;
-    for (int i = 0; i < 2; ++i) b.push_back({g.randint({B, T}, 0, 96), g.randint({B, T}, 0, 96)});
+    const std::vector<data::Batch> b = rig.batches(B);
     CostTally tally;
     {
       ModeGuard guard(tally);
-      step.step(b);
+      rig.step.step(b);
     }
+    const nn::GPTConfig& cfg = rig.cfg;
     double weights = 0;
-    for (auto& [name, p] : model.named_parameters())
+    for (auto& [name, p] : rig.model.named_parameters())
       if (p.dim() == 2 && name != "wpe.weight" &&
-          !(name == "embed_tokens.weight" && !model.config().tied()))
+          !(name == "embed_tokens.weight" && !rig.model.config().tied()))
         weights += static_cast<double>(p.numel());
-    const double tokens = static_cast<double>(B * T * o.accum_steps);
+    const int64_t k = rig.step.options().accum_steps;
+    const double tokens = static_cast<double>(B * T * k);
     EXPECT_EQ(tally.matmul_flops, 6.0 * tokens * weights);
     const double pairs = static_cast<double>(B) * cfg.n_head * (T * (T + 1) / 2);
-    EXPECT_EQ(tally.attention_flops,
-              12.0 * pairs * (cfg.d_model / cfg.n_head) * cfg.n_layer * o.accum_steps);
+    EXPECT_EQ(tally.attention_flops, 12.0 * pairs * (cfg.d_model / cfg.n_head) * cfg.n_layer * k);
     EXPECT_EQ(tally.other_flops, 0.0);
     EXPECT_GT(tally.bytes, 0);
   }
