@@ -1,6 +1,8 @@
 // Autocast state, policy application and the parameter cast cache (see autocast.h).
 #include "kuai/amp/autocast.h"
 
+#include "kuai/core/allocator.h"
+
 #include <fmt/format.h>
 
 #include <stdexcept>
@@ -49,7 +51,11 @@ Tensor cast_input(const Tensor& t, DType to) {
       }
       return it->second.cast;
     }
-    Tensor c = cast(t, to);
+    Tensor c;
+    {
+      const MemoryUseScope kept(MemoryUse::kWeightCasts);
+      c = cast(t, to);
+    }
     ++s.param_casts;
     s.cache[t.impl()] = CacheEntry{t.impl_ptr(), c};
     return c;

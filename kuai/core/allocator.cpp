@@ -14,6 +14,7 @@
 #include "kuai/core/backend.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -62,7 +63,48 @@ size_t Allocator::round_size(size_t n) {
 
 namespace {
 thread_local int64_t t_allocations = 0;
+thread_local MemoryUse t_use = MemoryUse::kOther;
+std::atomic<AllocationObserver*> g_observer{nullptr};
 }  // namespace
+
+const char* memory_use_name(MemoryUse u) {
+  switch (u) {
+    case MemoryUse::kOther:
+      return "other";
+    case MemoryUse::kParameters:
+      return "parameters (fp32 master weights)";
+    case MemoryUse::kGradients:
+      return "gradients";
+    case MemoryUse::kOptimizer:
+      return "optimizer state (AdamW moments)";
+    case MemoryUse::kWeightCasts:
+      return "low-precision weight copies";
+    case MemoryUse::kActivations:
+      return "activations saved for backward";
+    case MemoryUse::kActGrads:
+      return "activation gradients in flight";
+    case MemoryUse::kComm:
+      return "communication buffers";
+    case MemoryUse::kWorkspace:
+      return "kernel workspace";
+    case MemoryUse::kData:
+      return "batches";
+    case MemoryUse::kCount:
+      break;
+  }
+  return "?";
+}
+
+MemoryUseScope::MemoryUseScope(MemoryUse use) : saved_(t_use) { t_use = use; }
+MemoryUseScope::~MemoryUseScope() { t_use = saved_; }
+MemoryUse MemoryUseScope::current() { return t_use; }
+
+void set_allocation_observer(AllocationObserver* observer) { g_observer.store(observer); }
+
+void mark_memory_use(void* block, Device device, MemoryUse use) {
+  if (AllocationObserver* o = g_observer.load(std::memory_order_relaxed); o && block)
+    o->on_use(block, device, use);
+}
 
 int64_t Allocator::allocations_this_thread() { return t_allocations; }
 
@@ -79,7 +121,10 @@ void* Allocator::allocate(size_t nbytes, Device device) {
       s.stats.current += static_cast<int64_t>(it->first);
       s.stats.peak = std::max(s.stats.peak, s.stats.current);
       s.stats.cache_hits++;
+      const size_t cap = it->first;
       s.free_blocks.erase(it);
+      if (AllocationObserver* o = g_observer.load(std::memory_order_relaxed))
+        o->on_allocate(p, static_cast<int64_t>(cap), device, t_use);
       return p;
     }
   }
@@ -90,21 +135,28 @@ void* Allocator::allocate(size_t nbytes, Device device) {
     p = backend.allocate(size);
     if (p == nullptr) throw std::bad_alloc();
   }
-  std::lock_guard<std::mutex> lock(s.mu);
-  s.capacity[p] = size;
-  s.stats.reserved += static_cast<int64_t>(size);
-  s.stats.current += static_cast<int64_t>(size);
-  s.stats.peak = std::max(s.stats.peak, s.stats.current);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.capacity[p] = size;
+    s.stats.reserved += static_cast<int64_t>(size);
+    s.stats.current += static_cast<int64_t>(size);
+    s.stats.peak = std::max(s.stats.peak, s.stats.current);
+  }
+  if (AllocationObserver* o = g_observer.load(std::memory_order_relaxed))
+    o->on_allocate(p, static_cast<int64_t>(size), device, t_use);
   return p;
 }
 
 void Allocator::deallocate(void* ptr, size_t nbytes, Device device) {
   if (ptr == nullptr) return;
   State& s = state_for(device);
-  std::lock_guard<std::mutex> lock(s.mu);
-  const size_t cap = s.capacity.at(ptr);
-  s.stats.current -= static_cast<int64_t>(cap);
-  s.free_blocks.emplace(cap, ptr);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    const size_t cap = s.capacity.at(ptr);
+    s.stats.current -= static_cast<int64_t>(cap);
+    s.free_blocks.emplace(cap, ptr);
+  }
+  if (AllocationObserver* o = g_observer.load(std::memory_order_relaxed)) o->on_free(ptr, device);
 }
 
 MemoryStats Allocator::stats(Device device) const {
@@ -162,6 +214,7 @@ ScratchBytes::ScratchBytes(size_t bytes) : bytes_(bytes), data_(nullptr) {
     lent_ = true;
     return;
   }
+  const MemoryUseScope workspace(MemoryUse::kWorkspace);
   data_ = Allocator::get().allocate(bytes_);
 }
 

@@ -12,6 +12,52 @@
 
 namespace kuai {
 
+// What a block is for, as the engine says where it allocates (MemoryUseScope): one row each of
+// `kuai plan`'s memory table. Blocks allocated without a scope are kOther; an observer decides
+// what they are from where the step is (forward: activations, backward: their gradients).
+enum class MemoryUse : int {
+  kOther,
+  kParameters,   // the model's (fp32 master) parameters
+  kGradients,    // parameter gradients: .grad, DDP's buckets, ZeRO-2's gradient shard
+  kOptimizer,    // optimizer state (AdamW's moments, ZeRO's shards of them)
+  kWeightCasts,  // autocast's low-precision copies of the parameters, kept for one step
+  kActivations,  // op outputs of forward
+  kActGrads,     // tensors made during backward
+  kComm,         // communication buffers: compression wire copies, error feedback, gathers
+  kWorkspace,    // kernels' scratch
+  kData,         // input batches
+  kCount
+};
+const char* memory_use_name(MemoryUse u);
+
+// RAII: blocks this thread allocates while the scope lives are of `use` (the innermost wins).
+class MemoryUseScope {
+ public:
+  explicit MemoryUseScope(MemoryUse use);
+  ~MemoryUseScope();
+  MemoryUseScope(const MemoryUseScope&) = delete;
+  MemoryUseScope& operator=(const MemoryUseScope&) = delete;
+  static MemoryUse current();
+
+ private:
+  MemoryUse saved_;
+};
+
+// Sees every block handed out and given back (the planner's accounting of a step on meta
+// tensors). One at a time; set_allocation_observer(nullptr) removes it. Called on the allocating
+// thread, outside the allocator's lock; without an observer the allocator pays one load.
+class AllocationObserver {
+ public:
+  virtual ~AllocationObserver() = default;
+  virtual void on_allocate(void* block, int64_t capacity, Device device, MemoryUse use) = 0;
+  virtual void on_free(void* block, Device device) = 0;
+  // The block changed hands (an activation gradient became a parameter's .grad).
+  virtual void on_use(void* block, Device device, MemoryUse use) = 0;
+};
+void set_allocation_observer(AllocationObserver* observer);
+// Tells the observer (if any) that the block at `block` is now of `use`.
+void mark_memory_use(void* block, Device device, MemoryUse use);
+
 struct MemoryStats {
   int64_t current = 0;   // capacity of the blocks held by live tensors
   int64_t peak = 0;      // max of current since the last reset_peak

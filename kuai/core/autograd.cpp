@@ -1,6 +1,8 @@
 // The autograd engine (see autograd.h).
 #include "kuai/core/autograd.h"
 
+#include "kuai/core/allocator.h"
+
 #include <fmt/format.h>
 
 #include <atomic>
@@ -85,6 +87,8 @@ class AccumulateGrad final : public Node {
       const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&
                              g.is_contiguous() && g.offset() == 0;
       leaf->grad = exclusive ? g.impl_ptr() : clone(g).impl_ptr();
+      const Tensor adopted(leaf->grad);
+      mark_memory_use(adopted.storage()->data, adopted.device(), MemoryUse::kGradients);
     } else {
       add_(Tensor(leaf->grad), g);
     }

@@ -62,6 +62,18 @@ class Primitive : public std::enable_shared_from_this<Primitive> {
   // Its cost at these inputs and outputs. Default: a memory-bound pass reading every input and
   // writing every output (views: nothing). Products and attention count their FLOPs.
   virtual Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const;
+  // The scratch its CPU kernel takes from the allocator while it runs (each entry one allocation,
+  // all held together), from the shapes and the thread count: the kernel's own formula, defined
+  // beside its eval_cpu. The meta backend takes the same bytes, so a step run on meta tensors
+  // peaks where the CPU step would. A product's scratch depends on the implementation the GEMM
+  // router picks and is not stated here (empty; the planner measures it).
+  virtual std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                           std::span<const Tensor> out) const {
+    return {};
+  }
+  // Host logic that runs alike on every device (a collective's launch and wait, which talk to a
+  // process group): the meta backend runs its eval_cpu.
+  virtual bool host_side() const { return false; }
   // Where the outputs of a primitive without inputs live (a creation op carries its device, as
   // MLX's carry a stream); every other primitive runs on, and outputs to, its inputs' device.
   virtual Device output_device() const { return kCPU; }

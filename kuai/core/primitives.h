@@ -266,6 +266,8 @@ class Sum final : public Primitive {
   Sum(int64_t dim, bool keepdim) : dim_(dim), keepdim_(keepdim) {}
   int64_t dim() const { return dim_; }
   KUAI_PRIMITIVE_COMMON("sum", OpClass::kReduction)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   bool saves_input(size_t) const override { return false; }
 
  private:
@@ -419,6 +421,8 @@ class CrossEntropyWithGrad final : public Primitive {
  public:
   explicit CrossEntropyWithGrad(int32_t ignore_index) : ignore_(ignore_index) {}
   KUAI_PRIMITIVE_COMMON("cross_entropy_with_grad", OpClass::kNormalization)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
   int in_place_input(size_t out) const override { return out == 3 ? 0 : -1; }
   int32_t ignore_index() const { return ignore_; }
@@ -448,6 +452,8 @@ class CrossEntropy final : public Primitive {  // (logits, targets) -> (loss, ls
   explicit CrossEntropy(int32_t ignore_index) : ignore_(ignore_index) {}
   int32_t ignore_index() const { return ignore_; }
   KUAI_PRIMITIVE_COMMON("cross_entropy", OpClass::kNormalization)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   // fp32 arithmetic on logits of any floating dtype: no fp32 copy of (N, V) under autocast.
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
   bool saves_output(size_t j) const override { return j > 0; }
@@ -463,6 +469,8 @@ class CrossEntropyBackward final : public Primitive {
   explicit CrossEntropyBackward(int32_t ignore_index) : ignore_(ignore_index) {}
   int32_t ignore_index() const { return ignore_; }
   KUAI_PRIMITIVE_COMMON("cross_entropy_backward", OpClass::kNormalization)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   int reusable_input(size_t out) const override { return 0; }  // dlogits over the logits
 
  private:
@@ -478,6 +486,8 @@ class Attention final : public Primitive {
  public:
   Attention(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("attention", OpClass::kAttention)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   bool accepts_strided(size_t) const override { return true; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   bool saves_output(size_t j) const override { return j == 1; }
@@ -496,6 +506,8 @@ class AttentionBackward final : public Primitive {
  public:
   AttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("attention_backward", OpClass::kAttention)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   bool accepts_strided(size_t) const override { return true; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
 
@@ -513,6 +525,8 @@ class FlashAttention final : public Primitive {
  public:
   FlashAttention(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("flash_attention", OpClass::kAttention)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   bool accepts_strided(size_t) const override { return true; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   bool saves_output(size_t) const override { return true; }  // y and lse
@@ -528,6 +542,8 @@ class FlashAttentionBackward final : public Primitive {
  public:
   FlashAttentionBackward(float scale, bool causal) : scale_(scale), causal_(causal) {}
   KUAI_PRIMITIVE_COMMON("flash_attention_backward", OpClass::kAttention)
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
   bool accepts_strided(size_t) const override { return true; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }

@@ -38,6 +38,7 @@ class AllReduceStart final : public Primitive {
         after_(std::move(after)) {}
   KUAI_UPDATE_COMMON("all_reduce_start_")
   bool mutates_input(size_t) const override { return true; }
+  bool host_side() const override { return true; }
   bool updates_in_place() const override { return true; }
 
  private:
@@ -53,6 +54,7 @@ class CollectiveWait final : public Primitive {
   explicit CollectiveWait(std::shared_ptr<WorkSlot> slot) : slot_(std::move(slot)) {}
   KUAI_UPDATE_COMMON("wait_")
   bool mutates_input(size_t) const override { return true; }
+  bool host_side() const override { return true; }
   bool updates_in_place() const override { return true; }
 
  private:

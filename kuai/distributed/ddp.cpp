@@ -1,6 +1,8 @@
 // The DDP reducer (see ddp.h).
 #include "kuai/distributed/ddp.h"
 
+#include "kuai/core/allocator.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -101,6 +103,7 @@ struct DistributedDataParallel::State {
 
   // The bucket's memory, zeroed, with its parameters' gradients as views into it.
   void allocate(size_t b) {
+    const MemoryUseScope gradients(MemoryUse::kGradients);
     buckets[b].flat = zeros({padded[b]});
     for (int64_t i : members[b]) allocate_view(i);
   }
@@ -231,7 +234,13 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     int64_t numel = 0;
     for (int64_t i : m) numel += params[i].second.numel();
     const int64_t padded = (numel + world - 1) / world * world;
-    Bucket b{zeros({padded}), numel, {}, {}};
+    Bucket b{[&] {
+               const MemoryUseScope gradients(MemoryUse::kGradients);
+               return zeros({padded});
+             }(),
+             numel,
+             {},
+             {}};
     int64_t offset = 0;
     for (int64_t i : m) {
       s.offset[i] = offset;
@@ -244,6 +253,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     }
     s.padded.push_back(padded);
     if (options.compression != Compression::kNone) {
+      const MemoryUseScope comm(MemoryUse::kComm);
       s.wire.push_back(
           zeros({padded}, options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16));
       if (options.error_feedback) s.residual.push_back(zeros({padded}));

@@ -92,10 +92,64 @@ class SingleProcessGroup final : public ProcessGroup {
   void barrier() override { record_launch(Collective::kBarrier, 0, 0); }
 };
 
+class RecordingProcessGroup final : public ProcessGroup {
+ public:
+  RecordingProcessGroup(int world, int rank, std::function<void(const CollectiveRecord&)> record)
+      : world_(world), rank_(rank), record_(std::move(record)) {
+    if (world < 1 || rank < 0 || rank >= world)
+      throw std::invalid_argument("recording_process_group: rank out of range");
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return world_; }
+  std::string backend() const override { return "recording"; }
+  std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp, std::function<void()>,
+                                   std::function<void()>) override {
+    check_reducible(t, "all_reduce", true);
+    return note(Collective::kAllReduce, "all_reduce", t, t.nbytes(), t.nbytes());
+  }
+  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {
+    check_reducible(in, "reduce_scatter", false);
+    check_reducible(out, "reduce_scatter", false);
+    if (in.numel() != out.numel() * world_)
+      throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
+    return note(Collective::kReduceScatter, "reduce_scatter", in, in.nbytes(), out.nbytes());
+  }
+  std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override {
+    if (in.numel() * world_ != out.numel() || in.dtype() != out.dtype())
+      throw std::invalid_argument(
+          "all_gather: out must hold size() * in.numel() elements of in's dtype");
+    return note(Collective::kAllGather, "all_gather", out, in.nbytes(), out.nbytes());
+  }
+  std::shared_ptr<Work> broadcast(const Tensor& t, int root) override {
+    if (root < 0 || root >= world_) throw std::invalid_argument("broadcast: root out of range");
+    return note(Collective::kBroadcast, "broadcast", t, rank_ == root ? t.nbytes() : 0,
+                rank_ == root ? 0 : t.nbytes());
+  }
+  void barrier() override {
+    record_launch(Collective::kBarrier, 0, 0);
+    if (record_) record_({"barrier", 0, DType::kF32, autograd::backward_in_progress()});
+  }
+
+ private:
+  std::shared_ptr<Work> note(Collective kind, const char* op, const Tensor& whole, int64_t sent,
+                             int64_t received) {
+    record_launch(kind, sent, received);
+    if (record_) record_({op, whole.nbytes(), whole.dtype(), autograd::backward_in_progress()});
+    return done(op);
+  }
+  int world_, rank_;
+  std::function<void(const CollectiveRecord&)> record_;
+};
+
 }  // namespace
 
 std::shared_ptr<ProcessGroup> single_process_group() {
   return std::make_shared<SingleProcessGroup>();
+}
+
+std::shared_ptr<ProcessGroup> recording_process_group(
+    int world, int rank, std::function<void(const CollectiveRecord&)> record) {
+  return std::make_shared<RecordingProcessGroup>(world, rank, std::move(record));
 }
 
 bool launched_by_mpi() {

@@ -117,6 +117,20 @@ class ProcessGroup {
 
 std::shared_ptr<ProcessGroup> single_process_group();
 
+// One collective as a recording group saw it launched.
+struct CollectiveRecord {
+  std::string op;     // "all_reduce" | "reduce_scatter" | "all_gather" | "broadcast" | "barrier"
+  int64_t bytes = 0;  // the whole buffer (all_reduce: t; reduce_scatter: in; all_gather: out)
+  DType dtype = DType::kF32;
+  bool in_backward = false;  // launched while backward was running on the launching thread
+};
+// `world` ranks seen from rank `rank`, whose collectives are recorded, not sent: `kuai plan` runs
+// a step on meta tensors through it. Each collective completes at once and leaves its tensors as
+// they are; compression hooks do not run (they read bytes a meta tensor does not have).
+// `record` is called on the launching thread.
+std::shared_ptr<ProcessGroup> recording_process_group(
+    int world, int rank, std::function<void(const CollectiveRecord&)> record);
+
 // Whether this build has MPI, and whether this process was started by mpirun (or another MPI
 // launcher: OMPI_COMM_WORLD_SIZE or PMI_SIZE is set).
 bool mpi_compiled();

@@ -1,6 +1,8 @@
 // ZeRO stages 1 and 2 (see zero.h).
 #include "kuai/distributed/zero.h"
 
+#include "kuai/core/allocator.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -63,9 +65,15 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     shard_ += part_.back();
   }
   for (int r = 0; r < group_->size(); ++r) segments_.push_back(segments_of(r));
-  m_ = zeros({std::max<int64_t>(shard_, 1)});
-  v_ = zeros({std::max<int64_t>(shard_, 1)});
-  if (stage_ == 2) grad_ = zeros({std::max<int64_t>(shard_, 1)});
+  {
+    const MemoryUseScope state(MemoryUse::kOptimizer);
+    m_ = zeros({std::max<int64_t>(shard_, 1)});
+    v_ = zeros({std::max<int64_t>(shard_, 1)});
+  }
+  if (stage_ == 2) {
+    const MemoryUseScope gradients(MemoryUse::kGradients);
+    grad_ = zeros({std::max<int64_t>(shard_, 1)});
+  }
 }
 
 std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {
@@ -94,7 +102,7 @@ Tensor ZeroAdamW::grad_norm_tensor() const {
   // Every rank's float64 sum of squares (its 64 bits), gathered and added in rank order.
   const Tensor mine =
       shard_ > 0 ? sum_squares_bits(narrow(grad_, 0, 0, shard_)) : zeros({1}, DType::kI64);
-  Tensor all = Tensor::empty({group_->size()}, DType::kI64);
+  Tensor all = Tensor::empty({group_->size()}, DType::kI64, m_.device());
   group_->all_gather(mine, all)->wait();
   return norm_of_partial_sums(all);
 }
@@ -130,6 +138,7 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   const int world = group_->size();
   if (world == 1) return;
   const int64_t chunk = std::min<int64_t>(shard_, gather_chunk_);
+  const MemoryUseScope comm(MemoryUse::kComm);
   Tensor send = zeros({chunk}), all = zeros({chunk * world});
   for (int64_t c0 = 0; c0 < shard_; c0 += chunk) {
     const int64_t len = std::min(chunk, shard_ - c0);

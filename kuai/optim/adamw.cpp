@@ -1,6 +1,8 @@
 // AdamW step (see adamw.h).
 #include "kuai/optim/adamw.h"
 
+#include "kuai/core/allocator.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -71,6 +73,7 @@ AdamW::AdamW(std::vector<ParamGroup> groups, const AdamWOptions& options)
 void AdamW::ensure_state() {
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     if (!m_[gi].empty()) continue;
+    const MemoryUseScope state(MemoryUse::kOptimizer);
     for (Tensor& p : groups_[gi].params) {
       m_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));
       v_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));

@@ -115,12 +115,7 @@ StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
   s.ranks = ranks;
   s.zero = ranks > 1 ? cfg.zero : 0;
   s.compression = ranks > 1 ? cfg.compression : "none";
-  s.error_feedback = ranks > 1 && cfg.compression != "none" && cfg.error_feedback;
-  s.bucket_mb = cfg.bucket_mb;
-  s.first_bucket_mb = cfg.first_bucket_mb;
   s.threads = threads;
-  s.loader_slots = cfg.workers == 0 ? 1 : cfg.workers * cfg.prefetch_factor;
-  s.fp16_scaler = cfg.precision == "fp16";
   return s;
 }
 
@@ -172,82 +167,84 @@ void save_link(const Link& link) {
 
 // ---- time ------------------------------------------------------------------------------------
 
-TimePrediction predict_time(const StepSpec& spec, const StepModel& step, const MachineCosts& costs,
-                            const Link& link, bool overlap) {
+TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const MachineCosts& costs,
+                            const Link& link) {
   TimePrediction t;
-  double bwd_s = 0;  // the backward of one micro-batch
-  for (const Product& p : step.products) {
-    const ProductCost& c = costs.products.at(product_key(p));
-    t.products_s += c.seconds * double(p.count);
-    t.flops += p.flops() * double(p.count);
-    if (p.what.ends_with(" dX") || p.what.ends_with(" dW")) bwd_s += c.seconds;
-  }
-  for (const AttentionWork& a : step.attention) {
-    const AttentionCost& c = costs.attention.at(attention_key(a));
-    t.attention_s += (c.fwd_s + c.bwd_s) * double(a.count);
-    t.flops += (a.flops_fwd + a.flops_bwd) * double(a.count);
-    bwd_s += c.bwd_s;
-  }
-  for (const Pass& p : step.passes) {
-    const double s = pass_seconds(p, costs);
-    t.memory_s += s * double(p.count);
-    if (p.backward) bwd_s += s;
-  }
-  t.overhead_s = double(step.ops_per_step) * costs.op_overhead_s;
-  bwd_s += t.overhead_s / double(2 * spec.accum);
-  // The collectives, one at a time on the communication thread in launch order; a gradient
-  // bucket starts once backward has produced it (overlap) or after backward (no overlap).
-  double comm_end = 0;
-  for (const StepModel::Collective& c : step.collectives) {
-    double d = link.seconds(c.op, c.bytes, spec.ranks);
-    if (c.op != "all_gather" && spec.compression != "none" &&
-        c.what.find("bucket") != std::string::npos)
-      d += c.bytes * 6 / (costs.bandwidth.dram() * 1e9);  // cast into the wire buffer and back
+  double now = 0, comm_free = 0, pending = 0;  // pending: end of the collectives not waited for
+  bool backward = false;
+  size_t next = 0;
+  auto launch = [&](const CollectiveEvent& e) {
+    const dist::CollectiveRecord& c = e.collective;
+    double d = link.seconds(c.op, double(c.bytes), spec.ranks);
+    // Compression: the bucket cast into the wire dtype and back (12 bytes per element moved).
+    if (c.op == "all_reduce" && c.dtype != DType::kF32 && costs.bandwidth.dram() > 0)
+      d += double(c.bytes) * 6 / (costs.bandwidth.dram() * 1e9);
+    const double start = std::max(comm_free, now);
+    comm_free = start + d;
     t.comm_s += d;
-    if (c.what.find("bucket") != std::string::npos) {
-      const double ready = overlap ? c.ready_fraction * bwd_s : bwd_s;
-      comm_end = std::max(comm_end, ready) + d;
-    } else if (c.op == "all_gather" && c.what.starts_with("all_gather parameters")) {
-      t.comm_exposed_s += d;  // ZeRO's parameter all-gather blocks the step
-    }
-    // The loss, the stop flag and the gradient norm queue behind and are waited for later.
+    if (c.bytes <= 64) return;  // a scalar: never waited for within the step
+    if (c.in_backward)
+      pending = std::max(pending, comm_free);
+    else
+      now = std::max(now, comm_free);  // waited for at once
+  };
+  for (size_t i = 0; i < step.ops.size(); ++i) {
+    const OpRecord& op = step.ops[i];
+    while (next < step.collectives.size() && step.collectives[next].at <= i)
+      launch(step.collectives[next++]);
+    if (backward && !op.backward) now = std::max(now, pending);  // backward over: wait
+    backward = op.backward;
+    const double k = op_seconds(op, costs);
+    if (op.primitive->op_class() == OpClass::kAttention)
+      t.attention_s += k;
+    else if (op.cost.flops > 0)
+      t.products_s += k;
+    else
+      t.memory_s += k;
+    t.flops += op.cost.flops;
+    t.overhead_s += costs.op_overhead_s;
+    now += k + costs.op_overhead_s;
   }
-  t.comm_exposed_s += std::max(0.0, comm_end - bwd_s);
-  t.step_s = t.products_s + t.attention_s + t.memory_s + t.overhead_s + t.comm_exposed_s;
-  t.tokens_per_s = double(spec.batch * spec.seq * spec.accum * spec.ranks) / t.step_s;
+  while (next < step.collectives.size()) launch(step.collectives[next++]);
+  now = std::max(now, pending);
+  t.step_s = now;
+  t.comm_exposed_s =
+      std::max(0.0, now - (t.products_s + t.attention_s + t.memory_s + t.overhead_s));
+  t.tokens_per_s = double(step.tokens * spec.ranks) / t.step_s;
   return t;
 }
 
 namespace {
 
-// `first`: the replay without GEMM scratch (it lists the products to measure), when the caller
-// made it already.
-StepModel model_with_costs(StepSpec spec, MachineCosts& costs, const StepModel* first = nullptr) {
-  // The products' list first (their scratch unknown), measured, then the replay with it.
-  measure_costs(first != nullptr ? *first : model_step(spec), costs);
-  spec.gemm_scratch = [&costs](const Product& p) {
-    const auto it = costs.products.find(product_key(p));
-    return it == costs.products.end() ? int64_t{0} : it->second.scratch;
+// The trace without the products' scratch (it lists the ops to measure), the ops measured, then
+// the trace with it. `first`: the first trace, when the caller made it already.
+StepTrace trace_with_costs(TraceTarget target, MachineCosts& costs,
+                           const StepTrace* first = nullptr) {
+  measure_costs(first != nullptr ? *first : trace_step(target), costs);
+  target.extra_scratch = [&costs](const OpRecord& op) {
+    const auto it = costs.ops.find(op.key);
+    return it == costs.ops.end() ? int64_t{0}
+                                 : std::max<int64_t>(0, it->second.scratch - op.formula_scratch);
   };
-  return model_step(spec);
-}
-
-Prediction predict_spec(const StepSpec& spec, bool overlap, int64_t budget_bytes, const Link& link,
-                        MachineCosts& costs, const StepModel* first = nullptr) {
-  Prediction p;
-  p.spec = spec;
-  p.step = model_with_costs(p.spec, costs, first);
-  p.time = predict_time(p.spec, p.step, costs, link, overlap);
-  p.budget_bytes = budget_bytes;
-  return p;
+  return trace_step(target);
 }
 
 }  // namespace
 
+Prediction predict_target(const TraceTarget& target, const StepSpec& spec, int64_t budget_bytes,
+                          const Link& link, MachineCosts& costs) {
+  Prediction p;
+  p.spec = spec;
+  p.step = trace_with_costs(target, costs);
+  p.time = predict_time(p.spec, p.step, costs, link);
+  p.budget_bytes = budget_bytes;
+  return p;
+}
+
 Prediction predict(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
                    const Link& link, MachineCosts& costs) {
-  return predict_spec(step_spec(cfg, ranks, omp_get_max_threads()), cfg.overlap, budget_bytes, link,
-                      costs);
+  return predict_target(target_for(cfg, ranks), step_spec(cfg, ranks, omp_get_max_threads()),
+                        budget_bytes, link, costs);
 }
 
 std::vector<ScalingRow> scaling(const train::TrainConfig& cfg, const Link& link,
@@ -330,10 +327,14 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
             std::string key = fmt::format("{}", n);
             for (const auto& x : o) key += " " + x;
             if (!seen.insert(key).second) continue;
-            const StepSpec spec = step_spec(c, n, omp_get_max_threads());
-            const StepModel quick = model_step(spec);  // without GEMM scratch: a first cut
+            const TraceTarget target = target_for(c, n);
+            const StepTrace quick = trace_step(target);  // without the products' scratch
             if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
-            const Prediction p = predict_spec(spec, c.overlap, budget_bytes, link, costs, &quick);
+            Prediction p;
+            p.spec = step_spec(c, n, omp_get_max_threads());
+            p.step = trace_with_costs(target, costs, &quick);
+            p.time = predict_time(p.spec, p.step, costs, link);
+            p.budget_bytes = budget_bytes;
             if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
             FitOption f;
             f.overrides = o;
@@ -361,39 +362,27 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
 std::string report(const Prediction& p, const MachineCosts& costs, const Link& link,
                    const std::vector<ScalingRow>& scale, int64_t save_every, bool compile) {
   const StepSpec& s = p.spec;
-  const StepModel& m = p.step;
+  const StepTrace& m = p.step;
   std::ostringstream o;
-  o << fmt::format("plan: {}; batch {} x {} tokens per rank, {} micro-batch{}, {} , {} attention",
+  o << fmt::format("plan: {}; batch {} x {} tokens per rank, {} micro-batch{}, {}, {} attention",
                    nn::describe(s.model), s.batch, s.seq, s.accum, s.accum == 1 ? "" : "es",
                    s.compute == DType::kF32 ? std::string("fp32") : dtype_name(s.compute),
                    s.flash ? "flash" : "naive");
   if (s.ranks > 1)
     o << fmt::format("; {} ranks, ZeRO {}, compression {}", s.ranks, s.zero, s.compression);
-  o << "\n" << fmt::format("machine: {}\n\n", costs.cpu);
+  o << "\n" << fmt::format("machine: {}\n", costs.cpu);
+  o << fmt::format("(the step run on meta tensors: {} ops, {} collectives traced)\n\n",
+                   m.ops.size(), m.collectives.size());
 
   o << fmt::format("memory per rank at the step's peak ({}):\n", m.peak_where);
-  auto row = [&](Kind k) {
-    const int64_t b = m.at_peak[static_cast<size_t>(k)];
-    const int64_t held = m.persistent[static_cast<size_t>(k)];
-    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", kind_name(k),
-                     human_bytes(double(b)), human_bytes(double(held)));
-  };
-  row(Kind::kParameters);
-  row(Kind::kGradients);
-  row(Kind::kOptimizer);
-  // kuai's fp32 parameters are the master weights; autocast adds a low-precision copy.
-  if (s.compute == DType::kF32)
-    o << fmt::format("  {:<36} {:>12}   (fp32 training: the parameters themselves)\n",
-                     "master weights", "0 B extra");
-  else
-    o << fmt::format("  {:<36} {:>12}   (the fp32 parameters above are the masters)\n",
-                     "master weights", "0 B extra");
-  if (s.compute != DType::kF32) row(Kind::kWeightCasts);
-  row(Kind::kActivations);
-  row(Kind::kActGrads);
-  row(Kind::kComm);
-  row(Kind::kWorkspace);
-  row(Kind::kData);
+  for (size_t u = 0; u < m.at_peak.size(); ++u) {
+    const MemoryUse use = static_cast<MemoryUse>(u);
+    if (m.at_peak[u] == 0 && m.persistent[u] == 0) continue;
+    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", memory_use_name(use),
+                     human_bytes(double(m.at_peak[u])), human_bytes(double(m.persistent[u])));
+  }
+  o << fmt::format("  {:<36} {:>12}   (the fp32 parameters are the masters{})\n", "master weights",
+                   "0 B extra", s.compute == DType::kF32 ? "; fp32 training" : "");
   o << fmt::format("  {:<36} {:>12}   of {} per rank: {}\n", "peak of live tensors",
                    human_bytes(double(m.peak_bytes)), human_bytes(double(p.budget_bytes)),
                    p.fits() ? "fits"
@@ -404,15 +393,14 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
     o << fmt::format(
         "  (checkpoint.save_every: each save also holds a host snapshot of the parameters and "
         "moments, {}, outside the tracking allocator: it shows in RSS, not in this peak)\n",
-        human_bytes(double(m.persistent[static_cast<size_t>(Kind::kParameters)] +
-                           m.persistent[static_cast<size_t>(Kind::kOptimizer)])));
+        human_bytes(double(m.persistent[static_cast<size_t>(MemoryUse::kParameters)] +
+                           m.persistent[static_cast<size_t>(MemoryUse::kOptimizer)])));
   if (compile)
-    o << "  (train.compile: the first step runs eagerly while it is captured, so the run's peak is "
-         "the eager step's predicted here; the replays after it keep their intermediates in the "
-         "planned arena, under it)\n";
+    o << "  (train.compile: the first step runs eagerly while it is captured; this is that "
+         "step)\n";
   o << "\n";
 
-  o << fmt::format("activations saved for backward (last micro-batch, end of forward): {}\n",
+  o << fmt::format("tensors saved for backward (last micro-batch, end of forward): {}\n",
                    human_bytes(double(m.saved_total)));
   size_t shown = 0;
   for (const SavedRow& r : m.saved) {
@@ -425,42 +413,40 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
   }
 
   const TimePrediction& t = p.time;
-  o << fmt::format("\nstep time per rank (products at this machine's measured rates):\n");
-  std::map<std::string, std::pair<double, const Product*>> by_key;
-  for (const Product& pr : m.products) {
-    auto& e = by_key[product_key(pr)];
-    e.first += costs.products.at(product_key(pr)).seconds * double(pr.count);
-    e.second = &pr;
+  o << "\nstep time per rank (each op as measured on this machine):\n";
+  // The costliest kinds of op: by primitive, with their count and rate.
+  struct Kind {
+    double seconds = 0, flops = 0;
+    int64_t count = 0;
+  };
+  std::map<std::string, Kind> kinds;
+  for (const OpRecord& op : m.ops) {
+    if (op.view) continue;
+    Kind& k = kinds[std::string(op.primitive->name())];
+    k.seconds += op_seconds(op, costs);
+    k.flops += op.cost.flops;
+    ++k.count;
   }
   std::vector<std::pair<double, std::string>> rows;
-  for (const auto& [key, e] : by_key) rows.emplace_back(e.first, key);
+  for (const auto& [name, k] : kinds) rows.emplace_back(k.seconds, name);
   std::sort(rows.rbegin(), rows.rend());
-  for (size_t i = 0; i < rows.size() && i < 8; ++i) {
-    const ProductCost& c = costs.products.at(rows[i].second);
-    o << fmt::format("  {:<44} {:>8.2f} ms  {:>7.1f} GFLOP/s  {}{}\n", rows[i].second,
-                     rows[i].first * 1e3, c.gflops, c.source,
-                     c.routed.empty() ? "" : "; tuning cache: " + c.routed);
+  for (size_t i = 0; i < rows.size() && i < 10; ++i) {
+    const Kind& k = kinds.at(rows[i].second);
+    o << fmt::format(
+        "  {:<32} {:>5} x {:>9.3f} ms = {:>9.2f} ms{}\n", rows[i].second, k.count,
+        k.seconds / double(k.count) * 1e3, k.seconds * 1e3,
+        k.flops > 0 ? fmt::format("  {:7.1f} GFLOP/s", k.flops / k.seconds * 1e-9) : std::string());
   }
-  if (rows.size() > 8) o << fmt::format("  ... {} more product shapes\n", rows.size() - 8);
-  o << fmt::format("  {:<44} {:>8.2f} ms  ({:.2f} GFLOP per step with attention's)\n", "products",
-                   t.products_s * 1e3, (t.flops - 0) * 1e-9);
+  if (rows.size() > 10) o << fmt::format("  ... {} more kinds of op\n", rows.size() - 10);
+  o << fmt::format("  {:<44} {:>8.2f} ms  ({:.2f} GFLOP per step)\n", "products",
+                   t.products_s * 1e3, t.flops * 1e-9);
   o << fmt::format("  {:<44} {:>8.2f} ms\n",
                    s.flash ? "attention (flash kernels)" : "attention (naive kernels)",
                    t.attention_s * 1e3);
-  double pass_bytes = 0;
-  for (const Pass& ps : m.passes) pass_bytes += ps.bytes * double(ps.count);
-  // Measured kernel by kernel; beside it, the same bytes at the measured bandwidth of each
-  // pass's size (the floor a memory-bound pass cannot beat).
-  double floor_s = 0;
-  for (const Pass& ps : m.passes)
-    floor_s += ps.bytes / (costs.bandwidth.at(ps.bytes) * 1e9) * double(ps.count);
-  o << fmt::format(
-      "  {:<44} {:>8.2f} ms  ({} moved, {:.1f} GB/s; at the measured bandwidth "
-      "({:.1f} GB/s from memory) {:.2f} ms)\n",
-      "memory-bound kernels", t.memory_s * 1e3, human_bytes(pass_bytes),
-      pass_bytes / std::max(t.memory_s, 1e-12) * 1e-9, costs.bandwidth.dram(), floor_s * 1e3);
+  o << fmt::format("  {:<44} {:>8.2f} ms  (bandwidth {:.1f} GB/s from memory)\n",
+                   "memory-bound kernels and the update", t.memory_s * 1e3, costs.bandwidth.dram());
   o << fmt::format("  {:<44} {:>8.2f} ms  ({} ops x {:.2f} us)\n", "op dispatch",
-                   t.overhead_s * 1e3, m.ops_per_step, costs.op_overhead_s * 1e6);
+                   t.overhead_s * 1e3, m.ops.size(), costs.op_overhead_s * 1e6);
   if (s.ranks > 1)
     o << fmt::format(
         "  {:<44} {:>8.2f} ms  ({:.2f} ms of {:.2f} ms not hidden by backward; link {:.2f} GB/s, "

@@ -1,8 +1,8 @@
 // `kuai plan`: what a training run will need and how fast it will go, predicted before it starts
-// from the model's shapes (plan/step_model.h replays one step through a model of the allocator)
-// and this machine's measured costs (plan/costs.h: each product's GEMM rate and scratch through
-// the router and its tuning cache, attention's kernels, the memory bandwidth, the per-op
-// overhead) plus the link's latency and bandwidth (measured by `kuai bench ddp`, or given).
+// by running its step on meta tensors (plan/trace.h: the real model, autograd, autocast,
+// accumulation, DDP and ZeRO, with no byte computed) and pricing what it recorded at this
+// machine's measured costs (plan/costs.h: every distinct op run here) plus the link's latency
+// and bandwidth (measured by `kuai bench ddp`, or given).
 #pragma once
 
 #include <cstdint>
@@ -11,12 +11,24 @@
 #include <vector>
 
 #include "kuai/plan/costs.h"
-#include "kuai/plan/step_model.h"
+#include "kuai/plan/trace.h"
 #include "kuai/train/config.h"
 
 namespace kuai::plan {
 
-// The step a config runs with `ranks` processes and `threads` OpenMP threads per process.
+// The run a plan describes (for its report and its time model).
+struct StepSpec {
+  nn::GPTConfig model;  // resolved
+  int64_t batch = 16;   // rows per micro-batch per rank
+  int64_t seq = 256;    // T
+  int64_t accum = 1;    // micro-batches per step
+  DType compute = DType::kF32;
+  bool flash = false;  // attention implementation in force
+  int64_t ranks = 1;
+  int64_t zero = 0;  // 0, 1, 2
+  std::string compression = "none";
+  int64_t threads = 1;
+};
 StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads);
 
 // A collective costs latency + bytes / bandwidth per ring step: an all-reduce of b bytes over N
@@ -33,31 +45,39 @@ std::string link_file();  // ${XDG_CACHE_HOME:-$HOME/.cache}/kuai/link.json
 void save_link(const Link& link);
 
 struct TimePrediction {
-  double products_s = 0;      // the step's products at their measured rates
+  double products_s = 0;      // ops with FLOPs (the products), attention's excepted
   double attention_s = 0;     // attention's kernels
-  double memory_s = 0;        // memory-bound passes at the measured bandwidth
+  double memory_s = 0;        // every other kernel (memory-bound passes, the optimizer)
   double overhead_s = 0;      // dispatching the step's ops
   double comm_s = 0;          // the collectives, end to end
-  double comm_exposed_s = 0;  // what backward does not hide (bucketed all-reduce overlap)
+  double comm_exposed_s = 0;  // what the step waits for them (bucketed all-reduce overlap)
   double step_s = 0;
   double tokens_per_s = 0;  // over all ranks
-  double flops = 0;         // products + attention, per rank and step
+  double flops = 0;         // per rank and step
 };
 
 struct Prediction {
   StepSpec spec;
-  StepModel step;
+  StepTrace step;
   TimePrediction time;
   int64_t budget_bytes = 0;
   bool fits() const { return step.peak_bytes <= budget_bytes; }
 };
 
-// Predicts `cfg` on `ranks` ranks (step model + time); `costs` is filled with what it measures
-// (shapes already there are not measured again).
+// Predicts `cfg` on `ranks` ranks; `costs` is filled with what it measures (ops already there are
+// not measured again).
 Prediction predict(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
                    const Link& link, MachineCosts& costs);
-TimePrediction predict_time(const StepSpec& spec, const StepModel& step, const MachineCosts& costs,
-                            const Link& link, bool overlap);
+// The same for any step: `target` built as the caller says (a model kuai train does not build).
+Prediction predict_target(const TraceTarget& target, const StepSpec& spec, int64_t budget_bytes,
+                          const Link& link, MachineCosts& costs);
+// Replays the trace's ops in order at their measured times plus the dispatch cost of each, with
+// the collectives on one communication thread in launch order: one launched during backward
+// runs while the step goes on and is waited for when backward ends; one launched outside it
+// (DDP without overlap, ZeRO's gathers) is waited for at once; scalars (the loss, the stop flag)
+// are never waited for within the step.
+TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const MachineCosts& costs,
+                            const Link& link);
 
 struct ScalingRow {
   int64_t ranks = 1;

@@ -1,5 +1,7 @@
 // The training loop (see trainer.h).
 #include "kuai/train/trainer.h"
+
+#include "kuai/train/step_parts.h"
 #include "kuai/train/train_step.h"
 
 #include <fmt/format.h>
@@ -81,18 +83,6 @@ std::string result_line(const TrainResult& r) {
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
       r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
       static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time);
-}
-
-std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
-  optim::ParamGroup decay{{}, weight_decay}, no_decay{{}, 0.0f};
-  for (auto& [name, p] : model.named_parameters()) {
-    // Embedding tables (GPT-2's wte and wpe, LLaMA's embed_tokens) are lookups: no decay.
-    const bool is_matmul_weight = p.dim() == 2 && name.ends_with(".weight") &&
-                                  name.rfind("wte.", 0) != 0 && name.rfind("wpe.", 0) != 0 &&
-                                  name.rfind("embed_tokens.", 0) != 0;
-    (is_matmul_weight ? decay : no_decay).params.push_back(p);
-  }
-  return {decay, no_decay};
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
@@ -259,50 +249,28 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   const DType compute = amp::precision_dtype(cfg.precision);
   const Sources sources = make_sources(cfg, rank, world);
 
-  nn::GPT model(cfg.model, static_cast<uint64_t>(cfg.seed));
-  // Fine-tuning from a Hugging Face LLaMA: every rank reads it (DDP would broadcast rank 0's).
-  if (!cfg.init_hf.empty() && opts.resume.empty()) io::load_hf(cfg.init_hf, model);
-  const nn::AttentionImpl attention = nn::parse_attention_impl(cfg.attention);
-  optimize(model, attention);  // kuai::optimize: the model is built naive
-  optim::AdamWOptions aopt;
-  aopt.lr = static_cast<float>(cfg.lr);
-  aopt.beta1 = static_cast<float>(cfg.beta1);
-  aopt.beta2 = static_cast<float>(cfg.beta2);
-  // DDP (technique 2): rank 0's weights everywhere, gradients averaged during backward.
-  std::optional<dist::DistributedDataParallel> ddp;
-  if (world > 1) {
-    dist::DDPOptions dopt;
-    dopt.bucket_mb = cfg.bucket_mb;
-    dopt.first_bucket_mb = cfg.first_bucket_mb;
-    dopt.overlap = cfg.overlap;
-    dopt.find_unused = cfg.find_unused;
-    dopt.compression = dist::parse_compression(cfg.compression);
-    dopt.error_feedback = cfg.error_feedback;
-    ddp.emplace(model, group, dopt);
-  }
-  // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
-  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
-  // Alone there is nothing to shard, and stage 2 runs as stage 1.
-  std::unique_ptr<optim::AdamW> adamw;
-  std::unique_ptr<dist::ZeroAdamW> zero;
-  if (cfg.zero > 0) {
-    zero = std::make_unique<dist::ZeroAdamW>(
-        param_groups(model, static_cast<float>(cfg.weight_decay)), aopt, group,
-        ddp ? ddp->bucket_params() : std::vector<std::vector<Tensor>>{},
-        ddp ? static_cast<int>(cfg.zero) : 1);
-    if (zero->stage() == 2) ddp->shard_gradients(zero->gradient_shards());
-  } else {
-    adamw = std::make_unique<optim::AdamW>(
-        param_groups(model, static_cast<float>(cfg.weight_decay)), aopt);
-  }
-  optim::Optimizer& opt = zero ? static_cast<optim::Optimizer&>(*zero) : *adamw;
+  // The step's parts (step_parts.h): the model, DDP, AdamW or ZeRO's, the scaler, the TrainStep.
+  StepOptions so = step_options(cfg);
+  so.log = [&out, quiet = opts.quiet](const std::string& m) {
+    if (quiet) return;
+    if (m.rfind("train.compile: not applied", 0) == 0)
+      out << m << "\n";
+    else
+      out << "\n" << m << "\n";
+  };
+  const std::unique_ptr<StepParts> parts = build_step_parts(cfg, group, so, [&](nn::GPT& m) {
+    // Fine-tuning from a Hugging Face LLaMA: every rank reads it (DDP would broadcast rank
+    // 0's).
+    if (!cfg.init_hf.empty() && opts.resume.empty()) io::load_hf(cfg.init_hf, m);
+  });
+  nn::GPT& model = static_cast<nn::GPT&>(*parts->model);
+  std::optional<dist::DistributedDataParallel>& ddp = parts->ddp;
+  std::unique_ptr<optim::AdamW>& adamw = parts->adamw;
+  std::unique_ptr<dist::ZeroAdamW>& zero = parts->zero;
   const std::vector<Tensor> params = model.parameters();
-  // fp16 needs a dynamic loss scale; fp32 and bf16 run the same calls with it disabled.
-  amp::GradScalerOptions sopt;
-  sopt.enabled = compute == DType::kF16;
-  sopt.init_scale = static_cast<float>(cfg.loss_scale);
-  sopt.growth_interval = cfg.loss_scale_growth_interval;
-  amp::GradScaler scaler(sopt);
+  amp::GradScaler& scaler = *parts->scaler;
+  optim::Optimizer& opt = parts->optimizer();
+  const nn::AttentionImpl attention = nn::parse_attention_impl(cfg.attention);
 
   TrainResult result;
   const bool resuming = !opts.resume.empty();
@@ -459,25 +427,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   };
   // The step itself (train_step.h): micro-batches, DDP, the scaler, clipping, the update, and
   // under train.compile its capture and replays (technique 4).
-  StepOptions so;
-  so.accum_steps = k;
-  so.compute = compute;
-  so.grad_clip = static_cast<float>(cfg.grad_clip);
-  so.compile = cfg.compile;
-  so.passes = compiler::PassOptions::all_but(cfg.compile_disable);
-  so.executable.memory = cfg.compile_memory == "separate"
-                             ? compiler::ExecutableOptions::Memory::kSeparate
-                             : compiler::ExecutableOptions::Memory::kArena;
-  so.log = [&out, quiet = opts.quiet](const std::string& m) {
-    if (quiet) return;
-    if (m.rfind("train.compile: not applied", 0) == 0)
-      out << m << "\n";
-    else
-      out << "\n" << m << "\n";
-  };
-  TrainStep train_step(
-      model, [&model](const Tensor& x, const Tensor& y) { return model.loss(x, y); }, opt, scaler,
-      so, ddp ? &*ddp : nullptr, zero.get());
+  TrainStep& train_step = *parts->step;
   const CompiledStep* compiled = train_step.compiled();
   for (int64_t step = result.start_step; step < cfg.steps; ++step) {
     // ZeRO on several ranks: the checkpoint saved after the previous step is put in place now

@@ -4,14 +4,19 @@
 // reused as on the CPU. A step run on meta tensors therefore allocates what the same step on the
 // CPU allocates, in the same order, and the allocator's peak for Device kMeta is that step's peak
 // of live tensors. Evaluating a primitive does nothing: the outputs' shapes and dtypes are the
-// primitive's infer(), decided at dispatch. Copies into meta memory do nothing; reading it on
-// the host is an error.
+// primitive's infer(), decided at dispatch. What evaluating does is take, and give back, the
+// scratch the CPU kernel would take (Primitive::cpu_scratch, the kernel's own formula), so the
+// allocator's meta peak is the CPU step's; and run the host logic of a collective's launch and
+// wait (Primitive::host_side), which talks to its process group (a meta group records it).
+// Copies into meta memory do nothing; reading it on the host is an error.
 #include <atomic>
 #include <cstdint>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
+#include "kuai/core/allocator.h"
 #include "kuai/core/backend.h"
 #include "kuai/core/primitive.h"
 
@@ -35,7 +40,20 @@ class MetaBackend final : public Backend {
   }
   void copy_within(void*, const void*, size_t) override {}
   void convert(const void*, DType, void*, DType, int64_t) override {}
-  void evaluate(const Primitive&, std::span<const Tensor>, std::span<Tensor>) override {}
+  void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override {
+    if (p.host_side()) return p.eval_cpu(in, out);
+    const std::vector<int64_t> scratch =
+        p.cpu_scratch(in, std::span<const Tensor>(out.data(), out.size()));
+    if (scratch.empty()) return;
+    const MemoryUseScope workspace(MemoryUse::kWorkspace);
+    Allocator& a = Allocator::get();
+    std::vector<void*> held;
+    for (int64_t bytes : scratch)
+      if (bytes > 0) held.push_back(a.allocate(static_cast<size_t>(bytes), kMeta));
+    size_t i = 0;
+    for (int64_t bytes : scratch)
+      if (bytes > 0) a.deallocate(held[i++], static_cast<size_t>(bytes), kMeta);
+  }
 
  private:
   std::atomic<uint64_t> next_{uint64_t{1} << 44};  // far from any host mapping; never mapped

@@ -1,0 +1,88 @@
+// A run's step parts from its config (see step_parts.h).
+#include "kuai/train/step_parts.h"
+
+#include "kuai/amp/autocast.h"
+#include "kuai/nn/optimize.h"
+
+namespace kuai::train {
+
+std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay) {
+  optim::ParamGroup decay{{}, weight_decay}, no_decay{{}, 0.0f};
+  for (auto& [name, p] : model.named_parameters()) {
+    // Embedding tables (GPT-2's wte and wpe, LLaMA's embed_tokens) are lookups: no decay.
+    const bool is_matmul_weight = p.dim() == 2 && name.ends_with(".weight") &&
+                                  name.rfind("wte.", 0) != 0 && name.rfind("wpe.", 0) != 0 &&
+                                  name.rfind("embed_tokens.", 0) != 0;
+    (is_matmul_weight ? decay : no_decay).params.push_back(p);
+  }
+  return {decay, no_decay};
+}
+
+StepOptions step_options(const TrainConfig& cfg) {
+  StepOptions so;
+  so.accum_steps = cfg.accum_steps;
+  so.compute = amp::precision_dtype(cfg.precision);
+  so.grad_clip = static_cast<float>(cfg.grad_clip);
+  so.compile = cfg.compile;
+  so.passes = compiler::PassOptions::all_but(cfg.compile_disable);
+  so.executable.memory = cfg.compile_memory == "separate"
+                             ? compiler::ExecutableOptions::Memory::kSeparate
+                             : compiler::ExecutableOptions::Memory::kArena;
+  return so;
+}
+
+std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
+                                            std::shared_ptr<dist::ProcessGroup> group,
+                                            const StepOptions& options,
+                                            const std::function<void(nn::GPT&)>& loaded) {
+  auto parts = std::make_unique<StepParts>();
+  std::shared_ptr<nn::GPT> gpt;
+  {
+    const MemoryUseScope params(MemoryUse::kParameters);
+    gpt = std::make_shared<nn::GPT>(cfg.model, static_cast<uint64_t>(cfg.seed));
+  }
+  parts->model = gpt;
+  if (loaded) loaded(*gpt);
+  optimize(*gpt, nn::parse_attention_impl(cfg.attention));  // kuai::optimize: built naive
+  optim::AdamWOptions aopt;
+  aopt.lr = static_cast<float>(cfg.lr);
+  aopt.beta1 = static_cast<float>(cfg.beta1);
+  aopt.beta2 = static_cast<float>(cfg.beta2);
+  // DDP (README, technique 2): rank 0's weights everywhere, gradients averaged during backward.
+  if (group->size() > 1) {
+    dist::DDPOptions dopt;
+    dopt.bucket_mb = cfg.bucket_mb;
+    dopt.first_bucket_mb = cfg.first_bucket_mb;
+    dopt.overlap = cfg.overlap;
+    dopt.find_unused = cfg.find_unused;
+    dopt.compression = dist::parse_compression(cfg.compression);
+    dopt.error_feedback = cfg.error_feedback;
+    parts->ddp.emplace(*gpt, group, dopt);
+  }
+  // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
+  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
+  // Alone there is nothing to shard, and stage 2 runs as stage 1.
+  const auto groups = param_groups(*gpt, static_cast<float>(cfg.weight_decay));
+  if (cfg.zero > 0) {
+    parts->zero = std::make_unique<dist::ZeroAdamW>(
+        groups, aopt, group,
+        parts->ddp ? parts->ddp->bucket_params() : std::vector<std::vector<Tensor>>{},
+        parts->ddp ? static_cast<int>(cfg.zero) : 1);
+    if (parts->zero->stage() == 2) parts->ddp->shard_gradients(parts->zero->gradient_shards());
+  } else {
+    parts->adamw = std::make_unique<optim::AdamW>(groups, aopt);
+  }
+  // fp16 needs a dynamic loss scale; fp32 and bf16 run the same calls with it disabled.
+  amp::GradScalerOptions sopt;
+  sopt.enabled = options.compute == DType::kF16;
+  sopt.init_scale = static_cast<float>(cfg.loss_scale);
+  sopt.growth_interval = cfg.loss_scale_growth_interval;
+  parts->scaler = std::make_unique<amp::GradScaler>(sopt);
+  nn::GPT* m = gpt.get();
+  parts->step = std::make_unique<TrainStep>(
+      *gpt, [m](const Tensor& x, const Tensor& y) { return m->loss(x, y); }, parts->optimizer(),
+      *parts->scaler, options, parts->ddp ? &*parts->ddp : nullptr, parts->zero.get());
+  return parts;
+}
+
+}  // namespace kuai::train

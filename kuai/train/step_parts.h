@@ -1,0 +1,47 @@
+// What a run's training step is made of, built from its config the one way `kuai train` builds
+// it: the model (attention replaced as model.attention asks), DDP over several ranks, AdamW or
+// ZeRO's sharded AdamW, the loss scaler and the TrainStep over them. `kuai plan` builds the same
+// parts on meta tensors (under DeviceGuard(kMeta), with a recording process group) and runs the
+// step they make, so a technique added here is planned without being described twice.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "kuai/amp/grad_scaler.h"
+#include "kuai/distributed/ddp.h"
+#include "kuai/distributed/zero.h"
+#include "kuai/nn/gpt.h"
+#include "kuai/optim/adamw.h"
+#include "kuai/train/config.h"
+#include "kuai/train/train_step.h"
+
+namespace kuai::train {
+
+struct StepParts {
+  std::shared_ptr<nn::Module> model;  // the trained module (a GPT when built from a config)
+  std::optional<dist::DistributedDataParallel> ddp;
+  std::unique_ptr<optim::AdamW> adamw;    // or
+  std::unique_ptr<dist::ZeroAdamW> zero;  // ZeRO's sharded AdamW (dist.zero > 0)
+  std::unique_ptr<amp::GradScaler> scaler;
+  std::unique_ptr<TrainStep> step;
+  optim::Optimizer& optimizer() {
+    return zero ? static_cast<optim::Optimizer&>(*zero) : static_cast<optim::Optimizer&>(*adamw);
+  }
+};
+
+// AdamW's two groups: 2-D matmul weights decay, embeddings, norms and biases do not.
+std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay);
+
+// The step's options from the config (no log callback).
+StepOptions step_options(const TrainConfig& cfg);
+
+// The parts of cfg's step on `group`'s ranks, on the default device. `loaded` runs on the model
+// right after it is built (weights to load before DDP broadcasts rank 0's).
+std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
+                                            std::shared_ptr<dist::ProcessGroup> group,
+                                            const StepOptions& options,
+                                            const std::function<void(nn::GPT&)>& loaded = {});
+
+}  // namespace kuai::train
