@@ -1,9 +1,9 @@
 // The kernels' scratch formulas (Primitive::cpu_scratch, backend/cpu/scratch.cpp: what the meta
 // backend takes for a kernel, so `kuai plan`'s peak holds it) against the kernels: each op runs
 // under a dispatch mode that evaluates it with a fresh allocator peak and records the bytes its
-// kernel took besides its outputs, and what its formula states; they must be equal. Naive and flash attention forward and backward (fp32 and bf16,
-// multi-head and grouped-query, T not a multiple of the blocks), low-precision cross-entropy and
-// row sums.
+// kernel took besides its outputs, and what its formula states; they must be equal. Naive and flash
+// attention forward and backward (fp32 and bf16, multi-head and grouped-query, T not a multiple of
+// the blocks), low-precision cross-entropy and row sums.
 #include <gtest/gtest.h>
 #include <omp.h>
 
