@@ -71,6 +71,14 @@ bool CaptureMode::intercept(const Primitive& p, std::span<const Tensor> in, std:
   }
   const int index = static_cast<int>(graph_.nodes.size());
   for (const Tensor& o : out) node.outputs.push_back(new_value(o, index, p.is_view()));
+  if (on_meta_) {
+    // Nothing runs: the kernel's own formula, each allocation rounded as ScratchBytes rounds it.
+    if (!p.is_view() && !p.host_side())
+      for (int64_t bytes : p.cpu_scratch(in, std::span<const Tensor>(out.data(), out.size())))
+        if (bytes > 0) node.scratch_bytes += (bytes + 63) / 64 * 64;
+    graph_.nodes.push_back(std::move(node));
+    return false;
+  }
   graph_.nodes.push_back(std::move(node));
   pending_ = index;
   ScratchRegion::reset_peak();
@@ -110,8 +118,8 @@ std::vector<int> CaptureMode::escaped() const {
 }
 
 Graph capture(const std::function<void()>& step, const std::function<void(CaptureMode&)>& outputs,
-              std::vector<int>* escaped) {
-  CaptureMode mode;
+              std::vector<int>* escaped, bool on_meta) {
+  CaptureMode mode(on_meta);
   {
     ModeGuard guard(mode);
     step();

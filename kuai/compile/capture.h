@@ -27,6 +27,13 @@ namespace kuai::compiler {
 
 class CaptureMode final : public DispatchMode {
  public:
+  // on_meta: the step is recorded without running (DispatchMode::dry): every value it makes is a
+  // meta tensor, the real tensors it reads (parameters, optimizer state, the batch) are the
+  // graph's externals, and each node's scratch is its kernel's own formula
+  // (Primitive::cpu_scratch; a product's, which the formula does not state, is then taken from
+  // the allocator when the graph runs).
+  explicit CaptureMode(bool on_meta = false) : on_meta_(on_meta) {}
+  bool dry() const override { return on_meta_; }
   bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override;
   // Names a value of the graph (the loss, a parameter's gradient); the tensor must be known.
   void mark_output(const std::string& name, const Tensor& t);
@@ -53,13 +60,14 @@ class CaptureMode final : public DispatchMode {
   Graph graph_;
   int pending_ = -1;  // the node whose evaluation's scratch is being measured
   std::vector<std::weak_ptr<Storage>> storage_of_;  // per value
+  bool on_meta_ = false;
 };
 
 // Runs `step` under a CaptureMode and returns what it recorded; `outputs` (called after the step,
 // still under the mode) may mark named outputs. `escaped`, when given, receives
-// CaptureMode::escaped().
+// CaptureMode::escaped(). `on_meta`: recorded without running (see CaptureMode).
 Graph capture(const std::function<void()>& step,
               const std::function<void(CaptureMode&)>& outputs = {},
-              std::vector<int>* escaped = nullptr);
+              std::vector<int>* escaped = nullptr, bool on_meta = false);
 
 }  // namespace kuai::compiler

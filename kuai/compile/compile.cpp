@@ -127,6 +127,17 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
   }
   if (!entries_.empty()) say(fmt::format("capturing again: {}", difference(*closest, guard)));
 
+  if (options_.capture_on_meta)
+    if (std::optional<compiler::Graph> graph = capture_on_meta(inputs)) {
+      // Recorded without running: the step runs now, as the graph's first replay.
+      ++captures_;
+      std::unique_ptr<Entry> entry = plan(std::move(*graph), inputs);
+      entry->guard = std::move(guard);
+      entries_.push_back(std::move(entry));
+      last_ = &entries_.back()->exe;
+      return entries_.back()->exe.run(inputs);
+    }
+
   // Capture: the step runs as usual under the recorder.
   std::vector<Tensor> outputs;
   std::vector<int> escaped;
@@ -162,6 +173,15 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
                     dtype_name(v.dtype), shape_str(v.shape)));
     return outputs;
   }
+  std::unique_ptr<Entry> entry = plan(std::move(graph), inputs);
+  entry->guard = std::move(guard);
+  entries_.push_back(std::move(entry));
+  last_ = nullptr;
+  return outputs;
+}
+
+std::unique_ptr<CompiledStep::Entry> CompiledStep::plan(compiler::Graph graph,
+                                                        const std::vector<Tensor>& inputs) {
   report_ = compiler::run_passes(graph, options_.passes);
   // KUAI_COMPILE_DUMP=FILE writes each graph as replayed (after its passes), a node a line.
   if (const char* path = std::getenv("KUAI_COMPILE_DUMP"); path != nullptr && *path != '\0') {
@@ -171,13 +191,53 @@ std::vector<Tensor> CompiledStep::operator()(const std::vector<Tensor>& inputs) 
       << graph.dump();
     if (!f) say(fmt::format("KUAI_COMPILE_DUMP: cannot write {}", path));
   }
-  // The eager step's freed blocks go back to the system before the arena is allocated: replays
+  // An eager step's freed blocks go back to the system before the arena is allocated: replays
   // never ask for them, and holding both would double the step's memory.
   Allocator::get().empty_cache();
-  entries_.push_back(std::make_unique<Entry>(Entry{
-      std::move(guard), compiler::Executable(std::move(graph), inputs, options_.executable)}));
-  last_ = nullptr;
-  return outputs;
+  return std::make_unique<Entry>(
+      Entry{Guard{}, compiler::Executable(std::move(graph), inputs, options_.executable)});
+}
+
+std::optional<compiler::Graph> CompiledStep::capture_on_meta(const std::vector<Tensor>& inputs) {
+  // Gradients the recorded backward left on the parameters are meta tensors: a step that cannot
+  // be recorded so must not leave them behind for the capture that runs.
+  auto drop_meta_gradients = [&] {
+    if (options_.module)
+      for (Tensor& p : options_.module->parameters())
+        if (p.grad().defined() && p.grad().device() == kMeta) p.set_grad(Tensor());
+  };
+  std::vector<Tensor> outputs;
+  std::vector<int> escaped;
+  StepScope in_step;
+  const int64_t reads = host_reads_this_thread();
+  compiler::Graph graph;
+  try {
+    graph = compiler::capture([&] { outputs = step_(inputs); },
+                              [&](compiler::CaptureMode& mode) {
+                                for (size_t j = 0; j < outputs.size(); ++j)
+                                  mode.mark_output(fmt::format("output{}", j), outputs[j]);
+                              },
+                              &escaped, /*on_meta=*/true);
+  } catch (const std::exception&) {  // e.g. a host read of a meta tensor: it has no bytes
+    drop_meta_gradients();
+    return std::nullopt;
+  }
+  outputs.clear();
+  bool usable = host_reads_this_thread() == reads && escaped.empty();
+  // Every tensor a replay reads but does not make must be real: a meta tensor the recorder did not
+  // see being made (one written through a pointer, outside the ops) would be read as it is. (A
+  // step whose inputs are on meta, as `kuai plan` runs one, reads nothing but meta tensors.)
+  const bool on_meta = !inputs.empty() && inputs[0].device() == kMeta;
+  for (const compiler::Value& v : graph.values)
+    if (v.producer < 0 && v.external.defined() && v.external.device() == kMeta && !on_meta)
+      usable = false;
+  drop_meta_gradients();
+  if (!usable) return std::nullopt;
+  return graph;
+}
+
+void CompiledStep::release_memory() {
+  for (auto& e : entries_) e->exe.release();
 }
 
 CompiledStep compile(CompiledStep::Step step, CompileOptions options) {

@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,14 @@ struct CompileOptions {
   const nn::Module* module = nullptr;           // guards its training flag and parameters
   std::function<std::vector<Tensor>()> state;   // more tensors whose storage must not change
   std::function<void(const std::string&)> log;  // re-capture and fallback notices (once each)
+  // Capture on meta: a call that captures records the step without running it (its values are
+  // meta tensors: no bytes), plans the arena, then runs the graph, so no call ever holds the
+  // eager step's memory and the run's peak is the replay's. The caller makes every piece of state
+  // the step updates before the first call (TrainStep: AdamW::ensure_state); state made inside
+  // would be made on meta. A step that cannot be recorded so (it reads a device value on the
+  // host, makes state, or writes a tensor the graph does not see being made) is captured while it
+  // runs instead, as without this option.
+  bool capture_on_meta = false;
 };
 
 class CompiledStep {
@@ -48,6 +57,8 @@ class CompiledStep {
 
   std::vector<Tensor> operator()(const std::vector<Tensor>& inputs);
 
+  // Every captured graph gives its arena back until its next replay (Executable::release).
+  void release_memory();
   int64_t captures() const { return captures_; }
   int64_t replays() const { return replays_; }
   bool eager() const { return eager_; }  // fell back for good (the reason was logged)
@@ -59,6 +70,10 @@ class CompiledStep {
  private:
   struct Entry;
   std::vector<Tensor> run_eager(const std::vector<Tensor>& inputs);
+  // The step recorded on meta (CompileOptions::capture_on_meta); nullopt when it cannot be.
+  std::optional<compiler::Graph> capture_on_meta(const std::vector<Tensor>& inputs);
+  // The passes, the dump, the memory plan: a captured graph made replayable.
+  std::unique_ptr<Entry> plan(compiler::Graph graph, const std::vector<Tensor>& inputs);
   void say(const std::string& message);
 
   Step step_;

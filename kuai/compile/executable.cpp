@@ -45,7 +45,9 @@ void asan_unpoison(void* p, size_t n) {
 }  // namespace
 
 Executable::Executable(Graph graph, const std::vector<Tensor>& inputs, ExecutableOptions options)
-    : graph_(std::move(graph)), options_(options) {
+    : graph_(std::move(graph)),
+      options_(options),
+      device_(inputs.empty() ? default_device() : inputs[0].device()) {
   for (size_t k = 0; k < inputs.size(); ++k) {
     int id = -1;
     for (size_t v = 0; v < graph_.values.size(); ++v)
@@ -60,25 +62,36 @@ Executable::Executable(Graph graph, const std::vector<Tensor>& inputs, Executabl
   last_use_ = last_uses(graph_);
   if (options_.memory == ExecutableOptions::Memory::kArena) {
     plan_ = plan_memory(graph_, options_.in_place);
-    // The arena's bytes are whole again when it dies (the allocator may hand them out anew).
-    arena_ = std::shared_ptr<Storage>(new Storage(static_cast<size_t>(plan_.arena_bytes), kCPU),
-                                      [](Storage* s) {
-                                        asan_unpoison(s->data, s->nbytes);
-                                        delete s;
-                                      });
     born_at_.resize(graph_.nodes.size());
     for (size_t b = 0; b < plan_.buffers.size(); ++b)
       born_at_[static_cast<size_t>(plan_.buffers[b].first)].push_back(static_cast<int>(b));
-    // Touched once now, so no replay takes the arena's first-touch page faults.
-    std::memset(arena_->data, 0, arena_->nbytes);
-    planned_.resize(graph_.values.size());
-    for (size_t v = 0; v < graph_.values.size(); ++v)
-      if (plan_.offset[v] >= 0) {
-        const Value& x = graph_.values[v];
-        planned_[v] =
-            Tensor::in_storage(arena_, x.shape, x.dtype, plan_.offset[v] / dtype_size(x.dtype));
-      }
+    make_arena();
   }
+}
+
+void Executable::make_arena() {
+  // The arena's bytes are whole again when it dies (the allocator may hand them out anew).
+  const bool on_host = host();
+  const MemoryUseScope use(MemoryUse::kArena);
+  arena_ = std::shared_ptr<Storage>(new Storage(static_cast<size_t>(plan_.arena_bytes), device_),
+                                    [on_host](Storage* s) {
+                                      if (on_host) asan_unpoison(s->data, s->nbytes);
+                                      delete s;
+                                    });
+  // Touched once now, so no replay takes the arena's first-touch page faults.
+  if (on_host) std::memset(arena_->data, 0, arena_->nbytes);
+  planned_.assign(graph_.values.size(), Tensor());
+  for (size_t v = 0; v < graph_.values.size(); ++v)
+    if (plan_.offset[v] >= 0) {
+      const Value& x = graph_.values[v];
+      planned_[v] =
+          Tensor::in_storage(arena_, x.shape, x.dtype, plan_.offset[v] / dtype_size(x.dtype));
+    }
+}
+
+void Executable::release() {
+  planned_.clear();
+  arena_.reset();
 }
 
 std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
@@ -86,6 +99,9 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
     throw std::invalid_argument(
         fmt::format("compile: the step takes {} inputs, got {}", input_ids_.size(), inputs.size()));
   const bool arena = options_.memory == ExecutableOptions::Memory::kArena;
+  if (arena && !arena_) make_arena();  // given back by release()
+  // The arena's bytes are poisoned and NaN-filled on the host only (meta: there are none).
+  const bool host_arena = arena && host();
   std::vector<Tensor> live(graph_.values.size());
   for (size_t v = 0; v < graph_.values.size(); ++v)
     if (graph_.values[v].producer < 0) live[v] = graph_.values[v].external;
@@ -99,15 +115,15 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
   }
   std::vector<Tensor> in, out;
   // Poisoning: what a node reads must have been written in this run, by the node the plan says.
-  if (arena) asan_unpoison(arena_->data, arena_->nbytes);  // poisoned since the last run's end
-  if (arena && options_.poison) std::memset(arena_->data, 0xFF, arena_->nbytes);
-  if (arena) asan_poison(arena_->data, arena_->nbytes);
+  if (host_arena) asan_unpoison(arena_->data, arena_->nbytes);  // poisoned since the last run
+  if (host_arena && options_.poison) std::memset(arena_->data, 0xFF, arena_->nbytes);
+  if (host_arena) asan_poison(arena_->data, arena_->nbytes);
   for (size_t i = 0; i < graph_.nodes.size(); ++i) {
     const Node& node = graph_.nodes[i];
     const Primitive& p = *node.primitive;
     in.clear();
     for (int id : node.inputs) in.push_back(live[static_cast<size_t>(id)]);
-    if (arena)
+    if (host_arena)
       for (int b : born_at_[i]) {
         const MemoryPlan::Buffer& buf = plan_.buffers[static_cast<size_t>(b)];
         asan_unpoison(static_cast<char*>(arena_->data) + buf.offset,
@@ -126,7 +142,7 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
         const auto v = static_cast<size_t>(node.outputs[j]);
         out.push_back(arena && planned_[v].defined()
                           ? planned_[v]
-                          : Tensor::empty(specs[j].shape, specs[j].dtype));
+                          : Tensor::empty(specs[j].shape, specs[j].dtype, device_));
       }
       if (arena && plan_.scratch_of[i] >= 0) {
         const MemoryPlan::Buffer& s = plan_.buffers[static_cast<size_t>(plan_.scratch_of[i])];
@@ -146,7 +162,7 @@ std::vector<Tensor> Executable::run(const std::vector<Tensor>& inputs) {
         live[static_cast<size_t>(id)] = Tensor();
     for (int id : node.outputs)
       if (last_use_[static_cast<size_t>(id)] < 0) live[static_cast<size_t>(id)] = Tensor();
-    if (arena)
+    if (host_arena)
       for (int b : plan_.dies_after[i]) {
         const MemoryPlan::Buffer& buf = plan_.buffers[static_cast<size_t>(b)];
         char* p0 = static_cast<char*>(arena_->data) + buf.offset;

@@ -43,7 +43,13 @@ class Executable {
   const Graph& graph() const { return graph_; }
   const MemoryPlan& plan() const { return plan_; }
   const ExecutableOptions& options() const { return options_; }
-  int64_t arena_bytes() const { return arena_ ? static_cast<int64_t>(arena_->nbytes) : 0; }
+  // The planned arena's size (held from construction, and from the first run after a release).
+  int64_t arena_bytes() const {
+    return options_.memory == ExecutableOptions::Memory::kArena ? plan_.arena_bytes : 0;
+  }
+  // Gives the arena back until the next run, which allocates and touches it again: for work
+  // between steps that is not the step (evaluation), so the two never hold memory at once.
+  void release();
 
  private:
   Graph graph_;
@@ -55,6 +61,9 @@ class Executable {
   std::shared_ptr<Storage> arena_;
   std::vector<Tensor> planned_;  // arena mode: per value, its handle into the arena (or empty)
   std::vector<std::vector<int>> born_at_;  // per node: the buffers made there
+  void make_arena();
+  bool host() const { return device_.type == DeviceType::kCPU; }
+  Device device_;  // the inputs': where the arena and the outputs live
 };
 
 }  // namespace kuai::compiler

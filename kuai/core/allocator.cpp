@@ -89,6 +89,10 @@ const char* memory_use_name(MemoryUse u) {
       return "kernel workspace";
     case MemoryUse::kData:
       return "batches";
+    case MemoryUse::kArena:
+      return "compiled step's arena (activations, their gradients, scratch)";
+    case MemoryUse::kCaptured:
+      return "values recorded by a capture on meta";
     case MemoryUse::kCount:
       break;
   }
@@ -202,7 +206,8 @@ size_t scratch_round(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAli
 
 }  // namespace
 
-ScratchBytes::ScratchBytes(size_t bytes) : bytes_(bytes), data_(nullptr) {
+ScratchBytes::ScratchBytes(size_t bytes, Device device)
+    : bytes_(bytes), data_(nullptr), device_(device) {
   if (bytes_ == 0) return;
   ThreadScratch& t = t_scratch;
   const size_t need = scratch_round(bytes_);
@@ -215,7 +220,7 @@ ScratchBytes::ScratchBytes(size_t bytes) : bytes_(bytes), data_(nullptr) {
     return;
   }
   const MemoryUseScope workspace(MemoryUse::kWorkspace);
-  data_ = Allocator::get().allocate(bytes_);
+  data_ = Allocator::get().allocate(bytes_, device_);
 }
 
 ScratchBytes::~ScratchBytes() {
@@ -224,7 +229,7 @@ ScratchBytes::~ScratchBytes() {
   const size_t need = scratch_round(bytes_);
   t.current -= static_cast<int64_t>(need);
   if (!lent_) {
-    Allocator::get().deallocate(data_, bytes_);
+    Allocator::get().deallocate(data_, bytes_, device_);
     return;
   }
   // Lent bytes are a stack; one freed out of order is reclaimed when the region ends.

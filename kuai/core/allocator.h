@@ -26,6 +26,9 @@ enum class MemoryUse : int {
   kComm,         // communication buffers: compression wire copies, error feedback, gathers
   kWorkspace,    // kernels' scratch
   kData,         // input batches
+  kArena,        // a compiled step's planned arena (its activations, their gradients, scratch)
+  kCaptured,     // values a capture on meta made (compile): they stand for memory the replay
+                 // plans in its arena, and are not the step's memory themselves
   kCount
 };
 const char* memory_use_name(MemoryUse u);
@@ -83,13 +86,15 @@ class Allocator {
   static int64_t allocations_this_thread();
 };
 
-// `bytes` of CPU scratch (64-byte aligned) returned when the object goes out of scope. For
-// library workspaces and kernels' temporary buffers. It comes from the region lent to this thread
-// (ScratchRegion) while one is lent and has room, else from the tracking allocator (so the memory
-// counters see it). Either way it counts in this thread's scratch high-water mark.
+// `bytes` of scratch (64-byte aligned) on `device` returned when the object goes out of scope.
+// For library workspaces and kernels' temporary buffers. It comes from the region lent to this
+// thread (ScratchRegion) while one is lent and has room, else from the tracking allocator (so the
+// memory counters see it). Either way it counts in this thread's scratch high-water mark. (The
+// meta backend takes its kernels' scratch so too: a compiled step traced on meta lends it the
+// same planned bytes.)
 class ScratchBytes {
  public:
-  explicit ScratchBytes(size_t bytes);
+  explicit ScratchBytes(size_t bytes, Device device = kCPU);
   ~ScratchBytes();
   ScratchBytes(const ScratchBytes&) = delete;
   ScratchBytes& operator=(const ScratchBytes&) = delete;
@@ -99,6 +104,7 @@ class ScratchBytes {
   size_t bytes_;
   void* data_;
   bool lent_ = false;
+  Device device_;
 };
 
 // Lends [base, base + bytes) to the scratch of the calling thread until destroyed (nesting

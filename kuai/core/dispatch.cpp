@@ -4,8 +4,10 @@
 #include <fmt/format.h>
 
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 
+#include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/backend.h"
 #include "kuai/core/ops.h"
@@ -62,23 +64,27 @@ bool can_reuse(const Tensor& t, const Tensor& original, const TensorSpec& spec) 
 }  // namespace
 
 std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Tensor> in) {
+  // The modes, outermost first (a copy: a mode may dispatch ops of its own, which see the
+  // whole stack again). Empty, and free, when no mode is on.
+  std::vector<DispatchMode*> modes;
+  bool dry = false;  // a dry mode: outputs on meta, nothing evaluated (DispatchMode::dry)
+  if (const std::span<DispatchMode* const> live = active_modes(); !live.empty()) {
+    const bool in_backward = autograd::backward_in_progress();
+    for (DispatchMode* m : live)
+      if (!in_backward || m->applies_in_backward()) {
+        modes.push_back(m);
+        dry = dry || m->dry();
+      }
+  }
   for (size_t i = 0; i < in.size(); ++i) {
     if (!in[i].defined())
       throw std::invalid_argument(fmt::format("{}: input {} is undefined", p->name(), i));
-    if (in[i].device() != in[0].device())
+    if (in[i].device() != in[0].device() && !dry)
       throw std::invalid_argument(fmt::format("{}: inputs on different devices ({} and {})",
                                               p->name(), in[0].device().str(),
                                               in[i].device().str()));
   }
-  // The modes, outermost first (a copy: a mode may dispatch ops of its own, which see the
-  // whole stack again). Empty, and free, when no mode is on.
-  std::vector<DispatchMode*> modes;
-  if (const std::span<DispatchMode* const> live = active_modes(); !live.empty()) {
-    const bool in_backward = autograd::backward_in_progress();
-    for (DispatchMode* m : live)
-      if (!in_backward || m->applies_in_backward()) modes.push_back(m);
-    for (DispatchMode* m : modes) m->transform_inputs(*p, in);
-  }
+  for (DispatchMode* m : modes) m->transform_inputs(*p, in);
   // The graph edges follow the caller's tensors; the kernels see contiguous copies if needed.
   // An input the primitive writes is used as it is: it must be contiguous.
   std::vector<Tensor> graph_in = in;
@@ -97,7 +103,9 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
     for (DispatchMode* m : modes) m->intercept(*p, in, out);  // recorded; nothing to evaluate
   } else {
     std::vector<TensorSpec> specs = p->infer(in);
-    const Device device = in.empty() ? p->output_device() : in[0].device();
+    const Device device = dry ? kMeta : in.empty() ? p->output_device() : in[0].device();
+    std::optional<MemoryUseScope> captured;  // a dry op's outputs hold no memory of the step
+    if (dry) captured.emplace(MemoryUse::kCaptured);
     out.reserve(specs.size());
     for (size_t j = 0; j < specs.size(); ++j) {
       const TensorSpec& s = specs[j];
@@ -108,9 +116,10 @@ std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Ten
       }
       out.push_back(Tensor::empty(s.shape, s.dtype, device));
     }
+    captured.reset();
     bool handled = false;
     for (DispatchMode* m : modes) handled = m->intercept(*p, in, out) || handled;
-    if (!handled) evaluate(*p, in, out);
+    if (!handled && !dry) evaluate(*p, in, out);
   }
 
   // An in-place update (optimizer, scaler) is outside autograd.

@@ -30,6 +30,11 @@ class DispatchMode {
   // Whether the mode applies to the ops the autograd engine dispatches during backward
   // (autocast does not: vjps see the dtypes the forward saved; capture does).
   virtual bool applies_in_backward() const { return true; }
+  // Whether ops run at all while the mode is on. A dry mode (compile's capture on meta) sees
+  // every op, but nothing is evaluated: each op's outputs are made on the meta device (shape,
+  // dtype, strides, no bytes), whatever device its inputs are on, so a step can be recorded
+  // without the memory it would take, next to the real tensors it reads (the parameters).
+  virtual bool dry() const { return false; }
 };
 
 // RAII: pushes `mode` on this thread's stack, pops it on destruction (strictly nested).

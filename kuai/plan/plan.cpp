@@ -396,8 +396,8 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
         human_bytes(double(m.persistent[static_cast<size_t>(MemoryUse::kParameters)] +
                            m.persistent[static_cast<size_t>(MemoryUse::kOptimizer)])));
   if (compile)
-    o << "  (train.compile: the first step runs eagerly while it is captured; this is that "
-         "step)\n";
+    o << "  (train.compile: the step captured on meta and replayed in its planned arena; the "
+         "time below is the eager step's, before the graph's fusions)\n";
   o << "\n";
 
   o << fmt::format("tensors saved for backward (last micro-batch, end of forward): {}\n",

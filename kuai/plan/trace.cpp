@@ -54,6 +54,10 @@ class Recorder final : public DispatchMode, public AllocationObserver {
 
   bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override {
     if (!stack_.empty()) stack_.pop_back();
+    // A capture on meta (compile) records the step without running it: nothing to evaluate or
+    // account; the replay that follows evaluates the graph itself (its memory is observed).
+    for (const DispatchMode* m : active_modes())
+      if (m->dry()) return false;
     const bool backward = autograd::backward_in_progress();
     phase(backward);
     OpRecord r;
@@ -79,7 +83,7 @@ class Recorder final : public DispatchMode, public AllocationObserver {
 
   // ---- AllocationObserver ----
   void on_allocate(void* block, int64_t capacity, Device device, MemoryUse use) override {
-    if (device.type != DeviceType::kMeta) return;
+    if (device.type != DeviceType::kMeta || use == MemoryUse::kCaptured) return;
     if (use == MemoryUse::kOther)
       use = autograd::backward_in_progress() ? MemoryUse::kActGrads : MemoryUse::kActivations;
     std::lock_guard<std::mutex> lock(mu_);
@@ -253,7 +257,11 @@ class ObserverGuard {
 
 }  // namespace
 
-StepTrace trace_step(const TraceTarget& target) {
+namespace {
+
+using Build = std::function<std::unique_ptr<train::StepParts>(std::shared_ptr<dist::ProcessGroup>)>;
+
+StepTrace trace_with(const TraceTarget& target, const Build& build) {
   constexpr int64_t kSteps = 2;
   Recorder rec(target);
   Allocator::get().empty_cache(kMeta);  // the trace's blocks only, as a fresh run's
@@ -262,7 +270,7 @@ StepTrace trace_step(const TraceTarget& target) {
   auto group = dist::recording_process_group(
       target.world, 0, [&rec](const dist::CollectiveRecord& c) { rec.collective(c); });
   const ModeGuard mode(rec);
-  std::unique_ptr<train::StepParts> parts = target.build(group);
+  std::unique_ptr<train::StepParts> parts = build(group);
   std::vector<data::Batch> slots;
   {
     const MemoryUseScope data(MemoryUse::kData);
@@ -285,13 +293,41 @@ StepTrace trace_step(const TraceTarget& target) {
   return t;
 }
 
+}  // namespace
+
+StepTrace trace_step(const TraceTarget& target) {
+  StepTrace t = trace_with(target, target.build);
+  if (!target.build_compiled) return t;
+  // train.compile: the memory is the compiled step's. The capture records on meta (its values
+  // are not the step's memory), the replay runs in the arena its plan sets; what the replay
+  // takes from the allocator beside it is its outputs and the products' scratch (not planned:
+  // their formula is not stated), counted here as the largest product's.
+  const StepTrace c = trace_with(target, target.build_compiled);
+  int64_t product_scratch = 0;
+  if (target.extra_scratch)
+    for (const OpRecord& op : t.ops)
+      if (!op.view && !op.primitive->host_side())
+        product_scratch = std::max(product_scratch, target.extra_scratch(op));
+  t.peak_bytes = c.peak_bytes + product_scratch;
+  t.at_peak = c.at_peak;
+  t.at_peak[use_index(MemoryUse::kWorkspace)] += product_scratch;
+  t.persistent = c.persistent;
+  t.peak_where = "the compiled step's replay, in the arena its memory plan sets";
+  t.compiled = true;
+  return t;
+}
+
 TraceTarget target_for(const train::TrainConfig& cfg, int64_t ranks) {
   TraceTarget t;
   train::TrainConfig c = cfg;
-  c.compile = false;  // captured from the eager step, which sets the run's peak
+  c.compile = false;  // the ops and their times: the eager step's
   t.build = [c](std::shared_ptr<dist::ProcessGroup> group) {
     return train::build_step_parts(c, std::move(group), train::step_options(c));
   };
+  if (cfg.compile)  // the memory: the compiled step's
+    t.build_compiled = [cfg](std::shared_ptr<dist::ProcessGroup> group) {
+      return train::build_step_parts(cfg, std::move(group), train::step_options(cfg));
+    };
   t.batch = cfg.batch_size;
   t.seq = cfg.model.seq_len;
   t.accum = cfg.accum_steps;

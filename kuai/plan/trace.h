@@ -79,6 +79,7 @@ struct StepTrace {
   std::vector<OpRecord> ops;    // the last step's, training thread, dispatch order
   std::vector<CollectiveEvent> collectives;  // the last step's, launch order
   int64_t tokens = 0;                        // per step and rank
+  bool compiled = false;  // the memory is the compiled step's (TraceTarget::build_compiled)
 };
 
 struct TraceTarget {
@@ -90,12 +91,18 @@ struct TraceTarget {
   int world = 1;               // ranks (rank 0 is traced)
   // Scratch an op takes beyond its formula (the products': measured by plan/costs.h).
   std::function<int64_t(const OpRecord&)> extra_scratch;
+  // train.compile: the same parts with a compiled step. Set, the trace's memory (peak, what was
+  // live at it, what stays between steps) is the compiled step's, traced as it runs: captured on
+  // meta, then replayed in its planned arena; its ops and their times stay the eager step's
+  // (before the graph's fusions).
+  std::function<std::unique_ptr<train::StepParts>(std::shared_ptr<dist::ProcessGroup>)>
+      build_compiled;
 };
 
 StepTrace trace_step(const TraceTarget& target);
 
-// `kuai train`'s step for `cfg` on `ranks` ranks (train.compile is planned as its eager step: the
-// run's first step runs eagerly while it is captured, and sets the run's peak).
+// `kuai train`'s step for `cfg` on `ranks` ranks (train.compile: the memory of the compiled step,
+// the time of the eager one).
 TraceTarget target_for(const train::TrainConfig& cfg, int64_t ranks);
 
 }  // namespace kuai::plan

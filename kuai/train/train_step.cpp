@@ -63,6 +63,9 @@ TrainStep::TrainStep(nn::Module& model, LossFn loss, optim::Optimizer& opt, amp:
     return t;
   };
   co.log = options_.log;
+  // Every piece of state exists (above): the capture records the step on meta tensors and the
+  // first step runs as a replay, so no step holds the eager step's memory.
+  co.capture_on_meta = true;
   compiled_.emplace(kuai::compile(
       [this](const std::vector<Tensor>& in) {
         const StepOutputs s = run([&](int64_t m) {

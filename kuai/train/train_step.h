@@ -76,6 +76,11 @@ class TrainStep {
 
   // The compiled step (null without StepOptions::compile, or where it does not apply).
   const CompiledStep* compiled() const { return compiled_ ? &*compiled_ : nullptr; }
+  // A compiled step gives its arena back until the next step: call before other work between
+  // steps (evaluation), which would otherwise add its memory to the arena's. Eager: nothing.
+  void release_memory() {
+    if (compiled_) compiled_->release_memory();
+  }
   const StepOptions& options() const { return options_; }
 
  private:

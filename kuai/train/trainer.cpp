@@ -523,10 +523,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (scale_used.defined()) m.device.emplace_back("loss_scale", scale_used);
     if (st.skipped.defined()) m.device.emplace_back("skipped", st.skipped);
     const bool last = step + 1 == cfg.steps;
-    if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last))
+    if (sources.val && cfg.eval_every > 0 && ((step + 1) % cfg.eval_every == 0 || last)) {
+      train_step.release_memory();  // a compiled step's arena is not held through evaluation
       m.device.emplace_back(
           "val_loss",
           mean_over_ranks(*group, evaluate(model, *sources.val, cfg.eval_batches, compute)));
+    }
     result.steps_done = step + 1;
     if (ckpt && cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) {
       const bool go_on = save_checkpoint(step + 1);

@@ -2,10 +2,11 @@
 // numbers are eager execution's bit for bit; a call whose guards differ (an input's shape, the
 // module's training flag, a replaced parameter) captures again and stays exact; past
 // max_captures, or when the step reads a device value on the host while captured, the step runs
-// eagerly, said once.
+// eagerly, said once. Captured on meta, the first call records the step without running it.
 #include <gtest/gtest.h>
 
 #include "kuai/compile/compile.h"
+#include "kuai/core/allocator.h"
 #include "kuai/core/ops.h"
 #include "kuai/optim/clip_grad.h"
 #include "kuai/train/trainer.h"
@@ -53,6 +54,45 @@ TEST(Compile, CapturesOnceThenReplaysWithEagerNumbers) {
   EXPECT_FALSE(step.eager());
   EXPECT_TRUE(said.empty());
   EXPECT_EQ(compiled.state(), eager.state());
+}
+
+// Captured on meta (CompileOptions::capture_on_meta, what TrainStep uses): the first call records
+// the step without running it and then runs the graph, so it takes what every replay takes plus
+// the arena it allocates, never the eager step's memory; the numbers are eager's bit for bit in
+// each precision (fp16: the scaler's skips and back-off), with 2 micro-batches, and no gradient
+// is left on meta.
+TEST(Compile, CapturedOnMetaTheFirstCallIsAReplayWithEagerNumbers) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Trainer eager(dtype), compiled(dtype);
+    std::vector<std::string> said;
+    CompileOptions o = options_for(compiled, &said);
+    o.capture_on_meta = true;
+    CompiledStep step =
+        kuai::compile([&](const std::vector<Tensor>& b) { return compiled.step(b); }, o);
+    Allocator& a = Allocator::get();
+    std::vector<int64_t> peaks;  // per call: the most bytes it added to what lived before it
+    for (int s = 0; s < 4; ++s) {
+      const float lr = 1e-3f * static_cast<float>(s + 1);
+      eager.opt.set_lr(lr);
+      compiled.opt.set_lr(lr);
+      a.reset_peak();
+      const int64_t before = a.stats().current;
+      const std::vector<Tensor> got = step(batch_of(s, 2));
+      peaks.push_back(a.stats().peak - before);
+      EXPECT_EQ(got[0].device(), kCPU);
+      EXPECT_EQ(values(got), values(eager.step(batch_of(s, 2)))) << "step " << s;
+    }
+    ASSERT_NE(step.executable(), nullptr);
+    EXPECT_EQ(peaks[0], step.executable()->arena_bytes() + peaks[1]);
+    EXPECT_EQ(peaks[1], peaks[3]);
+    EXPECT_EQ(step.captures(), 1);
+    EXPECT_EQ(step.replays(), 3);
+    EXPECT_FALSE(step.eager());
+    EXPECT_TRUE(said.empty());
+    EXPECT_EQ(compiled.state(), eager.state());
+    for (const Tensor& p : compiled.model.parameters()) EXPECT_FALSE(p.grad().defined());
+  }
 }
 
 TEST(Compile, AGuardThatFailsCapturesAgainAndStaysExact) {
@@ -113,17 +153,20 @@ TEST(Compile, PastMaxCapturesTheStepRunsEagerlySaidOnce) {
 
 // The step branches on a device value read on the host by `read`: a replay would bake the branch
 // in, so the step runs eagerly, said once, with eager numbers.
-void expect_a_host_read_runs_eagerly(float (*read)(const Tensor&)) {
+// Captured on meta, the read finds no bytes: the step is then captured while it runs, as without
+// the option, and the same notice follows.
+void expect_a_host_read_runs_eagerly(float (*read)(const Tensor&), bool on_meta) {
   Trainer eager(DType::kF32), compiled(DType::kF32);
   std::vector<std::string> said;
+  CompileOptions o = options_for(compiled, &said);
+  o.capture_on_meta = on_meta;
   auto branchy = [read](Trainer& t, const std::vector<Tensor>& b) {
     std::vector<Tensor> losses = t.step(b);
     if (read(losses[0]) > 100.0f) losses.push_back(scale(losses[0], 2.0f));
     return losses;
   };
   CompiledStep step =
-      kuai::compile([&](const std::vector<Tensor>& b) { return branchy(compiled, b); },
-                    options_for(compiled, &said));
+      kuai::compile([&](const std::vector<Tensor>& b) { return branchy(compiled, b); }, o);
   for (int s = 0; s < 3; ++s)
     EXPECT_EQ(values(step(batch_of(s, 1))), values(branchy(eager, batch_of(s, 1))));
   EXPECT_TRUE(step.eager());
@@ -133,13 +176,16 @@ void expect_a_host_read_runs_eagerly(float (*read)(const Tensor&)) {
 }
 
 TEST(Compile, AStepThatReadsTheHostRunsEagerly) {
-  expect_a_host_read_runs_eagerly([](const Tensor& t) { return t.item(); });
+  for (bool on_meta : {false, true})
+    expect_a_host_read_runs_eagerly([](const Tensor& t) { return t.item(); }, on_meta);
 }
 
 // The same with the read made through to_vector(): inside a step every host access to tensor
 // bytes is a host read.
 TEST(Compile, AStepThatReadsThroughToVectorRunsEagerly) {
-  expect_a_host_read_runs_eagerly([](const Tensor& t) { return t.to_vector<float>()[0]; });
+  for (bool on_meta : {false, true})
+    expect_a_host_read_runs_eagerly([](const Tensor& t) { return t.to_vector<float>()[0]; },
+                                    on_meta);
 }
 
 // The README's example, as written there: a hand-made step (no scaler, no autocast) compiled,

@@ -100,7 +100,12 @@ INSTANTIATE_TEST_SUITE_P(
                                                "--train.accum_steps=2", "--data.workers=0"},
                       std::vector<std::string>{"--model.family=llama", "--model.vocab_size=1000",
                                                "--model.tie_embeddings=true",
-                                               "--train.batch_size=8"}));
+                                               "--train.batch_size=8"},
+                      // Compiled: the step captured on meta, replayed in its planned arena.
+                      std::vector<std::string>{"--train.compile=true", "--train.batch_size=8"},
+                      std::vector<std::string>{"--train.compile=true", "--model.family=llama",
+                                               "--train.precision=bf16", "--train.accum_steps=2",
+                                               "--model.attention=flash"}));
 
 TEST(Plan, RingAllReduceAndBucketOverlap) {
   plan::Link l;

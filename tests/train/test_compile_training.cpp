@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <iterator>
 #include <sstream>
 
@@ -100,6 +101,28 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_fp16", with(kTiny, {"--model.family=llama", "--model.n_head=4",
                                         "--model.n_kv_head=2", "--train.precision=fp16"})}),
     [](const auto& info) { return info.param.name; });
+
+// The number a run fits or fails by: the trainer's whole-run peak of live tensors, with an
+// evaluation and a checkpoint save in the run. Compiled, no step holds the eager step's memory
+// (the capture runs on meta) and evaluation does not run beside the arena (it is given back).
+TEST(CompiledTrainingMemory, TheWholeRunPeaksBelowEager) {
+  const std::vector<std::string> o = {
+      "--model.n_layer=2",       "--model.d_model=64",   "--model.n_head=2",
+      "--model.seq_len=64",      "--train.batch_size=8", "--train.steps=4",
+      "--data.source=synthetic", "--train.eval_every=2", "--checkpoint.save_every=2"};
+  const TrainResult eager = train(o, false, "memory");
+  const TrainResult compiled = train(o, true, "memory");
+  EXPECT_EQ(compiled.losses, eager.losses);
+  EXPECT_EQ(compiled.val_losses.size(), 2u);
+  EXPECT_EQ(compiled.val_losses, eager.val_losses);
+  EXPECT_EQ(compiled.compile_captures, 1);
+  EXPECT_LT(compiled.peak_alloc_bytes, eager.peak_alloc_bytes);
+  std::cout << "[ memory   ] whole-run peak: eager " << eager.peak_alloc_bytes << " B, compiled "
+            << compiled.peak_alloc_bytes << " B (x"
+            << static_cast<double>(compiled.peak_alloc_bytes) /
+                   static_cast<double>(eager.peak_alloc_bytes)
+            << ")\n";
+}
 
 TEST(CompiledTrainingZero, IsNotCapturedAndSaysSo) {
   const std::vector<std::string> o =

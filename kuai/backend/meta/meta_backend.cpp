@@ -5,12 +5,14 @@
 // CPU allocates, in the same order, and the allocator's peak for Device kMeta is that step's peak
 // of live tensors. Evaluating a primitive does nothing: the outputs' shapes and dtypes are the
 // primitive's infer(), decided at dispatch. What evaluating does is take, and give back, the
-// scratch the CPU kernel would take (Primitive::cpu_scratch, the kernel's own formula), so the
-// allocator's meta peak is the CPU step's; and run the host logic of a collective's launch and
+// scratch the CPU kernel would take (Primitive::cpu_scratch, the kernel's own formula; from the
+// region a compiled step lends, as the kernel would), so the allocator's meta peak is the CPU
+// step's; and run the host logic of a collective's launch and
 // wait (Primitive::host_side), which talks to its process group (a meta group records it).
 // Copies into meta memory do nothing; reading it on the host is an error.
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -44,15 +46,12 @@ class MetaBackend final : public Backend {
     if (p.host_side()) return p.eval_cpu(in, out);
     const std::vector<int64_t> scratch =
         p.cpu_scratch(in, std::span<const Tensor>(out.data(), out.size()));
-    if (scratch.empty()) return;
-    const MemoryUseScope workspace(MemoryUse::kWorkspace);
-    Allocator& a = Allocator::get();
-    std::vector<void*> held;
+    // Held together, as the kernel holds them, from a lent region when one is (a compiled step's
+    // planned scratch), else from the allocator.
+    std::vector<std::unique_ptr<ScratchBytes>> held;
     for (int64_t bytes : scratch)
-      if (bytes > 0) held.push_back(a.allocate(static_cast<size_t>(bytes), kMeta));
-    size_t i = 0;
-    for (int64_t bytes : scratch)
-      if (bytes > 0) a.deallocate(held[i++], static_cast<size_t>(bytes), kMeta);
+      if (bytes > 0)
+        held.push_back(std::make_unique<ScratchBytes>(static_cast<size_t>(bytes), kMeta));
   }
 
  private:
