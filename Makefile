@@ -3,10 +3,11 @@
 BUILD ?= build
 BUILD_SAN ?= build-asan
 BUILD_TSAN ?= build-tsan
-# The sanitizer builds compile at -Og -g1: about half the compile time of -O2 -g, and their
-# reports still name every frame's file and line.
-SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-Og -g1 -DNDEBUG" \
-  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-Og -g1 -DNDEBUG"
+# The sanitizer builds compile at -O1 -g1: about half the compile time of -O2 -g, their reports
+# still name every frame's file and line, and the suite runs near -O2's speed (at -Og it took 8x
+# as long under ASan).
+SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
+  -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 JOBS ?= $(shell nproc)
 KUAI = $(BUILD)/kuai
 
