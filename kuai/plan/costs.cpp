@@ -181,22 +181,37 @@ OpCost measure_op(const OpRecord& op, double budget_flops, double budget_bytes) 
     c.source = "estimated";        // op_seconds prices it from its bytes and FLOPs
     return c;
   }
-  // Operands of products and attention come from memory in a step: copies that exceed the
-  // last-level cache (up to 16), cycled.
-  double in_bytes = 0;
-  for (const Tensor& t : probe) in_bytes += double(t.storage()->nbytes);
+  // In a step every op's operands come from memory and its outputs go to memory that was not
+  // just written (the step's working set is many times the caches): copies of the inputs and
+  // outputs that together exceed the last-level cache (up to 128), cycled.
+  double op_bytes = 0;
+  for (const Tensor& t : probe) op_bytes += double(t.storage()->nbytes);
+  for (const TensorSpec& s : specs) op_bytes += double(bytes_of(s));
   const int copies =
-      op.cost.flops > 0 && !g_quick
-          ? static_cast<int>(std::clamp(
-                std::ceil(double(last_level_cache_bytes()) / std::max(1.0, in_bytes)), 1.0, 16.0))
-          : 1;
-  std::vector<std::vector<Tensor>> sets = {probe};
-  for (int i = 1; i < copies; ++i) sets.push_back(make_inputs(in, 1 + static_cast<uint64_t>(i)));
-  std::vector<Tensor> outs;
-  for (const TensorSpec& s : specs) outs.push_back(Tensor::empty(s.shape, s.dtype, kCPU));
+      !g_quick ? static_cast<int>(std::clamp(
+                     std::ceil(double(last_level_cache_bytes()) / std::max(1.0, op_bytes)), 1.0,
+                     128.0))
+               : 1;
+  std::vector<std::vector<Tensor>> sets = {probe}, out_sets;
+  // The copies are clones of the first set (generating random values anew costs more than the
+  // measurement): the same values, in memory of their own.
+  for (int i = 1; i < copies; ++i) {
+    std::vector<Tensor> set;
+    for (const Tensor& t : probe) {
+      const int64_t n = static_cast<int64_t>(t.storage()->nbytes) / dtype_size(t.dtype());
+      const Tensor base = clone(Tensor::in_storage(t.storage(), {n}, t.dtype(), 0));
+      set.push_back(Tensor::view_of(base, t.shape(), t.strides(), t.offset()));
+    }
+    sets.push_back(std::move(set));
+  }
+  for (int i = 0; i < copies; ++i) {
+    std::vector<Tensor> outs;
+    for (const TensorSpec& s : specs) outs.push_back(Tensor::empty(s.shape, s.dtype, kCPU));
+    out_sets.push_back(std::move(outs));
+  }
   size_t turn = 0;
   auto run = [&] {
-    evaluate(p, sets[turn], outs);
+    evaluate(p, sets[turn], out_sets[turn]);
     turn = (turn + 1) % sets.size();
   };
   c.seconds = median_seconds(run, 5) * double(factor);
