@@ -166,6 +166,17 @@ OpCost measure_op(const OpRecord& op, double budget_flops, double budget_bytes) 
     factor = static_cast<int64_t>(std::ceil(over));
     if (!slice_batch(in, factor)) factor = 1;
   }
+  // What running it here would allocate, after the slice (which cuts only the inputs whose
+  // leading dimension is the batch: a multi-tensor op over every gradient is not cut): beyond 4
+  // budgets, it is priced from its bytes and FLOPs instead, so planning a model larger than this
+  // machine's memory never needs that memory.
+  double held = 0;
+  for (const Layout& l : in) held += double(elements_needed(l)) * double(dtype_size(l.dtype));
+  for (const TensorSpec& s : op.out) held += double(bytes_of(s)) / double(factor);
+  if (held > 4 * budget_bytes) {
+    c.source = "estimated";
+    return c;
+  }
   std::vector<Tensor> probe = make_inputs(in, 1);
   std::vector<TensorSpec> specs;
   try {
@@ -181,6 +192,7 @@ OpCost measure_op(const OpRecord& op, double budget_flops, double budget_bytes) 
     c.source = "estimated";        // op_seconds prices it from its bytes and FLOPs
     return c;
   }
+
   // In a step every op's operands come from memory and its outputs go to memory that was not
   // just written (the step's working set is many times the caches): copies of the inputs and
   // outputs that together exceed the last-level cache (up to 128), cycled.
@@ -188,10 +200,10 @@ OpCost measure_op(const OpRecord& op, double budget_flops, double budget_bytes) 
   for (const Tensor& t : probe) op_bytes += double(t.storage()->nbytes);
   for (const TensorSpec& s : specs) op_bytes += double(bytes_of(s));
   const int copies =
-      !g_quick ? static_cast<int>(std::clamp(
-                     std::ceil(double(last_level_cache_bytes()) / std::max(1.0, op_bytes)), 1.0,
-                     128.0))
-               : 1;
+      !g_quick
+          ? static_cast<int>(std::clamp(
+                std::ceil(double(last_level_cache_bytes()) / std::max(1.0, op_bytes)), 1.0, 128.0))
+          : 1;
   std::vector<std::vector<Tensor>> sets = {probe}, out_sets;
   // The copies are clones of the first set (generating random values anew costs more than the
   // measurement): the same values, in memory of their own.

@@ -43,7 +43,8 @@ struct MachineCosts {
 int64_t last_level_cache_bytes();  // sysconf's L3 (else L2), at most 256 MiB
 
 // Runs `op` here and times it (the median of a few runs after a warm-up). Ops over
-// `budget_flops` or `budget_bytes` of activations run on a slice of their batch.
+// `budget_flops` or `budget_bytes` of activations run on a slice of their batch; one that would
+// still allocate more than 4 x `budget_bytes` is "estimated" (priced from its bytes and FLOPs).
 OpCost measure_op(const OpRecord& op, double budget_flops = 4e9,
                   double budget_bytes = double(int64_t{256} << 20));
 BandwidthCurve measure_bandwidth();
