@@ -1,9 +1,10 @@
 // `kuai bench plan`: how right `kuai plan` is here. For each validation config it runs `kuai plan`
-// (the prediction, as a user gets it) and then `kuai train` (under mpirun for 2 ranks) on the same
-// config, and compares the predicted peak of live tensors and step time with what the run
-// measured (its RESULT line: peak_alloc_mib, step_ms_median). The planner's bars: peak within
-// 5%, step time within 25%. Configs: the GPT-2 and LLaMA families, fp32, bf16 and fp16,
-// accumulation, flash and naive attention, DDP, ZeRO-1 and ZeRO-2 on 2 ranks; more with
+// (the prediction, as a user gets it) and at once `kuai train` (under mpirun for 2 ranks) on the
+// same config (each round, row by row; --rounds=N gives medians of N), and compares the predicted
+// peak of live tensors and step time with what the run measured (its RESULT line: peak_alloc_mib,
+// step_ms_median). The planner's bars: peak within 5%, step time within 25%. Configs: the GPT-2 and
+// LLaMA families, fp32, bf16 and fp16, accumulation, flash and naive attention, DDP, ZeRO-1 and
+// ZeRO-2 on 2 ranks; more with
 // --configs "OVERRIDES;OVERRIDES" (a `ranks=2` item runs it on 2 ranks).
 #include <fmt/format.h>
 
@@ -119,54 +120,52 @@ int run_plan_bench(const std::vector<std::string>& args) {
   }
   struct Row {
     Case c;
-    double pred_mib = 0, pred_ms = 0;
-    std::vector<double> mib, ms;
+    std::vector<double> pred_mib, pred_ms, mib, ms;
   };
   std::vector<Row> rows;
-  for (const Case& c : cases) {
-    Row r{c, 0, 0, {}, {}};
-    std::vector<std::string> o = base;
-    o.insert(o.end(), c.overrides.begin(), c.overrides.end());
-    if (c.ranks > 1) o.push_back("--train.threads=1");
-    int rc = 0;
-    const std::string pred =
-        run_captured((c.ranks > 1 ? "OMP_NUM_THREADS=1 " : "") + kuai + " plan --no-scaling" +
-                         quoted(o) + (c.ranks > 1 ? fmt::format(" --ranks {}", c.ranks) : ""),
-                     &rc);
-    r.pred_mib = result_value(pred, "peak_mib");
-    r.pred_ms = result_value(pred, "step_ms");
-    if (rc != 0 || std::isnan(r.pred_mib))
-      throw std::runtime_error("bench plan: `kuai plan` failed for " + c.label + ":\n" + pred);
-    rows.push_back(r);
-  }
+  for (const Case& c : cases) rows.push_back({c, {}, {}, {}, {}});
+  // Each round runs, row by row, the prediction and then the run it predicts, side by side: the
+  // machine's load changes over minutes, and both halves of a ratio should see the same.
   for (int64_t round = 0; round < rounds; ++round)
     for (Row& r : rows) {
-      std::vector<std::string> o = r.c.overrides;
-      o.push_back(fmt::format("--train.steps={}", steps));
+      std::vector<std::string> o = base;
+      o.insert(o.end(), r.c.overrides.begin(), r.c.overrides.end());
       if (r.c.ranks > 1) o.push_back("--train.threads=1");
+      int rc = 0;
+      const std::string pred =
+          run_captured((r.c.ranks > 1 ? "OMP_NUM_THREADS=1 " : "") + kuai + " plan --no-scaling" +
+                           quoted(o) + (r.c.ranks > 1 ? fmt::format(" --ranks {}", r.c.ranks) : ""),
+                       &rc);
+      const double pred_mib = result_value(pred, "peak_mib"),
+                   pred_ms = result_value(pred, "step_ms");
+      if (rc != 0 || std::isnan(pred_mib))
+        throw std::runtime_error("bench plan: `kuai plan` failed for " + r.c.label + ":\n" + pred);
+      o.push_back(fmt::format("--train.steps={}", steps));
       const std::string cmd =
           (r.c.ranks > 1
                ? fmt::format(
                      "mpirun --allow-run-as-root --oversubscribe -np {} -x OMP_NUM_THREADS=1 ",
                      r.c.ranks)
                : std::string()) +
-          kuai + " train" + quoted(base) + quoted(o);
-      int rc = 0;
+          kuai + " train" + quoted(o);
       const std::string out = run_captured(cmd, &rc);
       const double mib = result_value(out, "peak_alloc_mib"),
                    ms = result_value(out, "step_ms_median");
       if (rc != 0 || std::isnan(mib))
         throw std::runtime_error("bench plan: `kuai train` failed for " + r.c.label + ":\n" +
                                  (out.size() > 2000 ? out.substr(out.size() - 2000) : out));
+      r.pred_mib.push_back(pred_mib);
+      r.pred_ms.push_back(pred_ms);
       r.mib.push_back(mib);
       r.ms.push_back(ms);
       std::cerr << fmt::format(
           "  {:<40} peak {:.1f} MiB (predicted {:.1f}), step {:.1f} ms "
           "(predicted {:.1f})\n",
-          r.c.label, mib, r.pred_mib, ms, r.pred_ms);
+          r.c.label, mib, pred_mib, ms, pred_ms);
     }
   std::cout << fmt::format(
-      "\nkuai plan against kuai train ({} steps, median of {} run{}; batch 8 x 256 unless "
+      "\nkuai plan against kuai train, side by side ({} steps, median of {} round{}; batch 8 x 256 "
+      "unless "
       "said):\n\n| config | ranks | peak MiB predicted | measured | ratio | step ms predicted | "
       "measured | ratio |\n|---|---|---|---|---|---|---|---|\n",
       steps, rounds, rounds == 1 ? "" : "s");
@@ -176,16 +175,17 @@ int run_plan_bench(const std::vector<std::string>& args) {
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const double mib = median(r.mib), ms = median(r.ms);
-    const double mr = r.pred_mib / mib, tr = r.pred_ms / ms;
+    const double pred_mib = median(r.pred_mib), pred_ms = median(r.pred_ms);
+    const double mr = pred_mib / mib, tr = pred_ms / ms;
     mem_ok += std::abs(mr - 1) <= 0.05;
     time_ok += std::abs(tr - 1) <= 0.25;
     std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.1f} | {:.1f} | {:.3f} |\n",
-                             r.c.label, r.c.ranks, r.pred_mib, mib, mr, r.pred_ms, ms, tr);
+                             r.c.label, r.c.ranks, pred_mib, mib, mr, pred_ms, ms, tr);
     js << fmt::format(
         "    {{\"config\": \"{}\", \"ranks\": {}, \"peak_mib_predicted\": {:.2f}, "
         "\"peak_mib_measured\": {:.2f}, \"step_ms_predicted\": {:.2f}, \"step_ms_measured\": "
         "{:.2f}}}{}\n",
-        r.c.label, r.c.ranks, r.pred_mib, mib, r.pred_ms, ms, i + 1 < rows.size() ? "," : "");
+        r.c.label, r.c.ranks, pred_mib, mib, pred_ms, ms, i + 1 < rows.size() ? "," : "");
   }
   js << "  ]\n}\n";
   std::cout << fmt::format("\npeak within 5%: {} of {}; step time within 25%: {} of {}\n", mem_ok,

@@ -65,8 +65,9 @@ constexpr const char* kUsage =
     "                                                      caps it), which GEMM runs each product\n"
     "  tune [--config FILE] [--section.key=value ...]      re-measure the GEMM routing for this\n"
     "                                                      machine (KUAI_GEMM_TUNING=off: none)\n"
-    "  plan [--config FILE] [--section.key=value ...] [--ranks N] [--memory-per-rank 64GiB]\n"
-    "       [--bandwidth 25GB/s] [--latency 20us] [--fit] [--no-scaling]\n"
+    "  plan [--config FILE] [--section.key=value ...] [--ranks N] [--ranks-per-host N]\n"
+    "       [--memory-per-rank 64GiB] [--bandwidth 25GB/s] [--latency 20us] [--fit]\n"
+    "       [--no-scaling]\n"
     "                                                      predicted memory per rank, step time\n"
     "                                                      and scaling; --fit: what makes it fit\n";
 

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <iostream>
 #include <map>
 #include <stdexcept>
@@ -15,7 +16,7 @@ namespace kuai::app {
 int run_plan(const std::vector<std::string>& args) {
   std::string config_path;
   std::vector<std::string> overrides;
-  int64_t ranks = 1;
+  int64_t ranks = 1, ranks_per_host = 0;
   int64_t budget = 0;
   std::optional<double> bandwidth, latency;
   bool do_fit = false, do_scaling = true;
@@ -31,6 +32,14 @@ int run_plan(const std::vector<std::string>& args) {
       }
       if (ranks < 1 || std::to_string(ranks) != v)
         throw std::invalid_argument("--ranks = '" + v + "' is not a positive integer");
+    } else if (take_option(args, i, "ranks-per-host", v)) {
+      try {
+        ranks_per_host = std::stoll(v);
+      } catch (const std::exception&) {
+        ranks_per_host = 0;
+      }
+      if (ranks_per_host < 1 || std::to_string(ranks_per_host) != v)
+        throw std::invalid_argument("--ranks-per-host = '" + v + "' is not a positive integer");
     } else if (take_option(args, i, "memory-per-rank", v)) {
       budget = plan::parse_bytes(v, "--memory-per-rank");
       if (budget <= 0) throw std::invalid_argument("--memory-per-rank must be positive");
@@ -66,6 +75,9 @@ int run_plan(const std::vector<std::string>& args) {
   }
 
   plan::MachineCosts costs;
+  // The ranks share this host unless told otherwise (mpirun -np N here).
+  costs.neighbours = static_cast<int>(
+      std::min<int64_t>({ranks_per_host > 0 ? ranks_per_host : ranks, ranks, 8}) - 1);
   const plan::Prediction p = plan::predict(cfg, ranks, budget, link, costs);
   std::vector<plan::ScalingRow> scale;
   if (do_scaling) scale = plan::scaling(cfg, link, costs, {1, 2, 8, 64, 512});

@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <functional>
+#include <thread>
 
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
@@ -142,7 +144,7 @@ double BandwidthCurve::at(double bytes) const {
   return points.back().second;
 }
 
-OpCost measure_op(const OpRecord& op, double budget_flops, double budget_bytes) {
+OpCost measure_op(const OpRecord& op, int neighbours, double budget_flops, double budget_bytes) {
   OpCost c;
   const Primitive& p = *op.primitive;
   if (op.view || p.host_side()) {
@@ -204,34 +206,64 @@ OpCost measure_op(const OpRecord& op, double budget_flops, double budget_bytes) 
           ? static_cast<int>(std::clamp(
                 std::ceil(double(last_level_cache_bytes()) / std::max(1.0, op_bytes)), 1.0, 128.0))
           : 1;
-  std::vector<std::vector<Tensor>> sets = {probe}, out_sets;
   // The copies are clones of the first set (generating random values anew costs more than the
   // measurement): the same values, in memory of their own.
-  for (int i = 1; i < copies; ++i) {
+  auto copy_of = [&probe] {
     std::vector<Tensor> set;
     for (const Tensor& t : probe) {
       const int64_t n = static_cast<int64_t>(t.storage()->nbytes) / dtype_size(t.dtype());
       const Tensor base = clone(Tensor::in_storage(t.storage(), {n}, t.dtype(), 0));
       set.push_back(Tensor::view_of(base, t.shape(), t.strides(), t.offset()));
     }
-    sets.push_back(std::move(set));
-  }
-  for (int i = 0; i < copies; ++i) {
+    return set;
+  };
+  auto outputs = [&specs] {
     std::vector<Tensor> outs;
     for (const TensorSpec& s : specs) outs.push_back(Tensor::empty(s.shape, s.dtype, kCPU));
-    out_sets.push_back(std::move(outs));
-  }
-  size_t turn = 0;
-  auto run = [&] {
-    evaluate(p, sets[turn], out_sets[turn]);
-    turn = (turn + 1) % sets.size();
+    return outs;
   };
-  c.seconds = median_seconds(run, 5) * double(factor);
-  // The scratch: what one evaluation takes from the allocator (its outputs exist already).
+  struct Runner {
+    std::vector<std::vector<Tensor>> in, out;
+    size_t turn = 0;
+  };
+  // Runner 0 is timed; the others are the neighbours.
+  const int runners = 1 + std::clamp(neighbours, 0, 7);
+  std::vector<Runner> r(static_cast<size_t>(runners));
+  for (int k = 0; k < runners; ++k)
+    for (int i = 0; i < copies; ++i) {
+      r[k].in.push_back(k == 0 && i == 0 ? probe : copy_of());
+      r[k].out.push_back(outputs());
+    }
+  auto step = [&p](Runner& x) {
+    evaluate(p, x.in[x.turn], x.out[x.turn]);
+    x.turn = (x.turn + 1) % x.in.size();
+  };
+  auto run = [&] { step(r[0]); };
+  run();  // a new product's calibration, before any neighbour runs
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> others;
+  const int threads = omp_get_max_threads();
+  for (int k = 1; k < runners; ++k)
+    others.emplace_back([&, k] {
+      omp_set_num_threads(threads);
+      autograd::NoGradGuard no_grad_here;
+      while (!stop.load(std::memory_order_relaxed)) step(r[k]);
+    });
+  try {
+    c.seconds = median_seconds(run, 5) * double(factor);
+  } catch (...) {
+    stop = true;
+    for (std::thread& t : others) t.join();
+    throw;
+  }
+  stop = true;
+  for (std::thread& t : others) t.join();
+  // The scratch: the most one evaluation takes from the allocator (its outputs exist already),
+  // over three: the buffers of an op's threads are live together or not as their timing falls.
   Allocator& alloc = Allocator::get();
   const int64_t before = alloc.stats().current;
   alloc.reset_peak();
-  run();
+  for (int i = 0; i < 3; ++i) run();
   c.scratch = std::max<int64_t>(0, alloc.stats().peak - before);
   c.source =
       factor == 1 ? "measured" : fmt::format("measured on 1/{} of the batch, scaled", factor);
@@ -286,14 +318,14 @@ void measure_costs(const StepTrace& trace, MachineCosts& m) {
   std::vector<const OpRecord*> fresh;
   for (const OpRecord& op : trace.ops)
     if (!m.ops.contains(op.key)) {
-      m.ops[op.key] = measure_op(op);
+      m.ops[op.key] = measure_op(op, m.neighbours);
       fresh.push_back(&op);
     }
   if (!g_quick)
     for (const OpRecord* op : fresh) {
       OpCost& c = m.ops[op->key];
       if (c.source == "estimated" || c.source == "no kernel") continue;
-      c.seconds = std::min(c.seconds, measure_op(*op).seconds);
+      c.seconds = std::min(c.seconds, measure_op(*op, m.neighbours).seconds);
     }
   for (const OpRecord* op : fresh) {
     const OpCost& c = m.ops[op->key];

@@ -32,6 +32,11 @@ struct BandwidthCurve {
 };
 
 struct MachineCosts {
+  // Other ranks of the run on this host: each measurement runs beside that many copies of the op
+  // (each on memory of its own, with as many threads as the measured one), as the ranks of a run
+  // on one host share its last-level cache, memory bandwidth and, oversubscribed, its cores. Set
+  // before the first measurement; at most 7.
+  int neighbours = 0;
   std::map<std::string, OpCost> ops;  // by OpRecord::key
   BandwidthCurve bandwidth;
   double op_overhead_s = 0;  // dispatching one op (its output allocated from the cache)
@@ -42,10 +47,11 @@ struct MachineCosts {
 
 int64_t last_level_cache_bytes();  // sysconf's L3 (else L2), at most 256 MiB
 
-// Runs `op` here and times it (the median of a few runs after a warm-up). Ops over
+// Runs `op` here and times it (the median of a few runs after a warm-up), beside `neighbours`
+// copies of it running on threads of their own (MachineCosts::neighbours). Ops over
 // `budget_flops` or `budget_bytes` of activations run on a slice of their batch; one that would
 // still allocate more than 4 x `budget_bytes` is "estimated" (priced from its bytes and FLOPs).
-OpCost measure_op(const OpRecord& op, double budget_flops = 4e9,
+OpCost measure_op(const OpRecord& op, int neighbours = 0, double budget_flops = 4e9,
                   double budget_bytes = double(int64_t{256} << 20));
 BandwidthCurve measure_bandwidth();
 double measure_op_overhead();

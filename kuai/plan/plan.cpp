@@ -413,7 +413,11 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
   }
 
   const TimePrediction& t = p.time;
-  o << "\nstep time per rank (each op as measured on this machine):\n";
+  o << (costs.neighbours > 0
+            ? fmt::format("\nstep time per rank (each op as measured on this machine, beside {} "
+                          "other rank{} running it):\n",
+                          costs.neighbours, costs.neighbours == 1 ? "" : "s")
+            : std::string("\nstep time per rank (each op as measured on this machine):\n"));
   // The costliest kinds of op: by primitive, with their count and rate.
   struct Kind {
     double seconds = 0, flops = 0;

@@ -79,10 +79,11 @@ std::string result_line(const TrainResult& r) {
   return fmt::format(
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
       "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
-      "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f} overlap_time={:.3f}",
+      "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f} overlap_time={:.3f} "
+      "comm_ms_per_step={:.2f}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
       r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
-      static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time);
+      static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time, r.comm_ms_per_step);
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
@@ -566,6 +567,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     const double secs_bw =
         ar.seconds_in_backward + rs.seconds_in_backward - reduce_seconds_in_backward0;
     result.overlap_time = secs > 0 ? secs_bw / secs : 0.0;
+    result.comm_ms_per_step = secs / n * 1e3;
   }
   if (ckpt) {
     try {

@@ -54,6 +54,8 @@ struct TrainResult {
   // compression hooks included) that passed while backward was still running: the overlap in
   // time. 0 alone, or with a group that has no communication thread.
   double overlap_time = 0;
+  // That time per step, in milliseconds: the collectives' time from launch to completion.
+  double comm_ms_per_step = 0;
   // train.compile: captures made (re-captures after a guard failed included), whether the step
   // fell back to eager, the graph's arena and node count.
   int64_t compile_captures = 0;

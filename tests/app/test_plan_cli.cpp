@@ -20,10 +20,10 @@ const std::string kTiny =
 TEST(PlanCli, PrintsTheTablesAndAResultLine) {
   auto [rc, out] = kuai("plan " + kTiny + " --ranks 2 --bandwidth 5GB/s --latency 20us");
   ASSERT_EQ(rc, 0) << out;
-  for (const char* want :
-       {"memory per rank at the step's peak", "parameters (fp32 master weights)",
-        "optimizer state (AdamW moments)", "activations saved for backward",
-        "attention output 1 (float32)", "communication", "scaling projection", "link 5.00 GB/s"})
+  for (const char* want : {"memory per rank at the step's peak", "parameters (fp32 master weights)",
+                           "optimizer state (AdamW moments)", "activations saved for backward",
+                           "attention output 1 (float32)", "communication", "scaling projection",
+                           "link 5.00 GB/s", "beside 1 other rank running it"})
     EXPECT_NE(out.find(want), std::string::npos) << want << "\n" << out;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(
@@ -52,6 +52,9 @@ TEST(PlanCli, BadFlagsAndKeysAreNamed) {
   auto [rc1, o1] = kuai("plan " + kTiny + " --ranks 0");
   EXPECT_NE(rc1, 0);
   EXPECT_NE(o1.find("--ranks"), std::string::npos) << o1;
+  auto [rc4, o4] = kuai("plan " + kTiny + " --ranks 2 --ranks-per-host 0");
+  EXPECT_NE(rc4, 0);
+  EXPECT_NE(o4.find("--ranks-per-host"), std::string::npos) << o4;
   auto [rc2, o2] = kuai("plan " + kTiny + " --memory-per-rank 4parsecs");
   EXPECT_NE(rc2, 0);
   EXPECT_NE(o2.find("--memory-per-rank"), std::string::npos) << o2;

@@ -370,6 +370,9 @@ TEST(MpiTrainer, CountersShowNoHostReadsHalvedPayloadAndOverlap) {
   EXPECT_GT(fp32.overlap_time, 0.0);
   EXPECT_GT(fp32.overlap_time, off.overlap_time);
   EXPECT_LT(off.overlap_time, 0.2);
+  // That time per step: the collectives took some, on and off.
+  EXPECT_GT(fp32.comm_ms_per_step, 0.0);
+  EXPECT_GT(off.comm_ms_per_step, 0.0);
 }
 
 // train.compile on 2 ranks (technique 4 over technique 2): the captured step holds DDP's bucket

@@ -7,6 +7,7 @@
 //   - a model the planner was not written for (a GPT with parallel attention and SiLU MLP blocks
 //     built from kuai's modules and ops) is planned: its peak is what the same TrainStep takes
 //     on the CPU within 5%, and its step's FLOPs are its products' textbook count;
+//   - an op is timed beside other ranks' copies of it, and they leave nothing allocated;
 //   - the time model's arithmetic (ring all-reduce, a bucket launched during backward against
 //     one launched after it, a scalar never waited for);
 //   - --fit on a config predicted 2x over a budget returns change sets, and the fastest
@@ -16,6 +17,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <set>
 #include <sstream>
 
 #include "kuai/core/allocator.h"
@@ -267,6 +269,31 @@ TEST(Plan, AModelThePlannerWasNotWrittenForIsPlannedFromItsOwnStep) {
   for (const plan::SavedRow& r : p.step.saved)
     probabilities = probabilities || r.what.rfind("attention output 1 (bfloat16)", 0) == 0;
   EXPECT_TRUE(probabilities);
+  plan::set_quick_measurements(false);
+}
+
+TEST(Plan, AnOpMeasuredBesideOtherRanksIsTimedAndLeavesNothing) {
+  // The ranks of a run on one host run beside each other: each op is timed beside copies of it
+  // on threads of their own (MachineCosts::neighbours), each on memory of its own. Every product
+  // is timed that way, its scratch is measured, and what the neighbours held is given back.
+  plan::set_quick_measurements(true);
+  const plan::StepTrace t = plan::trace_step(
+      plan::target_for(train::load_config("", small({"--train.precision=bf16"})), 1));
+  std::set<std::string> seen;
+  int64_t most = 0;
+  Allocator& a = Allocator::get();
+  for (const plan::OpRecord& op : t.ops) {
+    if (op.view || op.primitive->op_class() != OpClass::kMatmul || !seen.insert(op.key).second)
+      continue;
+    const int64_t before = a.stats().current;
+    const plan::OpCost beside = plan::measure_op(op, 2);
+    EXPECT_EQ(a.stats().current, before) << op.key;
+    EXPECT_EQ(beside.source, "measured") << op.key;
+    EXPECT_GT(beside.seconds, 0.0) << op.key;
+    most = std::max(most, beside.scratch);
+  }
+  EXPECT_GE(seen.size(), 3u);
+  EXPECT_GT(most, 0);
   plan::set_quick_measurements(false);
 }
 
