@@ -2,10 +2,12 @@
 // (plan/trace.h) run here through the CPU backend on tensors laid out as the step's, with its
 // time and the scratch it took from the allocator. Products run through the GEMM router, which
 // takes the implementation its tuning cache records for the shape (and calibrates a new shape
-// first, as a training run would); operands of ops with FLOPs cycle through copies that exceed
-// the last-level cache, as a step's weights come from memory. An op too large to run quickly is
-// run on a slice of its batch and scaled (its time is linear in the batch); one that cannot be
-// sliced is priced at the measured bandwidth. Every figure says where it came from.
+// first, as a training run would). The ops run as a step runs them: one after another in the
+// step's order, each evaluation timed on its own over several passes, on copies of their data
+// that exceed the last-level cache (a step's operands come from memory), beside the other ranks
+// of the run on this host. An op too large to run quickly is run on a slice of its batch and
+// scaled (its time is linear in the batch); one that cannot be sliced is priced at the measured
+// bandwidth. Every figure says where it came from.
 #pragma once
 
 #include <cstdint>
@@ -47,8 +49,9 @@ struct MachineCosts {
 
 int64_t last_level_cache_bytes();  // sysconf's L3 (else L2), at most 256 MiB
 
-// Runs `op` here and times it (the median of a few runs after a warm-up), beside `neighbours`
-// copies of it running on threads of their own (MachineCosts::neighbours). Ops over
+// Runs `op` here alone (back to back with itself: measure_costs times a step's ops in its
+// order) and times it (the median of a few runs after a warm-up), beside `neighbours` copies of
+// it running on threads of their own (MachineCosts::neighbours). Ops over
 // `budget_flops` or `budget_bytes` of activations run on a slice of their batch; one that would
 // still allocate more than 4 x `budget_bytes` is "estimated" (priced from its bytes and FLOPs).
 OpCost measure_op(const OpRecord& op, int neighbours = 0, double budget_flops = 4e9,
