@@ -75,9 +75,14 @@ int run_plan(const std::vector<std::string>& args) {
   }
 
   plan::MachineCosts costs;
-  // The ranks share this host unless told otherwise (mpirun -np N here).
-  costs.neighbours = static_cast<int>(
-      std::min<int64_t>({ranks_per_host > 0 ? ranks_per_host : ranks, ranks, 8}) - 1);
+  // Ranks that share a host run beside each other. Unless told, the hosts are taken to be like
+  // this one and filled: as many ranks as its cores hold at the rank's thread count (all N when
+  // they fit here, as `mpirun -np N` here would run them).
+  const int64_t per_host =
+      ranks_per_host > 0
+          ? ranks_per_host
+          : std::max<int64_t>(1, omp_get_num_procs() / std::max(1, omp_get_max_threads()));
+  costs.neighbours = static_cast<int>(std::min<int64_t>({per_host, ranks, 8}) - 1);
   const plan::Prediction p = plan::predict(cfg, ranks, budget, link, costs);
   std::vector<plan::ScalingRow> scale;
   if (do_scaling) scale = plan::scaling(cfg, link, costs, {1, 2, 8, 64, 512});

@@ -391,7 +391,9 @@ void measure_costs(const StepTrace& trace, MachineCosts& m) {
   std::set<std::string> seen;
   for (const OpRecord& op : trace.ops)
     if (!m.ops.contains(op.key) && seen.insert(op.key).second) fresh.push_back(&op);
-  const double bound = std::max(4.0 * double(last_level_cache_bytes()), double(int64_t{1} << 30));
+  // Each neighbour holds copies of its own: the bound is shared among them.
+  const double bound = std::max(4.0 * double(last_level_cache_bytes()), double(int64_t{1} << 30)) /
+                       double(1 + std::clamp(m.neighbours, 0, 7));
   std::vector<Prepared> ready(fresh.size());
   std::vector<Prepared*> group;
   double group_bytes = 0;

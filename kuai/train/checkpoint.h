@@ -162,7 +162,8 @@ void restore_model(const Checkpoint& ckpt, nn::GPT& model);
 // when the checkpoint `latest` named is gone by the time it is read, `latest` is read again, up to
 // `attempts` times (each retry reads the newest checkpoint, which has a whole save interval before
 // it can be pruned; many attempts, so that a reader slowed for a moment, by a loaded machine or a
-// sanitizer, still gets through beside a trainer that saves every few milliseconds). Any other
+// sanitizer, still gets through). A reader that always takes longer than the trainer's save
+// interval cannot win with keep_last = 1; it needs the lock or more checkpoints kept. Any other
 // failure (a corrupt file) is thrown as it is.
 struct CommittedModel {
   std::string path;  // the ckpt-<step> directory it came from

@@ -18,7 +18,8 @@ const std::string kTiny =
     "--model.seq_len=64 --train.batch_size=8 --model.vocab_size=500";
 
 TEST(PlanCli, PrintsTheTablesAndAResultLine) {
-  auto [rc, out] = kuai("plan " + kTiny + " --ranks 2 --bandwidth 5GB/s --latency 20us");
+  auto [rc, out] =
+      kuai("plan " + kTiny + " --ranks 2 --ranks-per-host 2 --bandwidth 5GB/s --latency 20us");
   ASSERT_EQ(rc, 0) << out;
   for (const char* want : {"memory per rank at the step's peak", "parameters (fp32 master weights)",
                            "optimizer state (AdamW moments)", "activations saved for backward",
