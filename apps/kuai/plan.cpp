@@ -12,6 +12,22 @@
 #include "kuai/plan/plan.h"
 
 namespace kuai::app {
+namespace {
+
+// `v` as a positive integer written plainly ("2", not "02" or "2x"), else an error naming `flag`.
+int64_t positive_integer(const std::string& v, const std::string& flag) {
+  int64_t n = 0;
+  try {
+    n = std::stoll(v);
+  } catch (const std::exception&) {
+    n = 0;
+  }
+  if (n < 1 || std::to_string(n) != v)
+    throw std::invalid_argument(flag + " = '" + v + "' is not a positive integer");
+  return n;
+}
+
+}  // namespace
 
 int run_plan(const std::vector<std::string>& args) {
   std::string config_path;
@@ -25,21 +41,9 @@ int run_plan(const std::vector<std::string>& args) {
     if (take_option(args, i, "config", v)) {
       config_path = v;
     } else if (take_option(args, i, "ranks", v)) {
-      try {
-        ranks = std::stoll(v);
-      } catch (const std::exception&) {
-        ranks = 0;
-      }
-      if (ranks < 1 || std::to_string(ranks) != v)
-        throw std::invalid_argument("--ranks = '" + v + "' is not a positive integer");
+      ranks = positive_integer(v, "--ranks");
     } else if (take_option(args, i, "ranks-per-host", v)) {
-      try {
-        ranks_per_host = std::stoll(v);
-      } catch (const std::exception&) {
-        ranks_per_host = 0;
-      }
-      if (ranks_per_host < 1 || std::to_string(ranks_per_host) != v)
-        throw std::invalid_argument("--ranks-per-host = '" + v + "' is not a positive integer");
+      ranks_per_host = positive_integer(v, "--ranks-per-host");
     } else if (take_option(args, i, "memory-per-rank", v)) {
       budget = plan::parse_bytes(v, "--memory-per-rank");
       if (budget <= 0) throw std::invalid_argument("--memory-per-rank must be positive");

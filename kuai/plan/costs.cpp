@@ -29,11 +29,6 @@ double now_s() {
 
 bool g_quick = false;
 
-// An op over this many FLOPs runs on a slice of its batch. A product cut small runs well below its
-// whole rate (a 512 x 4096 x 32000 weight gradient cut 33 ways ran at 81 GFLOP/s against 176 in
-// the step), so the budget is a fraction of a second of products, not of planning time.
-constexpr double kBudgetFlops = 64e9;
-
 // The median of `reps` timed runs of fn after one untimed run (which may calibrate the GEMM
 // router for a new shape), each run repeated until it lasts at least `min_s`.
 double median_seconds(const std::function<void()>& fn, int reps, double min_s = 2e-3) {
@@ -412,7 +407,7 @@ void measure_costs(const StepTrace& trace, MachineCosts& m) {
     group_bytes = 0;
   };
   for (size_t i = 0; i < fresh.size(); ++i) {
-    ready[i] = prepare_op(*fresh[i], kBudgetFlops, double(int64_t{256} << 20));
+    ready[i] = prepare_op(*fresh[i], kSliceFlops, double(int64_t{256} << 20));
     if (!ready[i].runs()) continue;
     if (!group.empty() && group_bytes + ready[i].bytes > bound) flush();
     group.push_back(&ready[i]);
