@@ -16,16 +16,21 @@ namespace kuai::autograd {
 namespace {
 
 thread_local bool g_grad_enabled = true;
+thread_local SavedTensorHooks* t_saved_hooks = nullptr;
 std::atomic<uint64_t> g_sequence{0};
+
+using Packed = std::vector<std::shared_ptr<SavedTensor>>;  // one per saved slot; null: plain
 
 class PrimitiveNode final : public Node {
  public:
   PrimitiveNode(std::shared_ptr<const Primitive> p, std::vector<Tensor> in, std::vector<Tensor> out,
-                std::vector<bool> needs_grad)
+                std::vector<bool> needs_grad, Packed packed_in, Packed packed_out)
       : prim_(std::move(p)),
         in_(std::move(in)),
         out_(std::move(out)),
-        needs_grad_(std::move(needs_grad)) {}
+        needs_grad_(std::move(needs_grad)),
+        packed_in_(std::move(packed_in)),
+        packed_out_(std::move(packed_out)) {}
 
   std::string_view name() const override { return prim_->name(); }
 
@@ -34,6 +39,8 @@ class PrimitiveNode final : public Node {
       throw std::runtime_error(
           fmt::format("backward through {} a second time: its saved tensors were already freed",
                       prim_->name()));
+    unpack(packed_in_, in_);
+    unpack(packed_out_, out_);
     std::vector<Tensor> g = prim_->vjp(in_, out_, grads, needs_grad_);
     if (g.size() != in_.size())
       throw std::logic_error(fmt::format("{}: vjp returned {} gradients for {} inputs",
@@ -57,6 +64,12 @@ class PrimitiveNode final : public Node {
   // a view) can run again: a cached weight cast (autocast keeps one per step) is shared by the
   // graphs of every micro-batch of a step.
   void release() override {
+    for (Packed* p : {&packed_in_, &packed_out_})
+      for (std::shared_ptr<SavedTensor>& s : *p)
+        if (s) {
+          s.reset();
+          released_ = true;
+        }
     for (std::vector<Tensor>* v : {&in_, &out_})
       for (Tensor& t : *v)
         if (t.defined() && t.has_storage()) {
@@ -66,9 +79,19 @@ class PrimitiveNode final : public Node {
   }
 
  private:
+  // Packed slots take their tensors back (made again if they were dropped).
+  static void unpack(Packed& packed, std::vector<Tensor>& saved) {
+    for (size_t i = 0; i < packed.size(); ++i)
+      if (packed[i]) {
+        saved[i] = packed[i]->unpack();
+        packed[i].reset();
+      }
+  }
+
   std::shared_ptr<const Primitive> prim_;
   std::vector<Tensor> in_, out_;
   std::vector<bool> needs_grad_;
+  Packed packed_in_, packed_out_;  // empty unless saved-tensor hooks packed a slot
   bool released_ = false;
 };
 
@@ -134,6 +157,12 @@ void accumulate_into(Tensor& slot, Tensor g) {
 
 uint64_t next_sequence() { return g_sequence++; }
 
+SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooks& hooks) : prev_(t_saved_hooks) {
+  t_saved_hooks = &hooks;
+}
+SavedTensorHooksGuard::~SavedTensorHooksGuard() { t_saved_hooks = prev_; }
+SavedTensorHooks* saved_tensor_hooks() { return t_saved_hooks; }
+
 bool GradMode::enabled() { return g_grad_enabled; }
 void GradMode::set_enabled(bool on) { g_grad_enabled = on; }
 
@@ -147,16 +176,26 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
   }
   if (!any) return;
   std::vector<Tensor> saved_in, saved_out;
+  Packed packed_in, packed_out;
+  // A saved slot: the tensor itself, or (under saved-tensor hooks) what pack() made of it, the
+  // slot then holding only shape and dtype until the node runs.
+  auto save = [](const Tensor& t, bool saves, std::vector<Tensor>& saved, Packed& packed,
+                 size_t n) {
+    std::shared_ptr<SavedTensor> box = saves && t_saved_hooks ? t_saved_hooks->pack(t) : nullptr;
+    const bool plain = saves && !box;
+    if (box) {
+      if (packed.empty()) packed.resize(n);
+      packed[saved.size()] = std::move(box);
+    }
+    saved.push_back(plain ? t.detach() : Tensor::meta(t.shape(), t.dtype(), t.device()));
+  };
   saved_in.reserve(eval_in.size());
   for (size_t i = 0; i < eval_in.size(); ++i)
-    saved_in.push_back(p->saves_input(i) ? eval_in[i].detach()
-                                         : Tensor::meta(eval_in[i].shape(), eval_in[i].dtype(),
-                                                        eval_in[i].device()));
+    save(eval_in[i], p->saves_input(i), saved_in, packed_in, eval_in.size());
   for (size_t j = 0; j < out.size(); ++j)
-    saved_out.push_back(p->saves_output(j)
-                            ? out[j].detach()
-                            : Tensor::meta(out[j].shape(), out[j].dtype(), out[j].device()));
-  auto node = std::make_shared<PrimitiveNode>(p, std::move(saved_in), std::move(saved_out), needs);
+    save(out[j], p->saves_output(j), saved_out, packed_out, out.size());
+  auto node = std::make_shared<PrimitiveNode>(p, std::move(saved_in), std::move(saved_out), needs,
+                                              std::move(packed_in), std::move(packed_out));
   node->num_outputs = static_cast<int>(out.size());
   node->sequence = g_sequence++;
   node->next.resize(graph_in.size());

@@ -59,6 +59,40 @@ void record(const std::shared_ptr<const Primitive>& p, const std::vector<Tensor>
 
 void backward(const Tensor& root, const Tensor& grad_output);
 
+// A tensor a node saved for its backward whose bytes may be dropped after the forward and made
+// again when the node runs (activation recomputation, nn/checkpoint.h).
+class SavedTensor {
+ public:
+  virtual ~SavedTensor() = default;
+  // The tensor the node saved, the same bits: made again if it was dropped. Called once, by the
+  // node, when it runs; the node holds the result until it has run.
+  virtual Tensor unpack() = 0;
+};
+
+// Saved-tensor hooks (PyTorch's torch.autograd.graph.saved_tensors_hooks): while one is pushed
+// on this thread, every tensor a recorded node saves (an input or output the kernel saw) is
+// offered to pack(). A non-null result is what the node keeps in its place, and it is unpacked
+// when the node runs; null: the node saves the tensor as usual.
+class SavedTensorHooks {
+ public:
+  virtual ~SavedTensorHooks() = default;
+  virtual std::shared_ptr<SavedTensor> pack(const Tensor& saved) = 0;
+};
+
+// RAII: `hooks` packs what nodes recorded on this thread save while the guard lives (the
+// innermost guard only).
+class SavedTensorHooksGuard {
+ public:
+  explicit SavedTensorHooksGuard(SavedTensorHooks& hooks);
+  ~SavedTensorHooksGuard();
+  SavedTensorHooksGuard(const SavedTensorHooksGuard&) = delete;
+  SavedTensorHooksGuard& operator=(const SavedTensorHooksGuard&) = delete;
+
+ private:
+  SavedTensorHooks* prev_;
+};
+SavedTensorHooks* saved_tensor_hooks();  // this thread's innermost, or null
+
 // A fresh sequence number (later than every node recorded so far). Autocast gives one to a cached
 // weight cast's node each time it hands the cast out again, so that in a later micro-batch the
 // cast runs right after its consumers, as it did in the first one, instead of last (holding every

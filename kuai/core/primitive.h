@@ -85,6 +85,13 @@ class Primitive : public std::enable_shared_from_this<Primitive> {
                                   const std::vector<bool>& needs_grad) const = 0;
   virtual bool saves_input(size_t i) const { return true; }
   virtual bool saves_output(size_t i) const { return false; }
+  // Whether selective activation recomputation (nn/checkpoint.h) keeps output j of this op
+  // through backward rather than making it again: the products' outputs and attention's, whose
+  // FLOPs are the step's. Everything else (norms, activations, casts, copies, a materialised
+  // attention's probabilities) is cheap to make again from them.
+  virtual bool kept_by_selective_recompute(size_t out) const {
+    return op_class() == OpClass::kMatmul || op_class() == OpClass::kAttention;
+  }
   // Whether input i may arrive as a strided view; otherwise dispatch makes it contiguous.
   virtual bool accepts_strided(size_t i) const { return false; }
   // View primitives return their outputs as views of the inputs instead of being evaluated.

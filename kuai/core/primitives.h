@@ -491,6 +491,8 @@ class Attention final : public Primitive {
   bool accepts_strided(size_t) const override { return true; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
   bool saves_output(size_t j) const override { return j == 1; }
+  // y; the (B, H, T, T) probabilities are made again (Megatron's selective recomputation).
+  bool kept_by_selective_recompute(size_t j) const override { return j == 0; }
 
  private:
   float scale_;

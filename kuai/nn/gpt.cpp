@@ -163,7 +163,13 @@ Tensor GPT::forward(const Tensor& idx) const {
     throw std::invalid_argument(
         fmt::format("GPT: sequence length {} exceeds model.seq_len {}", T, cfg_.seq_len));
   Tensor x = embed(idx, 0);
-  for (const auto& block : h_) x = block->forward(x);
+  const int64_t recomputed = recompute_layers();
+  for (size_t i = 0; i < h_.size(); ++i) {
+    const DecoderBlock& block = *h_[i];
+    x = static_cast<int64_t>(i) < recomputed
+            ? checkpoint([&block](const Tensor& in) { return block.forward(in); }, x, recompute_)
+            : block.forward(x);
+  }
   return head(x);
 }
 
@@ -187,6 +193,20 @@ Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) const {
   for (size_t i = 0; i < h_.size(); ++i) x = h_[i]->forward_cached(x, cache.layers[i]);
   cache.length += t;
   return head(x);
+}
+
+void GPT::set_recompute(Recompute policy, int64_t layers) {
+  if (layers < -1)
+    throw std::invalid_argument(
+        fmt::format("recompute_layers must be -1 (every block) or at least 0, got {}", layers));
+  recompute_ = policy;
+  recompute_layers_ = layers;
+}
+
+int64_t GPT::recompute_layers() const {
+  if (recompute_ == Recompute::kNone) return 0;
+  const auto n = static_cast<int64_t>(h_.size());
+  return recompute_layers_ < 0 ? n : std::min(recompute_layers_, n);
 }
 
 int64_t GPT::num_matmul_parameters() const {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kuai/nn/checkpoint.h"
 #include "kuai/nn/layers.h"
 
 namespace kuai::nn {
@@ -148,6 +149,11 @@ class GPT : public Module {
   // position embedding and an untied token embedding (lookups); a tied one counts, as the
   // output projection.
   int64_t num_matmul_parameters() const;
+  // Activation recomputation (nn/checkpoint.h) of the first `layers` blocks (-1: every block) in
+  // training forwards; kNone: none.
+  void set_recompute(Recompute policy, int64_t layers = -1);
+  Recompute recompute() const { return recompute_; }
+  int64_t recompute_layers() const;  // how many blocks recompute
 
  private:
   Tensor embed(const Tensor& idx, int64_t start) const;  // (B, t, C) at positions start..
@@ -158,6 +164,8 @@ class GPT : public Module {
   std::shared_ptr<LayerNorm> ln_f_;  // gpt2
   std::shared_ptr<RMSNorm> norm_;    // llama
   std::shared_ptr<Linear> lm_head_;  // llama, untied: weight (vocab, C)
+  Recompute recompute_ = Recompute::kNone;
+  int64_t recompute_layers_ = -1;
 };
 
 }  // namespace kuai::nn

@@ -148,6 +148,8 @@ const std::vector<Key>& keys() {
       BOOL_KEY("train.compile", compile),
       STRING_KEY("train.compile_memory", compile_memory, {"arena", "separate"}),
       STRING_KEY("train.compile_disable", compile_disable, {}),
+      STRING_KEY("train.recompute", recompute, {"none", "selective", "full"}),
+      INT_KEY("train.recompute_layers", recompute_layers, -1, 1 << 20),
       FLOAT_KEY("train.loss_scale", loss_scale, 1.1754943508222875e-38, 3.0e38),
       INT_KEY("train.loss_scale_growth_interval", loss_scale_growth_interval, 1, kBig),
       INT_KEY("train.eval_every", eval_every, 0, kBig),

@@ -49,6 +49,10 @@ struct TrainConfig {
   bool compile = false;
   std::string compile_memory = "arena";  // "arena" | "separate" (each buffer its own allocation)
   std::string compile_disable;  // passes switched off, comma-separated (kuai/compile/passes.h)
+  // Activation recomputation (nn/checkpoint.h): "none" | "selective" | "full", over the first
+  // recompute_layers blocks (-1: all).
+  std::string recompute = "none";
+  int64_t recompute_layers = -1;
   // fp16's dynamic loss scale (GradScaler's init_scale and growth_interval, PyTorch's defaults).
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

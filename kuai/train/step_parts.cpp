@@ -44,6 +44,7 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   parts->model = gpt;
   if (loaded) loaded(*gpt);
   optimize(*gpt, nn::parse_attention_impl(cfg.attention));  // kuai::optimize: built naive
+  gpt->set_recompute(nn::parse_recompute(cfg.recompute), cfg.recompute_layers);
   optim::AdamWOptions aopt;
   aopt.lr = static_cast<float>(cfg.lr);
   aopt.beta1 = static_cast<float>(cfg.beta1);
