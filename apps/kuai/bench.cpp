@@ -269,7 +269,7 @@ int run_bench(const std::vector<std::string>& args) {
     if (a == "compile") return run_compile_bench(args);
   for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
-        a == "metrics" || a == "checkpoint" || a == "flash")
+        a == "metrics" || a == "checkpoint" || a == "flash" || a == "recompute")
       return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)
@@ -283,6 +283,7 @@ int run_bench(const std::vector<std::string>& args) {
     throw std::invalid_argument(
         "unknown benchmark '" + what +
         "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, compile, "
+        "recompute, "
         "attention, ddp, link, plan, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;

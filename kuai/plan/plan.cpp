@@ -116,6 +116,10 @@ StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
   s.zero = ranks > 1 ? cfg.zero : 0;
   s.compression = ranks > 1 ? cfg.compression : "none";
   s.threads = threads;
+  s.recompute = cfg.recompute;
+  s.recompute_layers = cfg.recompute == "none"    ? 0
+                       : cfg.recompute_layers < 0 ? s.model.n_layer
+                                                  : std::min(cfg.recompute_layers, s.model.n_layer);
   return s;
 }
 
@@ -286,6 +290,15 @@ std::string FitOption::command(const std::string& config_path,
   return s;
 }
 
+namespace {
+// The recomputation policies --fit tries, cheapest first from the config's own.
+std::vector<std::string> recompute_ladder(const std::string& own) {
+  if (own == "full") return {"full"};
+  if (own == "selective") return {"selective", "full"};
+  return {"none", "selective", "full"};
+}
+}  // namespace
+
 std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t budget_bytes,
                            const Link& link, MachineCosts& costs, double headroom) {
   const int64_t B = cfg.batch_size, k = cfg.accum_steps;
@@ -312,37 +325,44 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
             if (n == 1 && zero > 0) continue;
             if (zero == 2 && cfg.compression != "none")
               continue;  // not combined (distributed/ddp.cpp)
-            train::TrainConfig c = cfg;
-            c.batch_size = rows;
-            c.accum_steps = accum;
-            c.precision = precision;
-            c.attention = attention;
-            c.zero = zero;
-            std::vector<std::string> o;
-            if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
-            if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
-            if (precision != cfg.precision) o.push_back("--train.precision=" + precision);
-            if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
-            if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
-            std::string key = fmt::format("{}", n);
-            for (const auto& x : o) key += " " + x;
-            if (!seen.insert(key).second) continue;
-            const TraceTarget target = target_for(c, n);
-            const StepTrace quick = trace_step(target);  // without the products' scratch
-            if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
-            Prediction p;
-            p.spec = step_spec(c, n, omp_get_max_threads());
-            p.step = trace_with_costs(target, costs, &quick);
-            p.time = predict_time(p.spec, p.step, costs, link);
-            p.budget_bytes = budget_bytes;
-            if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
-            FitOption f;
-            f.overrides = o;
-            f.ranks = n;
-            f.peak_bytes = p.step.peak_bytes;
-            f.step_s = p.time.step_s;
-            f.tokens_per_s = p.time.tokens_per_s;
-            out.push_back(f);
+            // Recomputation costs time: the config's own policy first, then selective, then
+            // full, each only where the cheaper ones did not fit.
+            for (const std::string& recompute : recompute_ladder(cfg.recompute)) {
+              train::TrainConfig c = cfg;
+              c.batch_size = rows;
+              c.accum_steps = accum;
+              c.precision = precision;
+              c.attention = attention;
+              c.zero = zero;
+              c.recompute = recompute;
+              std::vector<std::string> o;
+              if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
+              if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
+              if (precision != cfg.precision) o.push_back("--train.precision=" + precision);
+              if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
+              if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
+              if (recompute != cfg.recompute) o.push_back("--train.recompute=" + recompute);
+              std::string key = fmt::format("{}", n);
+              for (const auto& x : o) key += " " + x;
+              if (!seen.insert(key).second) continue;
+              const TraceTarget target = target_for(c, n);
+              const StepTrace quick = trace_step(target);  // without the products' scratch
+              if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
+              Prediction p;
+              p.spec = step_spec(c, n, omp_get_max_threads());
+              p.step = trace_with_costs(target, costs, &quick);
+              p.time = predict_time(p.spec, p.step, costs, link);
+              p.budget_bytes = budget_bytes;
+              if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
+              FitOption f;
+              f.overrides = o;
+              f.ranks = n;
+              f.peak_bytes = p.step.peak_bytes;
+              f.step_s = p.time.step_s;
+              f.tokens_per_s = p.time.tokens_per_s;
+              out.push_back(f);
+              break;  // fits: a costlier policy is not needed
+            }
           }
         }
       }
@@ -368,6 +388,9 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
                    nn::describe(s.model), s.batch, s.seq, s.accum, s.accum == 1 ? "" : "es",
                    s.compute == DType::kF32 ? std::string("fp32") : dtype_name(s.compute),
                    s.flash ? "flash" : "naive");
+  if (s.recompute_layers > 0)
+    o << fmt::format("; {} recomputation of {} block{}", s.recompute, s.recompute_layers,
+                     s.recompute_layers == 1 ? "" : "s");
   if (s.ranks > 1)
     o << fmt::format("; {} ranks, ZeRO {}, compression {}", s.ranks, s.zero, s.compression);
   o << "\n" << fmt::format("machine: {}\n", costs.cpu);

@@ -28,6 +28,8 @@ struct StepSpec {
   int64_t zero = 0;  // 0, 1, 2
   std::string compression = "none";
   int64_t threads = 1;
+  std::string recompute = "none";  // train.recompute
+  int64_t recompute_layers = 0;    // blocks recomputed (0 with "none")
 };
 StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads);
 

@@ -41,8 +41,8 @@ double AblationRow::memory_ratio() const {
 }
 
 const std::vector<std::string>& ablation_techniques() {
-  static const std::vector<std::string> t = {"precision", "accumulation", "prefetch",
-                                             "metrics",   "flash",        "compile"};
+  static const std::vector<std::string> t = {"precision", "accumulation", "prefetch", "metrics",
+                                             "flash",     "compile",      "recompute"};
   return t;
 }
 
@@ -109,6 +109,8 @@ void run_arm(Arm& arm, const AblationOptions& o, const std::string& technique,
     figure = r.host_reads_per_step;  // counted by the trainer (core/host_reads.h)
   } else if (technique == "compile") {
     figure = r.minor_faults_per_step;
+  } else if (technique == "recompute") {
+    figure = static_cast<double>(step_peak_bytes(r)) / (1 << 20);
   }
   arm.figures.push_back(figure);
   arm.stats.round_ms.push_back(
@@ -139,7 +141,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
   if (std::find(known.begin(), known.end(), technique) == known.end())
     throw std::invalid_argument(fmt::format(
         "unknown technique '{}' (one of: precision, accumulation, prefetch, metrics, flash, "
-        "compile)",
+        "compile, recompute)",
         technique));
   if (o.steps <= o.warmup) throw std::invalid_argument("--steps must exceed --warmup");
   TrainConfig q = quiet_config(base, o);
@@ -232,6 +234,21 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
     row.claim = "torch.compile: 10-20% faster training";
     row.claim_speedup_lo = 1.10;
     row.claim_speedup_hi = 1.20;
+  } else if (technique == "recompute") {
+    off.cfg.recompute = "none";
+    on.cfg.recompute = "full";
+    Arm selective(q);
+    selective.cfg.recompute = "selective";
+    off.stats.label = "no recomputation";
+    on.stats.label = "full recomputation (block inputs kept)";
+    selective.stats.label = "selective recomputation (products kept)";
+    extra.push_back(selective);
+    row.figure_name = "step peak above its start, MiB";
+    row.claim =
+        "full recomputation: activation memory of one block per layer for ~1/3 more compute; "
+        "selective: most of the saving for a few percent (Korthikanti et al.)";
+    row.claim_speedup_lo = 1.0 / 1.4;  // the bars: full <= 1.4x time
+    row.claim_speedup_hi = 1.0 / 1.3;
   } else {  // metrics: the same log_every in both arms; only the per-step read differs
     off.cfg.sync_every_step = true;
     on.cfg.sync_every_step = false;
@@ -306,6 +323,17 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
         noise.empty() ? fmt::format("{:.3f}x faster step", row.speedup()) : "step " + noise,
         row.memory_ratio(), row.off.reserved_mib, row.on.reserved_mib, row.off.peak_rss_mib,
         row.on.peak_rss_mib, row.off.figure, row.on.figure, passes);
+  } else if (technique == "recompute") {
+    const ArmStats& sel = row.extra[0];
+    const auto ratio = [](double a, double b) { return a / std::max(1e-9, b); };
+    row.verdict = fmt::format(
+        "step peak above its start (activations, gradients, scratch): full x{:.2f}, selective "
+        "x{:.2f} of none's {:.0f} MiB; step time: full x{:.2f}, selective x{:.2f}{} ({} attention, "
+        "B {}, T {}, {})",
+        ratio(row.on.figure, row.off.figure), ratio(sel.figure, row.off.figure), row.off.figure,
+        ratio(row.on.step_ms_median, row.off.step_ms_median),
+        ratio(sel.step_ms_median, row.off.step_ms_median), noise.empty() ? "" : "; " + noise,
+        q.attention, q.batch_size, q.model.seq_len, q.precision);
   } else {
     row.verdict = fmt::format(
         "{}; host reads per step {:.0f} -> {:.0f} (counted): on the CPU device a read waits for "

@@ -75,15 +75,20 @@ double learning_rate(const TrainConfig& cfg, int64_t step) {
   return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+int64_t step_peak_bytes(const TrainResult& r) {
+  return r.peak_alloc_steady_bytes > 0 ? r.peak_alloc_steady_bytes - r.step_start_bytes : 0;
+}
+
 std::string result_line(const TrainResult& r) {
   return fmt::format(
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
       "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
       "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f} overlap_time={:.3f} "
-      "comm_ms_per_step={:.2f}",
+      "comm_ms_per_step={:.2f} step_peak_mib={:.1f}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
       r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
-      static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time, r.comm_ms_per_step);
+      static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time, r.comm_ms_per_step,
+      static_cast<double>(step_peak_bytes(r)) / (1 << 20));
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
@@ -461,6 +466,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     opt.set_lr(static_cast<float>(lr));
     double wait_ms = 0.0, data_ms = 0.0;
     loss_work.reset();
+    if (step > result.start_step)
+      result.step_start_bytes = std::max(result.step_start_bytes, Allocator::get().stats().current);
     StepOutputs st = train_step.step([&](int64_t) {
       const auto td = std::chrono::steady_clock::now();
       data::Batch batch = loader.next();

@@ -33,10 +33,14 @@ struct TrainResult {
   double peak_rss_mib = 0;
   int64_t peak_alloc_bytes = 0;         // allocator peak over the run (live tensors)
   int64_t peak_alloc_steady_bytes = 0;  // ... over steps 2..N (0 when there is one step)
-  double minor_faults_per_step = 0;     // page faults of the process per step, steps 2..N
-  double rss_steady_max_mib = 0;        // largest resident set sampled after steps 2..N
-  int64_t alloc_reserved_bytes = 0;     // what the allocator holds at the end (live + cached)
-  double rss_max_mib = 0;               // largest resident set sampled after each step of this run
+  // The live bytes at the start of steps 2..N (the most): parameters, optimizer state, what the
+  // step keeps between steps. peak_alloc_steady_bytes above it is what a step's forward and
+  // backward take (activations, their gradients, the parameters' gradients, scratch).
+  int64_t step_start_bytes = 0;
+  double minor_faults_per_step = 0;  // page faults of the process per step, steps 2..N
+  double rss_steady_max_mib = 0;     // largest resident set sampled after steps 2..N
+  int64_t alloc_reserved_bytes = 0;  // what the allocator holds at the end (live + cached)
+  double rss_max_mib = 0;            // largest resident set sampled after each step of this run
   float final_loss = 0;
   int64_t skipped_steps = 0;  // fp16: steps the scaler skipped (inf/NaN gradients), as logged
   int64_t steps_done = 0;
@@ -103,6 +107,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& log,
 // The line every run ends with: "RESULT tokens_per_s=... step_ms_median=... peak_rss_mib=...
 // final_loss=...".
 std::string result_line(const TrainResult& r);
+// How far steps 2..N peaked above their start (TrainResult::step_start_bytes); 0 with one step.
+int64_t step_peak_bytes(const TrainResult& r);
 
 double peak_rss_mib();     // the process's peak resident set so far (getrusage)
 double current_rss_mib();  // resident set now (/proc/self/statm)

@@ -79,12 +79,16 @@ TEST_P(PlanPeak, IsTheTrainersMeasuredPeakWithin5Percent) {
     if (r.what.rfind("attention output 1", 0) == 0) probabilities += r.bytes;
     if (r.what.rfind("flash_attention output 1", 0) == 0) lse += r.bytes;
   }
+  // Recomputed blocks keep neither (selective keeps flash's lse, a product of attention).
+  const int64_t plain = c.model.n_layer - p.spec.recompute_layers;
   if (p.spec.flash) {
     EXPECT_EQ(probabilities, 0);
-    EXPECT_EQ(lse, c.model.n_layer * int64_t(Allocator::round_size(size_t(B * heads * T * 4))));
+    EXPECT_EQ(lse, (p.spec.recompute == "selective" ? c.model.n_layer : plain) *
+                       int64_t(Allocator::round_size(size_t(B * heads * T * 4))));
   } else {
     EXPECT_EQ(lse, 0);
-    EXPECT_GE(probabilities, c.model.n_layer * B * heads * T * T * 2);
+    EXPECT_GE(probabilities, plain * B * heads * T * T * 2);
+    if (plain == 0) EXPECT_EQ(probabilities, 0);
   }
   EXPECT_GT(p.time.step_s, 0.0);
   plan::set_quick_measurements(false);
@@ -92,22 +96,28 @@ TEST_P(PlanPeak, IsTheTrainersMeasuredPeakWithin5Percent) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, PlanPeak,
-    ::testing::Values(std::vector<std::string>{},
-                      std::vector<std::string>{"--train.precision=bf16"},
-                      std::vector<std::string>{"--train.precision=fp16", "--train.accum_steps=3"},
-                      std::vector<std::string>{"--model.attention=flash", "--model.seq_len=128"},
-                      std::vector<std::string>{"--model.family=llama", "--model.n_kv_head=2",
-                                               "--model.attention=flash"},
-                      std::vector<std::string>{"--model.family=llama", "--train.precision=bf16",
-                                               "--train.accum_steps=2", "--data.workers=0"},
-                      std::vector<std::string>{"--model.family=llama", "--model.vocab_size=1000",
-                                               "--model.tie_embeddings=true",
-                                               "--train.batch_size=8"},
-                      // Compiled: the step captured on meta, replayed in its planned arena.
-                      std::vector<std::string>{"--train.compile=true", "--train.batch_size=8"},
-                      std::vector<std::string>{"--train.compile=true", "--model.family=llama",
-                                               "--train.precision=bf16", "--train.accum_steps=2",
-                                               "--model.attention=flash"}));
+    ::testing::Values(
+        std::vector<std::string>{}, std::vector<std::string>{"--train.precision=bf16"},
+        std::vector<std::string>{"--train.precision=fp16", "--train.accum_steps=3"},
+        std::vector<std::string>{"--model.attention=flash", "--model.seq_len=128"},
+        std::vector<std::string>{"--model.family=llama", "--model.n_kv_head=2",
+                                 "--model.attention=flash"},
+        std::vector<std::string>{"--model.family=llama", "--train.precision=bf16",
+                                 "--train.accum_steps=2", "--data.workers=0"},
+        std::vector<std::string>{"--model.family=llama", "--model.vocab_size=1000",
+                                 "--model.tie_embeddings=true", "--train.batch_size=8"},
+        // Compiled: the step captured on meta, replayed in its planned arena.
+        std::vector<std::string>{"--train.compile=true", "--train.batch_size=8"},
+        std::vector<std::string>{"--train.compile=true", "--model.family=llama",
+                                 "--train.precision=bf16", "--train.accum_steps=2",
+                                 "--model.attention=flash"},
+        // Activation recomputation: the replay's tensors are the step's own.
+        std::vector<std::string>{"--train.recompute=full", "--train.accum_steps=2"},
+        std::vector<std::string>{"--model.family=llama", "--train.precision=bf16",
+                                 "--train.recompute=selective", "--model.attention=flash",
+                                 "--train.recompute_layers=1"},
+        std::vector<std::string>{"--train.compile=true", "--train.recompute=full",
+                                 "--train.batch_size=8"}));
 
 TEST(Plan, RingAllReduceAndBucketOverlap) {
   plan::Link l;
@@ -307,10 +317,14 @@ TEST(Plan, FitOnAConfigTwiceOverBudgetRunsWithinIt) {
   const std::vector<plan::FitOption> options = plan::fit(cfg, 1, budget, test_link(), costs);
   ASSERT_FALSE(options.empty());
   const plan::FitOption* one = nullptr;
+  bool recompute = false;  // proposed where the batch is kept
   for (const plan::FitOption& f : options) {
     EXPECT_LE(f.peak_bytes, budget);
     if (f.ranks == 1 && one == nullptr) one = &f;
+    for (const std::string& o : f.overrides)
+      recompute = recompute || o.starts_with("--train.recompute=");
   }
+  EXPECT_TRUE(recompute);
   ASSERT_NE(one, nullptr);
   std::vector<std::string> args =
       small({"--train.batch_size=8", "--model.seq_len=128", "--model.vocab_size=2000"});
