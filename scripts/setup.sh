@@ -32,6 +32,7 @@ packages=(
   ocl-icd-opencl-dev       # read by the dnnl-config.cmake of Debian's libdnnl-dev (GPU runtime build; only a Recommends)
   libfmt-dev libtomlplusplus-dev nlohmann-json3-dev
   libxxhash-dev            # xxh3 checksums in checkpoints
+  liburing-dev             # io_uring: optimizer state streamed to and from disk (kuai/io/chunk_stream.h)
   openmpi-bin libopenmpi-dev   # multi-process training: mpirun and the MPI library (kuai/distributed)
   clang-14 libclang-rt-14-dev   # libFuzzer targets (make test runs them briefly)
   libgtest-dev libbenchmark-dev

@@ -315,6 +315,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
             : cfg.precision + " autocast" + (scaler.enabled() ? " + loss scaling" : ""),
         omp_get_max_threads(), cfg.data_source == "file" ? cfg.data_path : "synthetic",
         cfg.workers);
+    if (model.recompute_layers() > 0)
+      out << fmt::format("activation recomputation: {}, {} of {} blocks (docs/recompute.md)\n",
+                         cfg.recompute, model.recompute_layers(), cfg.model.n_layer);
     if (ddp)
       out << fmt::format(
           "distributed: {} ranks ({}), batch {} per rank; DDP {} buckets of {:.2f} MiB of fp32 "
