@@ -22,6 +22,7 @@
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
+#include "kuai/plan/disk.h"
 #include "kuai/train/ablation.h"
 #include "kuai/train/compile_bench.h"
 #include "kuai/train/config.h"
@@ -253,6 +254,52 @@ int run_ablation_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
+// `kuai bench disk`: the streamed bandwidth an offloaded optimizer gets from the disk under
+// --dir, at the chunk size; saved for `kuai plan`.
+int run_disk_bench(const std::vector<std::string>& args) {
+  plan::DiskBenchOptions o;
+  o.dir = "runs/offload_bench";
+  auto number = [](const std::string& name, const std::string& v) {
+    try {
+      size_t used = 0;
+      const double x = std::stod(v, &used);
+      if (used == v.size() && x > 0) return x;
+    } catch (const std::exception&) {
+    }
+    throw std::invalid_argument("--" + name + " = '" + v + "' is not a positive number");
+  };
+  for (const std::string& a : args) {
+    if (a == "disk") continue;
+    if (a.rfind("--dir=", 0) == 0)
+      o.dir = a.substr(6);
+    else if (a.rfind("--gib=", 0) == 0)
+      o.bytes = static_cast<int64_t>(number("gib", a.substr(6)) * double(int64_t{1} << 30));
+    else if (a.rfind("--chunk-mb=", 0) == 0)
+      o.chunk_bytes = static_cast<int64_t>(number("chunk-mb", a.substr(11)) * double(1 << 20));
+    else if (a.rfind("--rounds=", 0) == 0)
+      o.rounds = static_cast<int64_t>(number("rounds", a.substr(9)));
+    else
+      throw std::invalid_argument("bench disk: unknown argument " + a +
+                                  " (--dir=PATH, --gib=N per file, --chunk-mb=N, --rounds=N)");
+  }
+  std::cerr << fmt::format(
+      "bench disk: {} files of {:.2f} GiB in {}, chunks of {:.0f} MiB, {} rounds (write, read, "
+      "read+write passes)\n",
+      o.files, double(o.bytes) / double(int64_t{1} << 30), o.dir, double(o.chunk_bytes) / (1 << 20),
+      o.rounds);
+  const plan::Disk d = plan::measure_disk(o);
+  std::cout << machine_line() << "\n"
+            << fmt::format(
+                   "| pass | GB/s (median of {} rounds) |\n|---|---|\n| write | {:.3f} |\n| read "
+                   "| {:.3f} |\n| read and write every chunk (bytes both ways) | {:.3f} |\n",
+                   o.rounds, d.write_gbs, d.read_gbs, d.update_gbs)
+            << d.source << ", chunks of " << d.chunk_bytes / (1 << 20) << " MiB, under " << d.dir
+            << "\n";
+  plan::save_disk(d);
+  std::cout << "saved for kuai plan: " << plan::disk_file() << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
@@ -265,6 +312,8 @@ int run_bench(const std::vector<std::string>& args) {
     if (a == "link") return run_link_bench(args);
   for (const std::string& a : args)
     if (a == "plan") return run_plan_bench(args);
+  for (const std::string& a : args)
+    if (a == "disk") return run_disk_bench(args);
   for (const std::string& a : args)
     if (a == "compile") return run_compile_bench(args);
   for (const std::string& a : args)
@@ -284,7 +333,7 @@ int run_bench(const std::vector<std::string>& args) {
         "unknown benchmark '" + what +
         "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, compile, "
         "recompute, "
-        "attention, ddp, link, plan, machine, gemm, bandwidth, adamw)");
+        "attention, ddp, link, disk, plan, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();
