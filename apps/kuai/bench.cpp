@@ -291,8 +291,9 @@ int run_disk_bench(const std::vector<std::string>& args) {
   std::cout << machine_line() << "\n"
             << fmt::format(
                    "| pass | GB/s (median of {} rounds) |\n|---|---|\n| write | {:.3f} |\n| read "
-                   "| {:.3f} |\n| read and write every chunk (bytes both ways) | {:.3f} |\n",
-                   o.rounds, d.write_gbs, d.read_gbs, d.update_gbs)
+                   "| {:.3f} |\n| read and write every chunk (bytes both ways) | {:.3f} |\n| the "
+                   "same, one request at a time (no overlap) | {:.3f} |\n",
+                   o.rounds, d.write_gbs, d.read_gbs, d.update_gbs, d.serial_update_gbs)
             << d.source << ", chunks of " << d.chunk_bytes / (1 << 20) << " MiB, under " << d.dir
             << "\n";
   plan::save_disk(d);

@@ -14,6 +14,9 @@ struct Disk {
   double read_gbs = 0;    // a read-only pass (GB/s, 1e9 bytes)
   double write_gbs = 0;   // a write-only pass
   double update_gbs = 0;  // a pass that reads and writes every chunk: bytes moved (both ways) / s
+  // The same pass done one request at a time (pread, pread, pwrite, pwrite per chunk, O_DIRECT):
+  // what the three-stage pipeline of io/chunk_stream.h is measured against (not saved).
+  double serial_update_gbs = 0;
   int64_t chunk_bytes = 0;
   std::string dir;     // where it was measured
   std::string source;  // "measured by kuai bench disk (file)", "assumed"

@@ -78,8 +78,11 @@ TEST(Recompute, AUsersFunctionGivesTheSameGradientsBitForBit) {
     EXPECT_GT(s.dropped_bytes, 0);
     EXPECT_GT(s.replayed_ops, 0);
     // selective keeps the product's output (N, 24); full keeps nothing made inside.
-    if (p == Recompute::kSelective) EXPECT_EQ(s.kept_bytes, 5 * 24 * 4);
-    if (p == Recompute::kFull) EXPECT_EQ(s.kept_bytes, 0);
+    if (p == Recompute::kSelective) {
+      EXPECT_EQ(s.kept_bytes, 5 * 24 * 4);
+    } else {
+      EXPECT_EQ(s.kept_bytes, 0);
+    }
   }
 }
 
@@ -184,7 +187,9 @@ Trained train3(const Case& s) {
   }
   if (s.compile) {
     EXPECT_NE(step.compiled(), nullptr);
-    if (step.compiled()) EXPECT_FALSE(step.compiled()->eager());
+    if (step.compiled()) {
+      EXPECT_FALSE(step.compiled()->eager());
+    }
   }
   for (const Tensor& p : model.parameters()) r.weights.push_back(bits(p));
   return r;

@@ -88,7 +88,9 @@ TEST_P(PlanPeak, IsTheTrainersMeasuredPeakWithin5Percent) {
   } else {
     EXPECT_EQ(lse, 0);
     EXPECT_GE(probabilities, plain * B * heads * T * T * 2);
-    if (plain == 0) EXPECT_EQ(probabilities, 0);
+    if (plain == 0) {
+      EXPECT_EQ(probabilities, 0);
+    }
   }
   EXPECT_GT(p.time.step_s, 0.0);
   plan::set_quick_measurements(false);
