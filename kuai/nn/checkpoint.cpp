@@ -227,6 +227,7 @@ class Frame final : public DispatchMode,
       }
     }
     boxes_.clear();
+    made_.clear();  // nothing is recorded after the region's exit
     if (dropped_.empty()) tape_.clear();
   }
 

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kuai/io/chunk_stream.h"
+#include "kuai/plan/cache_file.h"
 
 namespace kuai::plan {
 
@@ -112,13 +113,7 @@ Disk measure_disk(const DiskBenchOptions& o) {
   }
 }
 
-std::string disk_file() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const std::string base =
-      xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
-  return base + "/kuai/disk.json";
-}
+std::string disk_file() { return cache_file("disk.json"); }
 
 std::optional<Disk> measured_disk() {
   std::ifstream in(disk_file());
@@ -140,21 +135,13 @@ std::optional<Disk> measured_disk() {
 }
 
 void save_disk(const Disk& d) {
-  const std::string path = disk_file();
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << nlohmann::json{{"read_gbs", d.read_gbs},
-                          {"write_gbs", d.write_gbs},
-                          {"update_gbs", d.update_gbs},
-                          {"chunk_bytes", d.chunk_bytes},
-                          {"dir", d.dir}}
-               .dump(2)
-        << "\n";
-    if (!out) throw std::runtime_error(tmp + ": cannot write");
-  }
-  std::filesystem::rename(tmp, path);
+  save_file_atomically(disk_file(), nlohmann::json{{"read_gbs", d.read_gbs},
+                                                   {"write_gbs", d.write_gbs},
+                                                   {"update_gbs", d.update_gbs},
+                                                   {"chunk_bytes", d.chunk_bytes},
+                                                   {"dir", d.dir}}
+                                            .dump(2) +
+                                        "\n");
 }
 
 }  // namespace kuai::plan

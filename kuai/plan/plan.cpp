@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "kuai/amp/autocast.h"
+#include "kuai/plan/cache_file.h"
 
 namespace kuai::plan {
 
@@ -132,13 +133,7 @@ double Link::seconds(const std::string& op, double bytes, int64_t ranks) const {
   return steps / n * bytes / (bandwidth_gbs * 1e9) + steps * latency_us * 1e-6;
 }
 
-std::string link_file() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  const std::string base =
-      xdg && *xdg ? xdg : std::string(home && *home ? home : "/tmp") + "/.cache";
-  return base + "/kuai/link.json";
-}
+std::string link_file() { return cache_file("link.json"); }
 
 std::optional<Link> measured_link() {
   std::ifstream in(link_file());
@@ -157,16 +152,11 @@ std::optional<Link> measured_link() {
 }
 
 void save_link(const Link& link) {
-  const std::string path = link_file();
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << nlohmann::json{{"bandwidth_gbs", link.bandwidth_gbs}, {"latency_us", link.latency_us}}
-               .dump(2)
-        << "\n";
-  }
-  std::filesystem::rename(tmp, path);
+  save_file_atomically(
+      link_file(),
+      nlohmann::json{{"bandwidth_gbs", link.bandwidth_gbs}, {"latency_us", link.latency_us}}.dump(
+          2) +
+          "\n");
 }
 
 // ---- time ------------------------------------------------------------------------------------
