@@ -27,11 +27,15 @@ struct TensorSpec {
 
 // What one evaluation costs, from shapes alone (so the meta backend can report it for a step it
 // never runs): the floating-point operations of its products (2 per multiply-add; elementwise
-// arithmetic is counted as memory traffic, not FLOPs), and the bytes it reads and writes.
+// arithmetic is counted as memory traffic, not FLOPs), the bytes it reads and writes, and the
+// bytes it moves to and from disk (an update over optimizer state offloaded to files: priced by
+// `kuai plan` at the machine's measured disk bandwidth, kuai bench disk).
 struct Cost {
   double flops = 0;
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
+  int64_t disk_read = 0;
+  int64_t disk_written = 0;
 };
 
 // Primitives are made with std::make_shared (ops.cpp) and shared by autograd nodes and captured

@@ -13,12 +13,13 @@
 #include <stdexcept>
 
 #include "kuai/core/ops.h"
+#include "kuai/optim/offload_update.h"
 
 namespace kuai::dist {
 
 ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
                      std::shared_ptr<ProcessGroup> group, std::vector<std::vector<Tensor>> buckets,
-                     int stage, int64_t gather_chunk)
+                     int stage, int64_t gather_chunk, std::optional<optim::OffloadOptions> offload)
     : Optimizer(std::move(groups)),
       opt_(options),
       group_(std::move(group)),
@@ -65,7 +66,9 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     shard_ += part_.back();
   }
   for (int r = 0; r < group_->size(); ++r) segments_.push_back(segments_of(r));
-  {
+  if (offload) {
+    offloaded_ = std::make_shared<optim::OffloadedMoments>(*offload, shard_);
+  } else {
     const MemoryUseScope state(MemoryUse::kOptimizer);
     m_ = zeros({std::max<int64_t>(shard_, 1)});
     v_ = zeros({std::max<int64_t>(shard_, 1)});
@@ -102,7 +105,7 @@ Tensor ZeroAdamW::grad_norm_tensor() const {
   // Every rank's float64 sum of squares (its 64 bits), gathered and added in rank order.
   const Tensor mine =
       shard_ > 0 ? sum_squares_bits(narrow(grad_, 0, 0, shard_)) : zeros({1}, DType::kI64);
-  Tensor all = Tensor::empty({group_->size()}, DType::kI64, m_.device());
+  Tensor all = Tensor::empty({group_->size()}, DType::kI64, grad_.device());
   group_->all_gather(mine, all)->wait();
   return norm_of_partial_sums(all);
 }
@@ -119,20 +122,30 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   // 1. Update this rank's shard, from the full averaged gradients (stage 1) or the shard of them
   //    (stage 2): one update primitive per segment, on flat views of the parameter, its
   //    gradient and the moments.
+  std::vector<optim::OffloadedAdamWUpdate::Range> ranges;  // offloaded: one update over them all
+  std::vector<Tensor> ps, gs;
   for (const Segment& s : segments()) {
     const Tensor& p = groups_[s.group].params[s.param];
-    Tensor g;
-    if (stage_ == 2) {
-      g = narrow(grad_, 0, s.shard_offset, s.length);
-    } else {
-      if (!p.grad().defined()) throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
-      g = narrow(reshape(p.grad().contiguous(), {p.numel()}), 0, s.begin, s.length);
+    if (stage_ != 2 && !p.grad().defined())
+      throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
+    if (offloaded_) {
+      ps.push_back(p);
+      gs.push_back(stage_ == 2 ? grad_ : p.grad().contiguous());
+      ranges.push_back({s.shard_offset, s.begin, stage_ == 2 ? s.shard_offset : s.begin, s.length,
+                        groups_[s.group].weight_decay});
+      continue;
     }
+    const Tensor g =
+        stage_ == 2 ? narrow(grad_, 0, s.shard_offset, s.length)
+                    : narrow(reshape(p.grad().contiguous(), {p.numel()}), 0, s.begin, s.length);
     adamw_update_(narrow(reshape(p, {p.numel()}), 0, s.begin, s.length), g,
                   narrow(m_, 0, s.shard_offset, s.length), narrow(v_, 0, s.shard_offset, s.length),
                   hyper, grad_scale, skip, opt_.beta1, opt_.beta2, opt_.eps,
                   groups_[s.group].weight_decay);
   }
+  if (offloaded_)
+    optim::offloaded_adamw_update_(offloaded_, std::move(ranges), ps, gs, hyper, grad_scale, skip,
+                                   opt_.beta1, opt_.beta2, opt_.eps);
   // 2. Every rank's updated shard to every rank, in chunks of at most gather_chunk_ elements per
   //    rank, so the gather buffers stay small next to the moments they save.
   const int world = group_->size();

@@ -17,14 +17,20 @@
 //
 // Then all_gather brings every rank's updated elements to every rank, 16 MiB per rank at a time.
 // AdamW is elementwise, so the parameters are those of unsharded AdamW bit for bit.
+//
+// With `offload` (train.offload = disk) the moments of the shard live in files of this rank's and
+// are streamed through the update in chunks (optim/offloaded_moments.h, optim/offload_update.h):
+// sharding and offloading compose, each rank keeping its shard's chunk buffers only.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "kuai/distributed/process_group.h"
 #include "kuai/optim/adamw.h"
+#include "kuai/optim/offloaded_moments.h"
 
 namespace kuai::dist {
 
@@ -35,12 +41,15 @@ class ZeroAdamW : public optim::Optimizer {
   // updated shards (a bound on its buffers: 16 MiB of fp32 by default).
   ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOptions& options,
             std::shared_ptr<ProcessGroup> group, std::vector<std::vector<Tensor>> buckets = {},
-            int stage = 1, int64_t gather_chunk = int64_t{1} << 22);
+            int stage = 1, int64_t gather_chunk = int64_t{1} << 22,
+            std::optional<optim::OffloadOptions> offload = std::nullopt);
   int stage() const { return stage_; }
   int64_t num_elements() const { return total_; }  // N
   int64_t shard_size() const { return shard_; }    // S
-  // Bytes of optimizer state this rank holds (the moments of its shard).
+  // Bytes of optimizer state this rank holds (the moments of its shard; offloaded: in files).
   int64_t state_bytes() const { return 2 * shard_ * static_cast<int64_t>(sizeof(float)); }
+  // The shard's moments in files (train.offload = disk), or null (in memory).
+  optim::OffloadedMoments* offloaded() const { return offloaded_.get(); }
 
   // Stage 2: per bucket, the s_b elements of the gradient shard that receive this rank's part of
   // the bucket's average (hand them to DistributedDataParallel::shard_gradients), and the whole
@@ -62,7 +71,8 @@ class ZeroAdamW : public optim::Optimizer {
   };
   // This rank's segments.
   const std::vector<Segment>& segments() const { return segments_[group_->rank()]; }
-  // The moments of this rank's shard (S elements each); filled by a checkpoint restore.
+  // The moments of this rank's shard (S elements each); filled by a checkpoint restore. Undefined
+  // when offloaded.
   Tensor& exp_avg() { return m_; }
   Tensor& exp_avg_sq() { return v_; }
 
@@ -87,8 +97,9 @@ class ZeroAdamW : public optim::Optimizer {
   std::vector<int64_t> part_;                   // s_b per bucket
   std::vector<int64_t> part_offset_;            // where bucket b's part starts in a shard
   std::vector<std::vector<Segment>> segments_;  // per rank
-  Tensor m_, v_;                                // (S) each
-  Tensor grad_;                                 // (S), stage 2
+  Tensor m_, v_;                                // (S) each, in memory
+  std::shared_ptr<optim::OffloadedMoments> offloaded_;
+  Tensor grad_;  // (S), stage 2
 };
 
 }  // namespace kuai::dist

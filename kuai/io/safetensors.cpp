@@ -389,8 +389,13 @@ std::span<const std::byte> SafetensorsFile::data(const SafetensorsEntry& entry) 
   return {data_begin_ + entry.begin, static_cast<size_t>(entry.end - entry.begin)};
 }
 
-void write_safetensors(const std::string& path, const std::vector<SafetensorsView>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// The header of `tensors` packed back to back (validated; `need_data`: each view's bytes given),
+// padded to the alignment, and each tensor's offset in the data section.
+std::string header_of(const std::string& path, const std::vector<SafetensorsView>& tensors,
+                      const std::map<std::string, std::string>& metadata, bool need_data,
+                      std::vector<uint64_t>* offsets) {
   OrderedJson header = OrderedJson::object();
   if (!metadata.empty()) {
     OrderedJson meta = OrderedJson::object();
@@ -413,14 +418,34 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsVie
       fail(path, where + "size mismatch: shape " + shape_text(view.shape) + " of " + view.dtype +
                      " does not match " + std::to_string(view.nbytes) + " bytes");
     }
-    if (nbytes > 0 && view.data == nullptr) fail(path, where + "null data");
+    if (need_data && nbytes > 0 && view.data == nullptr) fail(path, where + "null data");
     header[view.name] = {
         {"dtype", view.dtype}, {"shape", view.shape}, {"data_offsets", {offset, offset + nbytes}}};
+    if (offsets) offsets->push_back(offset);
     offset += nbytes;
   }
   std::string header_text = header.dump();
   header_text.append((kHeaderAlignment - header_text.size() % kHeaderAlignment) % kHeaderAlignment,
                      ' ');
+  return header_text;
+}
+
+// Makes the rename of a file in `path`'s folder durable.
+void fsync_parent(const std::string& path) {
+  std::filesystem::path directory = std::filesystem::path(path).parent_path();
+  if (directory.empty()) directory = ".";
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd >= 0) {
+    ::fsync(dir_fd);
+    ::close(dir_fd);
+  }
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<SafetensorsView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string header_text = header_of(path, tensors, metadata, true, nullptr);
   const uint64_t header_length = header_text.size();
 
   const std::string tmp_path = path + ".tmp";
@@ -452,14 +477,81 @@ void write_safetensors(const std::string& path, const std::vector<SafetensorsVie
     ::unlink(tmp_path.c_str());
     fail(path, "cannot rename " + tmp_path + " into place (" + reason + ")");
   }
-  // Make the rename itself durable.
-  std::filesystem::path directory = std::filesystem::path(path).parent_path();
-  if (directory.empty()) directory = ".";
-  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);
-    ::close(dir_fd);
+  fsync_parent(path);
+}
+
+SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsView> tensors,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), tensors_(std::move(tensors)) {
+  const std::string header_text = header_of(path_, tensors_, metadata, false, &offsets_);
+  const uint64_t header_length = header_text.size();
+  data_start_ = sizeof header_length + header_length;
+  uint64_t size = data_start_;
+  for (const auto& view : tensors_) size += view.nbytes;
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail(path_, "cannot create " + tmp_path_ + " (" + errno_text() + ")");
+  // The room for every byte now: a disk without it fails here, before anything is streamed.
+  if (const int e = ::posix_fallocate(fd_, 0, static_cast<off_t>(size)); e != 0) {
+    errno = e;
+    abandon("cannot reserve " + std::to_string(size) + " bytes for " + tmp_path_);
   }
+  if (!write_all(fd_, &header_length, sizeof header_length) ||
+      !write_all(fd_, header_text.data(), header_text.size())) {
+    abandon("cannot write header to " + tmp_path_);
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_path_.c_str());
+  }
+}
+
+void SafetensorsWriter::abandon(const std::string& what) {
+  const std::string reason = errno_text();
+  ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_path_.c_str());
+  fail(path_, what + " (" + reason + ")");
+}
+
+void SafetensorsWriter::write(size_t tensor, uint64_t offset, const void* data, uint64_t n) {
+  if (fd_ < 0) fail(path_, "write after the file was finished or abandoned");
+  if (tensor >= tensors_.size() || offset + n > tensors_[tensor].nbytes)
+    fail(path_, "write of " + std::to_string(n) + " bytes at " + std::to_string(offset) +
+                    " is outside tensor " + std::to_string(tensor));
+  const char* p = static_cast<const char*>(data);
+  uint64_t at = data_start_ + offsets_[tensor] + offset;
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      abandon("cannot write tensor \"" + tensors_[tensor].name + "\" to " + tmp_path_);
+    }
+    p += w;
+    at += static_cast<uint64_t>(w);
+    n -= static_cast<uint64_t>(w);
+  }
+}
+
+void SafetensorsWriter::finish() {
+  if (fd_ < 0) fail(path_, "finish after the file was finished or abandoned");
+  if (::fsync(fd_) != 0) abandon("cannot fsync " + tmp_path_);
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const std::string reason = errno_text();
+    ::unlink(tmp_path_.c_str());
+    fail(path_, "cannot close " + tmp_path_ + " (" + reason + ")");
+  }
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    const std::string reason = errno_text();
+    ::unlink(tmp_path_.c_str());
+    fail(path_, "cannot rename " + tmp_path_ + " into place (" + reason + ")");
+  }
+  fsync_parent(path_);
 }
 
 }  // namespace kuai::io

@@ -90,4 +90,30 @@ struct SafetensorsView {
 void write_safetensors(const std::string& path, const std::vector<SafetensorsView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 
+// A safetensors file written piece by piece, for tensors that never sit whole in memory (optimizer
+// state offloaded to disk): the constructor reserves the file's room and writes the header (the
+// views' data pointers are not read), write() puts bytes of a tensor at any offset, in any order,
+// and finish() fsyncs the file and renames it into place. Every failure throws
+// std::runtime_error naming the file and the operation (and errno's text); a writer destroyed or
+// failed before finish() removes what it wrote.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(std::string path, std::vector<SafetensorsView> tensors,
+                    const std::map<std::string, std::string>& metadata);
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+  // Bytes [offset, offset + n) of tensor `tensor` (an index into the constructor's views).
+  void write(size_t tensor, uint64_t offset, const void* data, uint64_t n);
+  void finish();
+
+ private:
+  [[noreturn]] void abandon(const std::string& what);
+  std::string path_, tmp_path_;
+  std::vector<SafetensorsView> tensors_;
+  std::vector<uint64_t> offsets_;  // of each tensor in the data section
+  uint64_t data_start_ = 0;
+  int fd_ = -1;
+};
+
 }  // namespace kuai::io

@@ -97,4 +97,12 @@ void AdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   }
 }
 
+std::optional<std::vector<Tensor>> AdamW::capture_state() {
+  ensure_state();
+  std::vector<Tensor> t = {step_, lr_tensor_};
+  for (const auto& g : m_) t.insert(t.end(), g.begin(), g.end());
+  for (const auto& g : v_) t.insert(t.end(), g.begin(), g.end());
+  return t;
+}
+
 }  // namespace kuai::optim

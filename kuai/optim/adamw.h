@@ -22,6 +22,8 @@ class AdamW : public Optimizer {
   const std::vector<std::vector<Tensor>>& exp_avg_sq() const { return v_; }
   // Allocates the (zero) moments now if the first step has not: checkpoints always hold them.
   void ensure_state();
+  // The step count, the learning rate and the moments (ensured).
+  std::optional<std::vector<Tensor>> capture_state() override;
 
  protected:
   void update(const Tensor& grad_scale, const Tensor& skip) override;

@@ -1,9 +1,10 @@
 // AdamW with its state offloaded to disk (technique 8's offload): the two moments live in files
-// (io/chunk_stream.h) laid out as one flat array over the parameters, and each step streams them
-// through three chunk buffers per file, reading chunk i+1 while chunk i is updated and chunk i-1
-// is written. The update of each chunk is the same adamw_update_ primitive AdamW runs, over the
-// parameters' and gradients' elements of that chunk, so the parameters and moments are those of
-// in-memory AdamW bit for bit (the kernel is elementwise). What stays resident is the chunk
+// (optim/offloaded_moments.h) laid out as one flat array over the parameters, and each step
+// streams them through three chunk buffers per file, reading chunk i+1 while chunk i is updated
+// and chunk i-1 is written. The step is one dispatched primitive (optim/offload_update.h) whose
+// evaluation runs AdamW's own update over the parameters' and gradients' elements of each chunk,
+// so the parameters and moments are those of in-memory AdamW bit for bit (the kernel is
+// elementwise), and a compiled step captures and replays it. What stays resident is the chunk
 // buffers (2 files x 3 x chunk_bytes), counted as optimizer memory by the allocator.
 //
 // The files are scratch: made empty (zero moments) when the optimizer is built, removed when it
@@ -13,17 +14,13 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
-#include "kuai/io/chunk_stream.h"
 #include "kuai/optim/adamw.h"
+#include "kuai/optim/offloaded_moments.h"
 
 namespace kuai::optim {
-
-struct OffloadOptions {
-  std::string dir;                          // created if missing; holds exp_avg.bin, exp_avg_sq.bin
-  int64_t chunk_bytes = int64_t{64} << 20;  // per file and buffer
-};
 
 class OffloadedAdamW : public Optimizer {
  public:
@@ -39,7 +36,10 @@ class OffloadedAdamW : public Optimizer {
   };
   const std::vector<Slot>& layout() const { return slots_; }
   int64_t state_elements() const { return elements_; }
-  const io::ChunkStream& stream() const { return *stream_; }
+  io::ChunkStream& stream() { return moments_->stream(); }
+  const io::ChunkStream& stream() const { return moments_->stream(); }
+  OffloadedMoments& moments() { return *moments_; }
+  std::optional<std::vector<Tensor>> capture_state() override { return {{step_, lr_tensor_}}; }
 
   // Streams the moments out, chunk by chunk: fn(first, count, m, v) for state elements
   // [first, first + count) (padding between parameters included, always 0).
@@ -58,8 +58,7 @@ class OffloadedAdamW : public Optimizer {
   AdamWOptions opt_;
   std::vector<Slot> slots_;
   int64_t elements_ = 0;
-  std::string dir_;
-  std::unique_ptr<io::ChunkStream> stream_;
+  std::shared_ptr<OffloadedMoments> moments_;
 };
 
 }  // namespace kuai::optim

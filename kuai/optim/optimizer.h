@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "kuai/core/tensor.h"
@@ -43,15 +44,19 @@ class Optimizer {
   int64_t step_count() const;
   void set_step_count(int64_t step);  // restoring a checkpoint
   const Tensor& step_tensor() const { return step_; }
+  // For a captured step (compile): every tensor of optimizer state a step reads and writes, made
+  // now (state made inside a capture would be made anew by each replay). nullopt: this
+  // optimizer's steps are not captured (the step runs eager).
+  virtual std::optional<std::vector<Tensor>> capture_state() { return std::nullopt; }
 
  protected:
   // The step itself: advance the count unless skip, then update every tensor. grad_scale and
   // skip are one-element float32 tensors on the parameters' device.
   virtual void update(const Tensor& grad_scale, const Tensor& skip) = 0;
   std::vector<ParamGroup> groups_;
-  float lr_ = 1e-3f;      // the host's copy of what lr_tensor_ holds
-  Tensor lr_tensor_;      // (1) fp32
-  Tensor step_;           // (1) int64
+  float lr_ = 1e-3f;  // the host's copy of what lr_tensor_ holds
+  Tensor lr_tensor_;  // (1) fp32
+  Tensor step_;       // (1) int64
 };
 
 }  // namespace kuai::optim

@@ -137,7 +137,7 @@ std::map<const void*, std::string> names_by_impl(const nn::GPT& model) {
 
 // (group, index) -> parameter name.
 std::vector<std::vector<std::string>> optimizer_names(const nn::GPT& model,
-                                                      const optim::AdamW& opt) {
+                                                      const optim::Optimizer& opt) {
   const auto by_impl = names_by_impl(model);
   std::vector<std::vector<std::string>> names;
   for (const optim::ParamGroup& g : opt.groups()) {
@@ -185,29 +185,42 @@ struct Source {
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt) {
   opt.ensure_state();
   const auto names = optimizer_names(model, opt);
-  OptimizerShard out{&opt, {}};
+  OptimizerShard out{&opt, nullptr, {}};
   for (size_t g = 0; g < names.size(); ++g)
-    for (size_t i = 0; i < names[g].size(); ++i)
-      out.pieces.push_back({names[g][i], 0, true, opt.exp_avg()[g][i], opt.exp_avg_sq()[g][i]});
+    for (size_t i = 0; i < names[g].size(); ++i) {
+      const Tensor& m = opt.exp_avg()[g][i];
+      out.pieces.push_back({names[g][i], 0, true, m.shape(), m, opt.exp_avg_sq()[g][i]});
+    }
+  return out;
+}
+
+OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt) {
+  const auto names = optimizer_names(model, opt);
+  OptimizerShard out{&opt, &opt.moments(), {}};
+  for (const optim::OffloadedAdamW::Slot& s : opt.layout()) {
+    const Tensor& p = opt.groups()[s.group].params[s.index];
+    out.pieces.push_back({names[s.group][s.index], 0, true, p.shape(), {}, {}, s.first});
+  }
   return out;
 }
 
 OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt) {
   const auto by_impl = names_by_impl(model);
-  OptimizerShard out{&opt, {}};
+  OptimizerShard out{&opt, opt.offloaded(), {}};
   for (const dist::ZeroAdamW::Segment& s : opt.segments()) {
     const Tensor& p = opt.groups()[s.group].params[s.param];
     auto it = by_impl.find(p.impl());
     if (it == by_impl.end())
       throw std::invalid_argument("checkpoint: an optimizer parameter is not in the model");
     const bool whole = s.begin == 0 && s.length == p.numel();
-    Tensor m = narrow(opt.exp_avg(), 0, s.shard_offset, s.length);
-    Tensor v = narrow(opt.exp_avg_sq(), 0, s.shard_offset, s.length);
-    if (whole) {
-      m = reshape(m, p.shape());
-      v = reshape(v, p.shape());
+    const Shape shape = whole ? p.shape() : Shape{s.length};
+    if (opt.offloaded()) {
+      out.pieces.push_back({it->second, s.begin, whole, shape, {}, {}, s.shard_offset});
+      continue;
     }
-    out.pieces.push_back({it->second, s.begin, whole, m, v});
+    const Tensor m = narrow(opt.exp_avg(), 0, s.shard_offset, s.length);
+    const Tensor v = narrow(opt.exp_avg_sq(), 0, s.shard_offset, s.length);
+    out.pieces.push_back({it->second, s.begin, whole, shape, reshape(m, shape), reshape(v, shape)});
   }
   return out;
 }
@@ -216,7 +229,8 @@ struct Checkpointer::Snapshot {
   TrainingState state;
   int64_t optimizer_steps = 0;
   std::vector<Blob> model, optim;
-  std::vector<FileRecord> written;  // by this rank, with sizes and checksums
+  std::optional<FileRecord> streamed;  // the offloaded optimizer file, already written
+  std::vector<FileRecord> written;     // by this rank, with sizes and checksums
 };
 
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep_last, bool async,
@@ -274,11 +288,31 @@ double Checkpointer::save(const nn::GPT& model, const OptimizerShard& opt,
     for (size_t i = 0; i < params.size(); ++i)
       copy_into(snap->model[i], params[i].first, params[i].second);
   }
-  snap->optim.resize(2 * opt.pieces.size());
-  size_t j = 0;
-  for (const OptimizerPiece& p : opt.pieces) {
-    copy_into(snap->optim[j++], piece_name("exp_avg", p), p.exp_avg);
-    copy_into(snap->optim[j++], piece_name("exp_avg_sq", p), p.exp_avg_sq);
+  snap->streamed.reset();
+  if (opt.offloaded) {  // streamed from the files now: the next update rewrites them
+    snap->optim.clear();
+    try {
+      snap->streamed = stream_optimizer(opt, state.step);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        snap->written.clear();
+        spare_ = std::move(snap);
+        if (group_) error_ = std::current_exception();
+      }
+      if (!group_) throw;
+      // A group: the commit (a collective every rank runs) reports this rank's failure to all.
+      uncommitted_ = true;
+      if (!async_) commit();
+      return ms_since(t0);
+    }
+  } else {
+    snap->optim.resize(2 * opt.pieces.size());
+    size_t j = 0;
+    for (const OptimizerPiece& p : opt.pieces) {
+      copy_into(snap->optim[j++], piece_name("exp_avg", p), p.exp_avg);
+      copy_into(snap->optim[j++], piece_name("exp_avg_sq", p), p.exp_avg_sq);
+    }
   }
   const double blocked = ms_since(t0);
   {
@@ -366,9 +400,12 @@ void Checkpointer::write(Snapshot& s) {
   stats_.write_ms = ms_since(t0);  // with a group: this rank's files (the commit comes later)
 }
 
-void Checkpointer::write_files(Snapshot& s) {
-  s.written.clear();
-  const std::string tmp = fmt::format("{}/ckpt-{}.tmp", run_dir_, s.state.step);
+std::string Checkpointer::tmp_dir(int64_t step) const {
+  return fmt::format("{}/ckpt-{}.tmp", run_dir_, step);
+}
+
+void Checkpointer::make_tmp_dir(int64_t step) const {
+  const std::string tmp = tmp_dir(step);
   std::error_code ec;
   if (!group_) {
     fs::remove_all(tmp, ec);
@@ -378,6 +415,45 @@ void Checkpointer::write_files(Snapshot& s) {
     fs::create_directories(tmp, ec);
     if (ec) throw std::runtime_error(fmt::format("{}: cannot create: {}", tmp, ec.message()));
   }
+}
+
+Checkpointer::FileRecord Checkpointer::stream_optimizer(const OptimizerShard& opt, int64_t step) {
+  make_tmp_dir(step);
+  const std::string path = tmp_dir(step) + "/" + optimizer_file();
+  // The in-memory save's layout (each piece's exp_avg, then its exp_avg_sq), so the file is the
+  // same byte for byte; each piece's elements land where the chunk holding them passes (pieces
+  // are in the order of the flat moments).
+  std::vector<io::SafetensorsView> views;
+  for (const OptimizerPiece& p : opt.pieces) {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    for (const char* kind : {"exp_avg", "exp_avg_sq"})
+      views.push_back({piece_name(kind, p), "F32", p.shape, nullptr, uint64_t(n) * 4});
+  }
+  io::SafetensorsWriter file(
+      path, views, {{"kuai.format", "checkpoint-optimizer"}, {"kuai.version", kKuaiVersion}});
+  const size_t np = opt.pieces.size();
+  size_t p0 = 0;
+  opt.offloaded->read([&](int64_t lo, int64_t count, const float* m, const float* v) {
+    const int64_t hi = lo + count;
+    while (p0 < np && opt.pieces[p0].first + int64_t(views[2 * p0].nbytes / 4) <= lo) ++p0;
+    for (size_t i = p0; i < np && opt.pieces[i].first < hi; ++i) {
+      const int64_t first = opt.pieces[i].first, n = int64_t(views[2 * i].nbytes / 4);
+      const int64_t a = std::max(lo, first), b = std::min(hi, first + n);
+      if (a >= b) continue;
+      file.write(2 * i, uint64_t(a - first) * 4, m + (a - lo), uint64_t(b - a) * 4);
+      file.write(2 * i + 1, uint64_t(a - first) * 4, v + (a - lo), uint64_t(b - a) * 4);
+    }
+  });
+  file.finish();
+  const io::FileDigest d = io::file_xxh3(path);  // what is on disk now
+  return {optimizer_file(), d.bytes, d.xxh3};
+}
+
+void Checkpointer::write_files(Snapshot& s) {
+  s.written.clear();
+  const std::string tmp = tmp_dir(s.state.step);
+  if (!s.streamed) make_tmp_dir(s.state.step);  // else made (and written into) by save()
   std::vector<std::string> files;
   if (!group_ || group_->rank() == 0) {
     write_blobs(tmp + "/" + kModelFile, s.model, "checkpoint-model");
@@ -385,12 +461,15 @@ void Checkpointer::write_files(Snapshot& s) {
                       s.state.config_toml.size());
     files = {kModelFile, kConfigFile};
   }
-  write_blobs(tmp + "/" + optimizer_file(), s.optim, "checkpoint-optimizer");
-  files.push_back(optimizer_file());
-  for (const std::string& f : files) {
-    const std::string content = read_file(tmp + "/" + f);  // what is on disk now
-    s.written.push_back({f, content.size(), io::xxh3_64(content.data(), content.size())});
+  if (!s.streamed) {
+    write_blobs(tmp + "/" + optimizer_file(), s.optim, "checkpoint-optimizer");
+    files.push_back(optimizer_file());
   }
+  for (const std::string& f : files) {
+    const io::FileDigest d = io::file_xxh3(tmp + "/" + f);  // what is on disk now
+    s.written.push_back({f, d.bytes, d.xxh3});
+  }
+  if (s.streamed) s.written.push_back(*s.streamed);
   fsync_dir(tmp);
 }
 
@@ -594,18 +673,18 @@ Checkpoint read_checkpoint(const std::string& dir) {
       const auto& entry = st.at("files").at(f);
       const std::string path = dir + "/" + f;
       if (!fs::is_regular_file(path)) throw std::runtime_error(fmt::format("{}: missing", path));
-      const std::string content = read_file(path);
+      const io::FileDigest d = io::file_xxh3(path);  // in blocks: files larger than memory too
       const auto want = entry.at("bytes").get<uint64_t>();
-      if (content.size() != want)
+      if (d.bytes != want)
         throw std::runtime_error(
             fmt::format("{}: size check failed: {} bytes, expected {} "
                         "(truncated or replaced)",
-                        path, content.size(), want));
-      if (io::xxh3_hex(content.data(), content.size()) != entry.at("xxh3").get<std::string>())
+                        path, d.bytes, want));
+      if (io::xxh3_hex(d.xxh3) != entry.at("xxh3").get<std::string>())
         throw std::runtime_error(fmt::format("{}: checksum mismatch (xxh3 {} expected {})", path,
-                                             io::xxh3_hex(content.data(), content.size()),
+                                             io::xxh3_hex(d.xxh3),
                                              entry.at("xxh3").get<std::string>()));
-      if (f == kConfigFile) c.state.config_toml = content;
+      if (f == kConfigFile) c.state.config_toml = read_file(path);
     }
   } catch (const nlohmann::json::exception& e) {
     throw std::runtime_error(
@@ -705,30 +784,74 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShar
                                              key.first, key.second, sources[i - 1].file->path(),
                                              sources[i].file->path()));
   }
-  // Each piece of this optimizer from whichever stored pieces overlap it.
-  for (const OptimizerPiece& piece : opt.pieces)
-    for (const auto& [kind, dst] :
-         {std::pair{"exp_avg", piece.exp_avg}, std::pair{"exp_avg_sq", piece.exp_avg_sq}}) {
-      if (!dst.is_contiguous() || dst.dtype() != DType::kF32)
-        throw std::invalid_argument("checkpoint: optimizer state is not contiguous fp32");
-      const int64_t b = piece.begin, e = piece.begin + dst.numel();
-      int64_t covered = 0;
-      auto it = stored.find({kind, piece.param});
-      if (it != stored.end())
-        for (const Source& src : it->second) {
-          const int64_t lo = std::max(b, src.begin), hi = std::min(e, src.begin + src.length);
-          if (lo >= hi) continue;
-          const auto bytes = src.file->data(*src.entry);
-          Tensor::view_of(dst, {hi - lo}, {1}, dst.offset() + (lo - b))
-              .copy_from_host(bytes.data() + static_cast<size_t>(lo - src.begin) * sizeof(float),
-                              static_cast<size_t>(hi - lo) * sizeof(float));
-          covered += hi - lo;
-        }
-      if (covered != e - b)
-        throw std::runtime_error(fmt::format(
-            "{}: {} of {}, elements [{}, {}), is missing from its {} optimizer file{}", c.path,
-            kind, piece.param, b, e, c.world_size, c.world_size > 1 ? "s" : ""));
+  // Elements [b, e) of one moment of one parameter from whichever stored pieces overlap them:
+  // put(lo, hi, bytes) for each stored run; returns how many elements were found.
+  auto copy_range = [&](const char* kind, const std::string& param, int64_t b, int64_t e,
+                        const std::function<void(int64_t, int64_t, const std::byte*)>& put) {
+    int64_t covered = 0;
+    auto it = stored.find({kind, param});
+    if (it != stored.end())
+      for (const Source& src : it->second) {
+        const int64_t lo = std::max(b, src.begin), hi = std::min(e, src.begin + src.length);
+        if (lo >= hi) continue;
+        put(lo, hi,
+            src.file->data(*src.entry).data() +
+                static_cast<size_t>(lo - src.begin) * sizeof(float));
+        covered += hi - lo;
+      }
+    return covered;
+  };
+  auto missing = [&](const char* kind, const OptimizerPiece& piece, int64_t n) {
+    return std::runtime_error(fmt::format(
+        "{}: {} of {}, elements [{}, {}), is missing from its {} optimizer file{}", c.path, kind,
+        piece.param, piece.begin, piece.begin + n, c.world_size, c.world_size > 1 ? "s" : ""));
+  };
+  if (opt.offloaded) {
+    // Offloaded: the pieces stream into fresh moment files, chunk by chunk in the flat order.
+    std::vector<int64_t> numel(opt.pieces.size()), found(2 * opt.pieces.size(), 0);
+    for (size_t i = 0; i < opt.pieces.size(); ++i) {
+      numel[i] = 1;
+      for (int64_t d : opt.pieces[i].shape) numel[i] *= d;
     }
+    size_t p0 = 0;
+    opt.offloaded->write([&](int64_t lo, int64_t count, float* m, float* v) {
+      const int64_t hi = lo + count;
+      while (p0 < numel.size() && opt.pieces[p0].first + numel[p0] <= lo) ++p0;
+      for (size_t i = p0; i < numel.size() && opt.pieces[i].first < hi; ++i) {
+        const OptimizerPiece& piece = opt.pieces[i];
+        const int64_t a = std::max(lo, piece.first), b = std::min(hi, piece.first + numel[i]);
+        if (a >= b) continue;
+        const int64_t pb = piece.begin + (a - piece.first);  // of the parameter
+        for (int k = 0; k < 2; ++k) {
+          float* dst = (k == 0 ? m : v) + (a - lo);
+          found[2 * i + k] += copy_range(
+              k == 0 ? "exp_avg" : "exp_avg_sq", piece.param, pb, pb + (b - a),
+              [&](int64_t x, int64_t y, const std::byte* bytes) {
+                std::memcpy(dst + (x - pb), bytes, static_cast<size_t>(y - x) * sizeof(float));
+              });
+        }
+      }
+    });
+    for (size_t i = 0; i < numel.size(); ++i)
+      for (int k = 0; k < 2; ++k)
+        if (found[2 * i + k] != numel[i])
+          throw missing(k == 0 ? "exp_avg" : "exp_avg_sq", opt.pieces[i], numel[i]);
+  }
+  // In memory: each piece of this optimizer from whichever stored pieces overlap it.
+  if (!opt.offloaded)
+    for (const OptimizerPiece& piece : opt.pieces)
+      for (const auto& [kind, dst] :
+           {std::pair{"exp_avg", piece.exp_avg}, std::pair{"exp_avg_sq", piece.exp_avg_sq}}) {
+        if (!dst.is_contiguous() || dst.dtype() != DType::kF32)
+          throw std::invalid_argument("checkpoint: optimizer state is not contiguous fp32");
+        const int64_t b = piece.begin, e = piece.begin + dst.numel();
+        const int64_t covered = copy_range(
+            kind, piece.param, b, e, [&](int64_t lo, int64_t hi, const std::byte* bytes) {
+              Tensor::view_of(dst, {hi - lo}, {1}, dst.offset() + (lo - b))
+                  .copy_from_host(bytes, static_cast<size_t>(hi - lo) * sizeof(float));
+            });
+        if (covered != e - b) throw missing(kind, piece, dst.numel());
+      }
   opt.optimizer->set_step_count(c.optimizer_steps);
 }
 

@@ -10,8 +10,8 @@
 //                                every other file
 // Saving copies the state into host buffers on the training thread (a memcpy into buffers kept
 // from the previous save) and writes on a writer thread while training continues, at most one
-// save in flight. Files go into
-// ckpt-<step>.tmp/, are fsync'ed, the directory is fsync'ed and renamed into place, then the
+// save in flight. Offloaded optimizer state is streamed to its file before save() returns. Files go
+// into ckpt-<step>.tmp/, are fsync'ed, the directory is fsync'ed and renamed into place, then the
 // `latest` pointer file is replaced atomically and checkpoints beyond keep_last are removed: a
 // crash or kill at any moment leaves the previous checkpoint and `latest` intact. Loading checks
 // every file's size and checksum, the safetensors structure, names, shapes and dtypes, and names
@@ -38,6 +38,7 @@
 #include "kuai/data/loader.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/adamw.h"
+#include "kuai/optim/offload_adamw.h"
 #include "kuai/train/config.h"
 
 namespace kuai::dist {
@@ -52,17 +53,26 @@ namespace kuai::train {
 // parts of parameters in this rank's shard, stored 1-D as "exp_avg.<name>@<first element>". Any
 // pieces that cover every parameter restore into any others: a ZeRO checkpoint written by W ranks
 // loads on W' ranks (re-sharding), or without ZeRO, and an unsharded one loads into ZeRO.
+//
+// Offloaded state (train.offload = disk) never sits whole in memory: its pieces name where they
+// start in the flat moments (`first`) instead of tensors, and a save streams the optimizer file
+// from the moments' files chunk by chunk, on the training thread before the save returns (the
+// next update rewrites them); a resume streams the checkpoint's pieces back into fresh files.
 struct OptimizerPiece {
   std::string param;           // the parameter's name in the model
   int64_t begin = 0;           // its first element here (of the flattened parameter)
   bool whole = true;           // the whole parameter
-  Tensor exp_avg, exp_avg_sq;  // contiguous fp32 views of the optimizer's state for the piece
+  Shape shape;                 // as stored: the parameter's shape (whole), else (elements)
+  Tensor exp_avg, exp_avg_sq;  // contiguous fp32 views of the optimizer's state (in memory)
+  int64_t first = -1;          // offloaded: the piece's first element in the flat moments
 };
 struct OptimizerShard {
-  optim::Optimizer* optimizer = nullptr;  // its step count is saved and restored
+  optim::Optimizer* optimizer = nullptr;         // its step count is saved and restored
+  optim::OffloadedMoments* offloaded = nullptr;  // the moments' files (pieces by `first`)
   std::vector<OptimizerPiece> pieces;
 };
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt);
+OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt);
 OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt);
 
 struct TrainingState {
@@ -110,6 +120,10 @@ class Checkpointer {
     std::string name;
     uint64_t bytes = 0, xxh3 = 0;
   };
+  std::string tmp_dir(int64_t step) const;
+  void make_tmp_dir(int64_t step) const;  // fresh (one rank) or shared (a group)
+  // The offloaded optimizer file, streamed into ckpt-<step>.tmp/ now.
+  FileRecord stream_optimizer(const OptimizerShard& opt, int64_t step);
   std::string optimizer_file() const;
   void wait_writer();  // the save in flight written; rethrows its failure
   void write(Snapshot& s);

@@ -53,6 +53,12 @@ struct TrainConfig {
   // recompute_layers blocks (-1: all).
   std::string recompute = "none";
   int64_t recompute_layers = -1;
+  // Optimizer state offloaded to disk (optim/offloaded_moments.h): "none" | "disk". AdamW's
+  // moments (ZeRO: this rank's shard) live in files under offload_dir (empty: <run>/offload),
+  // one folder per rank, streamed through the update in chunks of offload_chunk_mb per file.
+  std::string offload = "none";
+  std::string offload_dir;
+  int64_t offload_chunk_mb = 64;
   // fp16's dynamic loss scale (GradScaler's init_scale and growth_interval, PyTorch's defaults).
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

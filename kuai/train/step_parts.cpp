@@ -1,6 +1,10 @@
 // A run's step parts from its config (see step_parts.h).
 #include "kuai/train/step_parts.h"
 
+#include <fmt/format.h>
+
+#include <filesystem>
+
 #include "kuai/amp/autocast.h"
 #include "kuai/nn/optimize.h"
 
@@ -16,6 +20,13 @@ std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weigh
     (is_matmul_weight ? decay : no_decay).params.push_back(p);
   }
   return {decay, no_decay};
+}
+
+std::string offload_dir(const TrainConfig& cfg, int rank) {
+  const std::filesystem::path base =
+      cfg.offload_dir.empty() ? std::filesystem::path(cfg.run_dir) / cfg.run_name / "offload"
+                              : std::filesystem::path(cfg.offload_dir);
+  return (base / fmt::format("rank{}", rank)).string();
 }
 
 StepOptions step_options(const TrainConfig& cfg) {
@@ -63,13 +74,20 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
   // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
   // Alone there is nothing to shard, and stage 2 runs as stage 1.
+  // Offload (technique 8's other half): the moments, or ZeRO's shard of them, in files of this
+  // rank's, streamed through the update.
   const auto groups = param_groups(*gpt, static_cast<float>(cfg.weight_decay));
+  std::optional<optim::OffloadOptions> offload;
+  if (cfg.offload == "disk")
+    offload = optim::OffloadOptions{offload_dir(cfg, group->rank()), cfg.offload_chunk_mb << 20};
   if (cfg.zero > 0) {
     parts->zero = std::make_unique<dist::ZeroAdamW>(
         groups, aopt, group,
         parts->ddp ? parts->ddp->bucket_params() : std::vector<std::vector<Tensor>>{},
-        parts->ddp ? static_cast<int>(cfg.zero) : 1);
+        parts->ddp ? static_cast<int>(cfg.zero) : 1, int64_t{1} << 22, offload);
     if (parts->zero->stage() == 2) parts->ddp->shard_gradients(parts->zero->gradient_shards());
+  } else if (offload) {
+    parts->offloaded = std::make_unique<optim::OffloadedAdamW>(groups, aopt, *offload);
   } else {
     parts->adamw = std::make_unique<optim::AdamW>(groups, aopt);
   }

@@ -1,6 +1,7 @@
 // What a run's training step is made of, built from its config the one way `kuai train` builds
 // it: the model (attention replaced as model.attention asks), DDP over several ranks, AdamW or
-// ZeRO's sharded AdamW, the loss scaler and the TrainStep over them. `kuai plan` builds the same
+// ZeRO's sharded AdamW (either with its moments offloaded to disk under train.offload = disk),
+// the loss scaler and the TrainStep over them. `kuai plan` builds the same
 // parts on meta tensors (under DeviceGuard(kMeta), with a recording process group) and runs the
 // step they make, so a technique added here is planned without being described twice.
 #pragma once
@@ -14,6 +15,7 @@
 #include "kuai/distributed/zero.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/adamw.h"
+#include "kuai/optim/offload_adamw.h"
 #include "kuai/train/config.h"
 #include "kuai/train/train_step.h"
 
@@ -22,17 +24,24 @@ namespace kuai::train {
 struct StepParts {
   std::shared_ptr<nn::Module> model;  // the trained module (a GPT when built from a config)
   std::optional<dist::DistributedDataParallel> ddp;
-  std::unique_ptr<optim::AdamW> adamw;    // or
-  std::unique_ptr<dist::ZeroAdamW> zero;  // ZeRO's sharded AdamW (dist.zero > 0)
+  std::unique_ptr<optim::AdamW> adamw;               // or
+  std::unique_ptr<optim::OffloadedAdamW> offloaded;  // AdamW over moments on disk, or
+  std::unique_ptr<dist::ZeroAdamW> zero;             // ZeRO's sharded AdamW (dist.zero > 0)
   std::unique_ptr<amp::GradScaler> scaler;
   std::unique_ptr<TrainStep> step;
   optim::Optimizer& optimizer() {
-    return zero ? static_cast<optim::Optimizer&>(*zero) : static_cast<optim::Optimizer&>(*adamw);
+    if (zero) return *zero;
+    if (offloaded) return *offloaded;
+    return *adamw;
   }
 };
 
 // AdamW's two groups: 2-D matmul weights decay, embeddings, norms and biases do not.
 std::vector<optim::ParamGroup> param_groups(const nn::Module& model, float weight_decay);
+
+// Where rank `rank` keeps its offloaded optimizer state: train.offload_dir, or the run
+// directory's offload/ folder, then rank<r>/.
+std::string offload_dir(const TrainConfig& cfg, int rank);
 
 // The step's options from the config (no log callback).
 StepOptions step_options(const TrainConfig& cfg);

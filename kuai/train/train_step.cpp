@@ -39,25 +39,25 @@ TrainStep::TrainStep(nn::Module& model, LossFn loss, optim::Optimizer& opt, amp:
     throw std::invalid_argument(
         fmt::format("TrainStep: accum_steps must be >= 1, got {}", options_.accum_steps));
   if (!options_.compile) return;
-  auto* adamw = dynamic_cast<optim::AdamW*>(&opt_);
-  if (zero_ != nullptr || adamw == nullptr) {
+  // The optimizer's state, made now (state made inside the captured step would be made anew each
+  // replay); an optimizer that cannot be captured runs the whole step eager.
+  std::optional<std::vector<Tensor>> state = zero_ ? std::nullopt : opt_.capture_state();
+  if (!state) {
     if (options_.log)
       options_.log(zero_ != nullptr
                        ? "train.compile: not applied: ZeRO steps are not captured yet (their "
                          "reduce-scatter and all-gather are not primitives); this run is eager"
-                       : "train.compile: not applied: only AdamW steps are captured; this run is "
-                         "eager");
+                       : "train.compile: not applied: this optimizer's steps are not captured; "
+                         "this run is eager");
     return;
   }
-  adamw->ensure_state();  // state made inside the captured step would be made anew each replay
   CompileOptions co;
   co.module = &model_;
   co.passes = options_.passes;
   co.executable = options_.executable;
-  co.state = [this, adamw] {
-    std::vector<Tensor> t = {adamw->step_tensor(), adamw->lr_tensor(), scaler_.scale_tensor()};
-    for (const auto& g : adamw->exp_avg()) t.insert(t.end(), g.begin(), g.end());
-    for (const auto& g : adamw->exp_avg_sq()) t.insert(t.end(), g.begin(), g.end());
+  co.state = [this, opt_state = std::move(*state)] {
+    std::vector<Tensor> t = opt_state;
+    t.push_back(scaler_.scale_tensor());
     if (ddp_)  // DDP: the gradient buckets the captured collectives reduce
       for (const auto& b : ddp_->buckets()) t.push_back(b.flat);
     return t;

@@ -269,10 +269,17 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     // 0's).
     if (!cfg.init_hf.empty() && opts.resume.empty()) io::load_hf(cfg.init_hf, m);
   });
+  if (options.built) options.built(*parts);
   nn::GPT& model = static_cast<nn::GPT&>(*parts->model);
   std::optional<dist::DistributedDataParallel>& ddp = parts->ddp;
   std::unique_ptr<optim::AdamW>& adamw = parts->adamw;
   std::unique_ptr<dist::ZeroAdamW>& zero = parts->zero;
+  // What a checkpoint saves of the optimizer on this rank (and restores into it).
+  auto opt_shard = [&]() {
+    if (zero) return optimizer_shard(model, *zero);
+    if (parts->offloaded) return optimizer_shard(model, *parts->offloaded);
+    return optimizer_shard(model, *adamw);
+  };
   const std::vector<Tensor> params = model.parameters();
   amp::GradScaler& scaler = *parts->scaler;
   optim::Optimizer& opt = parts->optimizer();
@@ -288,8 +295,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           "{}: saved with train.seed = {}, the config has {} (the data order would differ)", c.path,
           c.state.data_seed, cfg.seed));
     // Any checkpoint restores whatever its world size and ZeRO stage (re-sharding).
-    restore_checkpoint(c, model,
-                       zero ? optimizer_shard(model, *zero) : optimizer_shard(model, *adamw));
+    restore_checkpoint(c, model, opt_shard());
     if (scaler.enabled() && c.state.loss_scale) scaler.load_state(*c.state.loss_scale);
     result.start_step = c.state.step;
     loader_start = c.state.loader;
@@ -337,6 +343,15 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           static_cast<double>(zero->state_bytes()) / (1 << 20),
           static_cast<double>(zero->num_elements()) * 8 / (1 << 20),
           cfg.zero == 2 && zero->stage() == 1 ? "; one rank: stage 2 runs as stage 1" : "");
+    if (cfg.offload == "disk") {
+      const optim::OffloadedMoments& om = zero ? *zero->offloaded() : parts->offloaded->moments();
+      out << fmt::format(
+          "optimizer state offloaded to disk: {:.1f} MiB of moments in {} ({}, {}), streamed "
+          "through {:.1f} MiB of chunk buffers\n",
+          static_cast<double>(om.file_bytes()) / (1 << 20), om.dir(),
+          om.stream().direct() ? "O_DIRECT" : "page cache: O_DIRECT refused", "io_uring",
+          static_cast<double>(om.buffer_bytes()) / (1 << 20));
+    }
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
     out.flush();
   }
@@ -359,7 +374,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         (std::filesystem::path(cfg.run_dir) / cfg.run_name).string();  // result.run_path on rank 0
     ckpt = std::make_unique<Checkpointer>(dir, cfg.keep_last, cfg.async_save,
                                           sharded_ckpt ? group : nullptr);
-    shard = zero ? optimizer_shard(model, *zero) : optimizer_shard(model, *adamw);
+    shard = opt_shard();
   }
   const std::string config_text = to_toml(cfg);
   // Saves at `step` (completed steps). Returns false when training must stop (on_error = stop).

@@ -72,6 +72,8 @@ struct TrainResult {
   std::vector<double> save_blocked_ms;  // per save: time the step loop was blocked
 };
 
+struct StepParts;
+
 struct TrainOptions {
   bool write_run_dir = true;                // runs/<name>/ with config, metrics, weights
   bool terminal = false;                    // stdout is a terminal: log.progress = auto -> bar
@@ -79,6 +81,7 @@ struct TrainOptions {
   bool quiet = false;                       // no header/summary lines (benchmarks)
   std::string resume;  // a checkpoint or run directory to continue from (cfg must match it)
   std::function<void(int64_t step)> after_step;  // tests: called after each optimizer step
+  std::function<void(StepParts&)> built;         // tests: called once the step's parts exist
   // The ranks of the run; null: MPI_COMM_WORLD when launched by mpirun, else one process. With
   // more than one rank the model is wrapped in DDP, each rank reads its own shard of every batch
   // (train.batch_size rows per rank), metrics are averaged over ranks, and only rank 0 writes

@@ -684,16 +684,19 @@ TEST(MpiTrainer, CompressedTrainingFollowsUncompressed) {
 // the uninterrupted run's losses bit for bit: without ZeRO (rank 0 writes the checkpoint) and with
 // ZeRO-2 (each rank writes its optimizer shard; the periodic save at step 3 is committed one step
 // later, the stop's save at the end).
-void resume_is_bit_exact(const std::string& zero) {
+void resume_is_bit_exact(const std::string& zero, const std::vector<std::string>& extra = {}) {
   namespace fs = std::filesystem;
   auto pg = group();
-  const fs::path dir = "/tmp/kuai_mpi_resume_zero" + zero;
+  const fs::path dir = "/tmp/kuai_mpi_resume_zero" + zero + (extra.empty() ? "" : "_x");
   if (pg->rank() == 0) fs::remove_all(dir);
   pg->barrier();
   auto args = [&](const std::string& name) {
-    return small_run({"--run.dir=" + dir.string(), "--run.name=" + name, "--train.accum_steps=2",
-                      "--train.steps=8", "--dist.zero=" + zero, "--dist.bucket_mb=0.01",
-                      "--checkpoint.save_every=3"});
+    std::vector<std::string> a = {"--run.dir=" + dir.string(), "--run.name=" + name,
+                                  "--train.accum_steps=2",     "--train.steps=8",
+                                  "--dist.zero=" + zero,       "--dist.bucket_mb=0.01",
+                                  "--checkpoint.save_every=3"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return small_run(a);
   };
   std::ostringstream out;
   train::TrainOptions o;
@@ -731,6 +734,63 @@ void resume_is_bit_exact(const std::string& zero) {
 
 TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) { resume_is_bit_exact("0"); }
 TEST(MpiZero, ResumeOfATwoRankZero2RunIsBitExact) { resume_is_bit_exact("2"); }
+// Each rank streams its offloaded shard into its optimizer file, and back into fresh files.
+TEST(MpiZero, ResumeOfATwoRankZero2RunWithOffloadIsBitExact) {
+  resume_is_bit_exact("2", {"--train.offload=disk"});
+}
+
+// Optimizer state offloaded to disk on 2 ranks (DDP: each rank all of it; ZeRO: each rank its
+// shard, in a folder of its own) trains like the in-memory run bit for bit: losses, gradient
+// norms, and the checkpoint's files (the offloaded save streams the same bytes).
+TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
+  auto pg = group();
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kuai_mpi_offload";
+  for (const auto& [name, extra] : std::vector<std::pair<std::string, std::vector<std::string>>>{
+           {"ddp_accum2", {"--train.accum_steps=2"}},
+           {"ddp_fp16_full", {"--train.precision=fp16", "--train.recompute=full"}},
+           {"zero1", {"--dist.zero=1"}},
+           {"zero2_accum2_full",
+            {"--dist.zero=2", "--train.accum_steps=2", "--train.recompute=full"}},
+           {"zero2_llama_bf16",
+            {"--dist.zero=2", "--model.family=llama", "--model.n_head=4", "--model.n_kv_head=2",
+             "--model.ffn_hidden=48", "--train.precision=bf16"}},
+           {"compiled", {"--train.compile=true"}}}) {
+    auto run = [&](const std::string& offload) {
+      std::vector<std::string> o = {"--train.steps=4",
+                                    "--train.warmup_steps=2",
+                                    "--checkpoint.save_every=4",
+                                    "--train.threads=1",
+                                    "--dist.bucket_mb=0.01",
+                                    "--run.dir=" + dir.string(),
+                                    "--run.name=" + name + "_" + offload,
+                                    "--train.offload=" + offload};
+      o.insert(o.end(), extra.begin(), extra.end());
+      train::TrainOptions opts;
+      opts.group = pg;
+      std::ostringstream out;
+      return train::run_training(train::load_config("", small_run(o)), out, opts);
+    };
+    const train::TrainResult plain = run("none");
+    const train::TrainResult r = run("disk");
+    ASSERT_EQ(plain.losses.size(), 4u) << name;
+    EXPECT_EQ(r.losses, plain.losses) << name;
+    EXPECT_EQ(r.grad_norms, plain.grad_norms) << name;
+    auto bytes = [](const std::string& path) {
+      std::ifstream f(path, std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    };
+    std::vector<std::string> files;
+    if (pg->rank() == 0) files = {"/model.safetensors", "/ckpt-4/optimizer.rank0.safetensors"};
+    if (pg->rank() == 1 && name.starts_with("zero"))
+      files = {"/ckpt-4/optimizer.rank1.safetensors"};
+    for (const std::string& file : files) {
+      const std::string a = bytes((dir / (name + "_none")).string() + file);
+      EXPECT_FALSE(a.empty()) << name << file;
+      EXPECT_EQ(bytes((dir / (name + "_disk")).string() + file), a) << name << file;
+    }
+    pg->barrier();
+  }
+}
 
 // A rank that cannot write its optimizer shard fails the checkpoint on every rank: rank 0 names
 // it, every rank stops at the same step (checkpoint.on_error = stop), and `latest` still names

@@ -59,9 +59,14 @@ fs::path fresh_dir(const std::string& name) {
   return d;
 }
 
+// `resumed`: overrides of the resumed run's config (a checkpoint of offloaded state resumes in
+// memory, and the other way round).
 void expect_resume_is_bit_exact(const std::string& precision,
-                                const std::vector<std::string>& extra = {}) {
-  const fs::path dir = fresh_dir("kuai_ckpt_resume_" + precision + (extra.empty() ? "" : "_x"));
+                                const std::vector<std::string>& extra = {},
+                                const std::string& tag = "",
+                                const std::vector<std::string>& resumed = {}) {
+  const fs::path dir =
+      fresh_dir("kuai_ckpt_resume_" + precision + (extra.empty() ? "" : "_x") + tag);
   std::vector<std::string> args = small_run(dir.string(), "full");
   args.insert(args.end(), extra.begin(), extra.end());
   args.push_back("--checkpoint.save_every=4");
@@ -100,7 +105,7 @@ void expect_resume_is_bit_exact(const std::string& precision,
   TrainOptions r;
   r.resume = cut_dir.string();
   const TrainResult rest =
-      run_training(load_config((cut_dir / "ckpt-6/config.toml").string(), {}), out, r);
+      run_training(load_config((cut_dir / "ckpt-6/config.toml").string(), resumed), out, r);
   EXPECT_EQ(rest.start_step, 6);
   ASSERT_EQ(rest.losses.size(), 4u);
   std::vector<float> joined = first.losses;
@@ -127,6 +132,20 @@ TEST(Checkpoint, ResumeIsBitExactInFp16WithTheLossScale) { expect_resume_is_bit_
 // The llama family (grouped-query attention, SwiGLU, untied output layer), fp32 and bf16.
 const std::vector<std::string> kLlama = {"--model.family=llama", "--model.n_head=4",
                                          "--model.n_kv_head=2", "--model.ffn_hidden=48"};
+// Offloaded moments (d_model 128: two 1 MiB chunks per moment) are streamed into the checkpoint
+// and back into fresh files on resume; the checkpoint is the in-memory one's format, so either
+// resumes into the other.
+const std::vector<std::string> kOffload = {"--train.offload=disk", "--train.offload_chunk_mb=1",
+                                           "--model.d_model=128"};
+TEST(Checkpoint, OffloadResumeIsBitExact) { expect_resume_is_bit_exact("fp32", kOffload, "off"); }
+TEST(Checkpoint, OffloadResumeIsBitExactInFp16WithTheLossScale) {
+  expect_resume_is_bit_exact("fp16", kOffload, "off");
+}
+TEST(Checkpoint, OffloadedCheckpointResumesInMemoryAndBack) {
+  expect_resume_is_bit_exact("fp32", kOffload, "off_mem", {"--train.offload=none"});
+  expect_resume_is_bit_exact("fp32", {"--model.d_model=128"}, "mem_off",
+                             {"--train.offload=disk", "--train.offload_chunk_mb=1"});
+}
 TEST(Checkpoint, LlamaResumeIsBitExact) { expect_resume_is_bit_exact("fp32", kLlama); }
 TEST(Checkpoint, LlamaResumeIsBitExactInBf16) { expect_resume_is_bit_exact("bf16", kLlama); }
 
