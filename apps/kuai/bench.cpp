@@ -22,6 +22,8 @@
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/rng.h"
+#include "kuai/optim/adamw.h"
+#include "kuai/optim/offload_adamw.h"
 #include "kuai/plan/disk.h"
 #include "kuai/train/ablation.h"
 #include "kuai/train/compile_bench.h"
@@ -301,6 +303,120 @@ int run_disk_bench(const std::vector<std::string>& args) {
   return 0;
 }
 
+// `kuai bench offload-update`: AdamW's update over moments offloaded to disk against the same
+// update in memory, side by side (ABBA rounds) on the same number of parameters, beside the I/O
+// floor: the bytes the pass moves (both moments read and written) over the disk's update-pass
+// bandwidth, measured in this run on files of the same size at the same chunk size.
+int run_offload_update_bench(const std::vector<std::string>& args) {
+  double params_m = 124.4;  // GPT-2 124M's parameters
+  int64_t chunk_mb = 64, rounds = 5;
+  std::string dir = "runs/offload_bench";
+  for (const std::string& a : args) {
+    if (a == "offload-update") continue;
+    if (a.rfind("--params-m=", 0) == 0)
+      params_m = std::stod(a.substr(11));
+    else if (a.rfind("--chunk-mb=", 0) == 0)
+      chunk_mb = std::stoll(a.substr(11));
+    else if (a.rfind("--rounds=", 0) == 0)
+      rounds = std::stoll(a.substr(9));
+    else if (a.rfind("--dir=", 0) == 0)
+      dir = a.substr(6);
+    else
+      throw std::invalid_argument("bench offload-update: unknown argument " + a +
+                                  " (--params-m=N millions, --chunk-mb=N, --rounds=N, --dir=PATH)");
+  }
+  if (params_m <= 0 || chunk_mb < 1 || rounds < 1)
+    throw std::invalid_argument("bench offload-update: sizes and rounds must be positive");
+  // The parameters as a model has them: tensors of a few million elements.
+  const int64_t n = static_cast<int64_t>(params_m * 1e6);
+  const int64_t piece = int64_t{3} << 20;
+  auto make = [&](uint64_t seed) {
+    Generator g(seed, 0);
+    std::vector<Tensor> ps;
+    for (int64_t at = 0; at < n; at += piece) {
+      Tensor p = g.normal({std::min(piece, n - at)}, 0.0f, 0.02f).requires_grad_();
+      p.set_grad(g.normal(p.shape(), 0.0f, 1e-3f));
+      ps.push_back(p);
+    }
+    return std::vector<optim::ParamGroup>{{ps, 0.1f}};
+  };
+  optim::AdamWOptions ao;
+  ao.lr = 1e-4f;
+  // The disk first, on files of the moments' size.
+  plan::DiskBenchOptions dopt;
+  dopt.dir = dir;
+  dopt.bytes = n * 4;
+  dopt.chunk_bytes = chunk_mb << 20;
+  dopt.rounds = 3;
+  std::cerr << fmt::format(
+      "bench offload-update: {:.1f} M parameters, chunks of {} MiB, {} rounds; "
+      "measuring the disk under {} first\n",
+      double(n) / 1e6, chunk_mb, rounds, dir);
+  const plan::Disk disk = plan::measure_disk(dopt);
+  const double moved = 4.0 * 4.0 * double(n);  // m and v, read and written
+  const double floor_ms = moved / (disk.update_gbs * 1e9) * 1e3;
+
+  auto a_groups = make(1), b_groups = make(1);
+  const int64_t before = Allocator::get().stats().current;
+  optim::AdamW in_memory(a_groups, ao);
+  in_memory.step();  // the moments are made at the first step
+  const int64_t memory_bytes = Allocator::get().stats().current - before;
+  const int64_t before_off = Allocator::get().stats().current;
+  optim::OffloadedAdamW offloaded(
+      b_groups, ao, {(std::filesystem::path(dir) / "moments").string(), chunk_mb << 20});
+  offloaded.step();
+  const int64_t offload_bytes = Allocator::get().stats().current - before_off;
+  std::vector<double> t_mem, t_off;
+  using Clock = std::chrono::steady_clock;
+  auto time = [](optim::Optimizer& o) {
+    const auto t0 = Clock::now();
+    o.step();
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  };
+  for (int64_t r = 0; r < rounds; ++r) {
+    if (r % 2 == 0) {
+      t_mem.push_back(time(in_memory));
+      t_off.push_back(time(offloaded));
+    } else {
+      t_off.push_back(time(offloaded));
+      t_mem.push_back(time(in_memory));
+    }
+  }
+  auto med = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const auto [mlo, mhi] = std::minmax_element(t_mem.begin(), t_mem.end());
+  const auto [olo, ohi] = std::minmax_element(t_off.begin(), t_off.end());
+  const io::StreamStats& st = offloaded.stream().stats();
+  std::cout << machine_line() << "\n"
+            << fmt::format(
+                   "| AdamW update, {:.1f} M parameters | median ms (min-max, {} rounds ABBA) | "
+                   "resident optimizer memory |\n|---|---|---|\n"
+                   "| in memory | {:.1f} ({:.1f}-{:.1f}) | {:.1f} MiB ({:.2f} B/param) |\n"
+                   "| offloaded to disk ({} MiB chunks, {}) | {:.1f} ({:.1f}-{:.1f}) | {:.1f} MiB "
+                   "({:.3f} B/param) |\n"
+                   "| I/O floor: {:.2f} GB moved / {:.3f} GB/s (disk update pass, this run) | "
+                   "{:.1f} | |\n",
+                   double(n) / 1e6, rounds, med(t_mem), *mlo, *mhi,
+                   double(memory_bytes) / (1 << 20), double(memory_bytes) / double(n), chunk_mb,
+                   offloaded.stream().direct() ? "O_DIRECT, io_uring" : "page cache, io_uring",
+                   med(t_off), *olo, *ohi, double(offload_bytes) / (1 << 20),
+                   double(offload_bytes) / double(n), moved / 1e9, disk.update_gbs, floor_ms)
+            << fmt::format(
+                   "offloaded update: {:.2f}x the I/O floor, {:.2f}x the in-memory update; the "
+                   "stream waited {:.0f} ms for the disk and updated for {:.0f} ms over {} "
+                   "passes; disk here: read {:.3f}, write {:.3f} GB/s\n",
+                   med(t_off) / floor_ms, med(t_off) / med(t_mem), st.wait_ms, st.busy_ms,
+                   rounds + 1, disk.read_gbs, disk.write_gbs)
+            << fmt::format(
+                   "RESULT offload_update_ms={:.1f} io_floor_ms={:.1f} floor_ratio={:.3f} "
+                   "adamw_ms={:.1f} resident_mib={:.1f} adamw_resident_mib={:.1f}\n",
+                   med(t_off), floor_ms, med(t_off) / floor_ms, med(t_mem),
+                   double(offload_bytes) / (1 << 20), double(memory_bytes) / (1 << 20));
+  return 0;
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
@@ -316,10 +432,12 @@ int run_bench(const std::vector<std::string>& args) {
   for (const std::string& a : args)
     if (a == "disk") return run_disk_bench(args);
   for (const std::string& a : args)
+    if (a == "offload-update") return run_offload_update_bench(args);
+  for (const std::string& a : args)
     if (a == "compile") return run_compile_bench(args);
   for (const std::string& a : args)
     if (a == "--all" || a == "precision" || a == "accumulation" || a == "prefetch" ||
-        a == "metrics" || a == "checkpoint" || a == "flash" || a == "recompute")
+        a == "metrics" || a == "checkpoint" || a == "flash" || a == "recompute" || a == "offload")
       return run_ablation_bench(args);
   for (const std::string& a : args) {
     if (a.rfind("--threads=", 0) == 0)
@@ -333,8 +451,8 @@ int run_bench(const std::vector<std::string>& args) {
     throw std::invalid_argument(
         "unknown benchmark '" + what +
         "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, compile, "
-        "recompute, "
-        "attention, ddp, link, disk, plan, machine, gemm, bandwidth, adamw)");
+        "recompute, offload, "
+        "attention, ddp, link, disk, offload-update, plan, machine, gemm, bandwidth, adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();

@@ -79,6 +79,14 @@ int run_plan(const std::vector<std::string>& args) {
   }
 
   plan::MachineCosts costs;
+  // The disk offloaded optimizer state streams through: measured by `kuai bench disk`, else an
+  // assumption said as such.
+  if (const auto d = plan::measured_disk()) {
+    costs.disk = *d;
+  } else {
+    costs.disk.read_gbs = costs.disk.write_gbs = costs.disk.update_gbs = 0.5;
+    costs.disk.source = "assumed: run `kuai bench disk` to measure it";
+  }
   // Ranks that share a host run beside each other. Unless told, the hosts are taken to be like
   // this one and filled: as many ranks as its cores hold at the rank's thread count (all N when
   // they fit here, as `mpirun -np N` here would run them).
@@ -98,11 +106,12 @@ int run_plan(const std::vector<std::string>& args) {
       const std::vector<plan::FitOption> options = plan::fit(cfg, ranks, budget, link, costs);
       if (options.empty()) {
         std::cout << "\n--fit: no combination of fewer micro-batch rows (more accumulation), "
-                     "bf16, flash attention, ZeRO-1/2 and up to 64x the ranks (the same global "
-                     "batch) fits. What is left per rank is the fp32 parameters, autocast's weight "
-                     "copies and one row's activations: a shorter sequence, a smaller model or "
-                     "more memory per rank (kuai has no activation checkpointing or parameter "
-                     "sharding, ZeRO-3, yet)\n";
+                     "bf16, flash attention, ZeRO-1/2, activation recomputation, optimizer state "
+                     "offloaded to disk and up to 64x the ranks (the same global batch) fits. "
+                     "What is left per rank is the fp32 parameters and their gradients, "
+                     "autocast's weight copies and one row's activations: a shorter sequence, a "
+                     "smaller model or more memory per rank (kuai has no parameter sharding, "
+                     "ZeRO-3, yet)\n";
       } else {
         std::cout << fmt::format(
             "\n--fit: {} change set{} within {} (5% spare); on {} rank{} first, then more ranks "

@@ -51,7 +51,9 @@ ChunkStream::ChunkStream(std::vector<std::string> paths, int64_t bytes,
                          const StreamOptions& options)
     : paths_(std::move(paths)), bytes_(bytes), direct_(options.direct) {
   if (bytes < 0) throw std::invalid_argument("chunk stream: negative size");
-  chunk_ = round_up(std::max<int64_t>(options.chunk_bytes, 1), kAlign);
+  // A file smaller than a chunk needs buffers of its size only.
+  chunk_ = std::min(round_up(std::max<int64_t>(options.chunk_bytes, 1), kAlign),
+                    std::max<int64_t>(round_up(bytes, kAlign), kAlign));
   chunks_ = (bytes_ + chunk_ - 1) / chunk_;
   io_bytes_ = round_up(bytes_, kAlign);
   try {

@@ -18,10 +18,11 @@ OffloadedMoments::OffloadedMoments(const OffloadOptions& options, int64_t elemen
         "offload: chunk of {} bytes; at least 4096 (one O_DIRECT block)", options.chunk_bytes));
   if (default_device() == kMeta) {  // planned, not run: the buffers' memory and no files
     const int64_t chunk = (options.chunk_bytes + 4095) / 4096 * 4096;
-    const int64_t bytes = std::min(chunk, std::max<int64_t>(elements * 4, 4096));
+    const int64_t bytes =
+        std::min(chunk, std::max<int64_t>((elements * 4 + 4095) / 4096 * 4096, 4096));
     const MemoryUseScope state(MemoryUse::kOptimizer);
     buffer_bytes_ = 6 * bytes;
-    meta_buffers_ = Tensor::empty({buffer_bytes_ / 4}, DType::kF32);
+    meta_buffers_ = Tensor::empty({buffer_bytes_ / 4}, DType::kF32, kMeta);
     return;
   }
   if (dir_.empty()) throw std::invalid_argument("offload: no directory for the optimizer state");

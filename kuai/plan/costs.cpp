@@ -167,6 +167,10 @@ Prepared prepare_op(const OpRecord& op, double budget_flops, double budget_bytes
     r.cost.source = "no kernel";
     return r;
   }
+  if (op.cost.disk_read + op.cost.disk_written > 0) {  // streams files: priced at the disk's rate
+    r.cost.source = "disk";
+    return r;
+  }
   if (op.in.empty()) {  // a creation op: it writes its output
     r.cost.source = "estimated";
     return r;
@@ -344,6 +348,13 @@ OpCost measure_op(const OpRecord& op, int neighbours, double budget_flops, doubl
 
 double op_seconds(const OpRecord& op, const MachineCosts& costs) {
   if (op.view || op.primitive->host_side()) return 0.0;
+  if (op.cost.disk_read + op.cost.disk_written > 0) {
+    // Offloaded state: the pass reads and writes the files while it updates (a pipeline), so it
+    // takes the longer of its disk I/O and its memory traffic.
+    const double bytes = double(op.cost.bytes_read + op.cost.bytes_written);
+    return std::max(bytes / (costs.bandwidth.at(bytes) * 1e9),
+                    costs.disk.seconds(double(op.cost.disk_read), double(op.cost.disk_written)));
+  }
   const auto it = costs.ops.find(op.key);
   if (it != costs.ops.end() && it->second.source != "estimated") return it->second.seconds;
   const double bytes = double(op.cost.bytes_read + op.cost.bytes_written);

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kuai/plan/disk.h"
 #include "kuai/plan/trace.h"
 
 namespace kuai::plan {
@@ -45,6 +46,9 @@ struct MachineCosts {
   double gflops = 0;         // the best rate measured (prices ops too large to run here)
   int threads = 1;
   std::string cpu;  // the CPU backend's description
+  // The disk offloaded optimizer state streams through (kuai bench disk; else an assumption
+  // said as such): an op that moves disk bytes (Cost::disk_read / disk_written) is priced at it.
+  Disk disk;
 };
 
 int64_t last_level_cache_bytes();  // sysconf's L3 (else L2), at most 256 MiB

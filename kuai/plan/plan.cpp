@@ -121,6 +121,7 @@ StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
   s.recompute_layers = cfg.recompute == "none"    ? 0
                        : cfg.recompute_layers < 0 ? s.model.n_layer
                                                   : std::min(cfg.recompute_layers, s.model.n_layer);
+  s.offload = cfg.offload;
   return s;
 }
 
@@ -189,7 +190,9 @@ TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const M
     if (backward && !op.backward) now = std::max(now, pending);  // backward over: wait
     backward = op.backward;
     const double k = op_seconds(op, costs);
-    if (op.primitive->op_class() == OpClass::kAttention)
+    if (op.cost.disk_read + op.cost.disk_written > 0)
+      t.disk_s += k;
+    else if (op.primitive->op_class() == OpClass::kAttention)
       t.attention_s += k;
     else if (op.cost.flops > 0)
       t.products_s += k;
@@ -203,7 +206,7 @@ TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const M
   now = std::max(now, pending);
   t.step_s = now;
   t.comm_exposed_s =
-      std::max(0.0, now - (t.products_s + t.attention_s + t.memory_s + t.overhead_s));
+      std::max(0.0, now - (t.products_s + t.attention_s + t.memory_s + t.disk_s + t.overhead_s));
   t.tokens_per_s = double(step.tokens * spec.ranks) / t.step_s;
   return t;
 }
@@ -315,43 +318,50 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
             if (n == 1 && zero > 0) continue;
             if (zero == 2 && cfg.compression != "none")
               continue;  // not combined (distributed/ddp.cpp)
-            // Recomputation costs time: the config's own policy first, then selective, then
-            // full, each only where the cheaper ones did not fit.
-            for (const std::string& recompute : recompute_ladder(cfg.recompute)) {
-              train::TrainConfig c = cfg;
-              c.batch_size = rows;
-              c.accum_steps = accum;
-              c.precision = precision;
-              c.attention = attention;
-              c.zero = zero;
-              c.recompute = recompute;
-              std::vector<std::string> o;
-              if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
-              if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
-              if (precision != cfg.precision) o.push_back("--train.precision=" + precision);
-              if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
-              if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
-              if (recompute != cfg.recompute) o.push_back("--train.recompute=" + recompute);
-              std::string key = fmt::format("{}", n);
-              for (const auto& x : o) key += " " + x;
-              if (!seen.insert(key).second) continue;
-              const TraceTarget target = target_for(c, n);
-              const StepTrace quick = trace_step(target);  // without the products' scratch
-              if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
-              Prediction p;
-              p.spec = step_spec(c, n, omp_get_max_threads());
-              p.step = trace_with_costs(target, costs, &quick);
-              p.time = predict_time(p.spec, p.step, costs, link);
-              p.budget_bytes = budget_bytes;
-              if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
-              FitOption f;
-              f.overrides = o;
-              f.ranks = n;
-              f.peak_bytes = p.step.peak_bytes;
-              f.step_s = p.time.step_s;
-              f.tokens_per_s = p.time.tokens_per_s;
-              out.push_back(f);
-              break;  // fits: a costlier policy is not needed
+            // Offload costs disk time, recomputation compute time: for each of the config's own
+            // placement of the optimizer state and disk, the config's own policy first, then
+            // selective, then full, each only where the cheaper ones did not fit.
+            for (const std::string& offload :
+                 std::vector<std::string>{cfg.offload, cfg.offload == "none" ? "disk" : ""}) {
+              if (offload.empty()) continue;
+              for (const std::string& recompute : recompute_ladder(cfg.recompute)) {
+                train::TrainConfig c = cfg;
+                c.batch_size = rows;
+                c.accum_steps = accum;
+                c.precision = precision;
+                c.attention = attention;
+                c.zero = zero;
+                c.recompute = recompute;
+                c.offload = offload;
+                std::vector<std::string> o;
+                if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
+                if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
+                if (precision != cfg.precision) o.push_back("--train.precision=" + precision);
+                if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
+                if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
+                if (recompute != cfg.recompute) o.push_back("--train.recompute=" + recompute);
+                if (offload != cfg.offload) o.push_back("--train.offload=" + offload);
+                std::string key = fmt::format("{}", n);
+                for (const auto& x : o) key += " " + x;
+                if (!seen.insert(key).second) continue;
+                const TraceTarget target = target_for(c, n);
+                const StepTrace quick = trace_step(target);  // without the products' scratch
+                if (double(quick.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
+                Prediction p;
+                p.spec = step_spec(c, n, omp_get_max_threads());
+                p.step = trace_with_costs(target, costs, &quick);
+                p.time = predict_time(p.spec, p.step, costs, link);
+                p.budget_bytes = budget_bytes;
+                if (double(p.step.peak_bytes) > double(budget_bytes) * (1.0 - headroom)) continue;
+                FitOption f;
+                f.overrides = o;
+                f.ranks = n;
+                f.peak_bytes = p.step.peak_bytes;
+                f.step_s = p.time.step_s;
+                f.tokens_per_s = p.time.tokens_per_s;
+                out.push_back(f);
+                break;  // fits: a costlier policy is not needed
+              }
             }
           }
         }
@@ -381,6 +391,7 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
   if (s.recompute_layers > 0)
     o << fmt::format("; {} recomputation of {} block{}", s.recompute, s.recompute_layers,
                      s.recompute_layers == 1 ? "" : "s");
+  if (s.offload == "disk") o << "; optimizer state offloaded to disk";
   if (s.ranks > 1)
     o << fmt::format("; {} ranks, ZeRO {}, compression {}", s.ranks, s.zero, s.compression);
   o << "\n" << fmt::format("machine: {}\n", costs.cpu);
@@ -402,7 +413,13 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
                             : fmt::format("does not fit ({:.2f}x)",
                                           double(m.peak_bytes) / double(p.budget_bytes)));
   o << fmt::format("  largest kernel scratch {}\n", human_bytes(double(m.workspace_max)));
-  if (save_every > 0)
+  if (save_every > 0 && s.offload == "disk")
+    o << fmt::format(
+        "  (checkpoint.save_every: each save also holds a host snapshot of the parameters, {}, "
+        "outside the tracking allocator: it shows in RSS, not in this peak; the offloaded "
+        "moments stream from their files into the checkpoint)\n",
+        human_bytes(double(m.persistent[static_cast<size_t>(MemoryUse::kParameters)])));
+  else if (save_every > 0)
     o << fmt::format(
         "  (checkpoint.save_every: each save also holds a host snapshot of the parameters and "
         "moments, {}, outside the tracking allocator: it shows in RSS, not in this peak)\n",
@@ -462,6 +479,15 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
                    t.attention_s * 1e3);
   o << fmt::format("  {:<44} {:>8.2f} ms  (bandwidth {:.1f} GB/s from memory)\n",
                    "memory-bound kernels and the update", t.memory_s * 1e3, costs.bandwidth.dram());
+  if (s.offload == "disk") {
+    int64_t disk_bytes = 0;
+    for (const OpRecord& op : m.ops) disk_bytes += op.cost.disk_read + op.cost.disk_written;
+    o << fmt::format(
+        "  {:<44} {:>8.2f} ms  ({} of moments read and written; disk {:.2f} GB/s read, {:.2f} "
+        "write, {:.2f} update: {})\n",
+        "offloaded update (streaming its files)", t.disk_s * 1e3, human_bytes(double(disk_bytes)),
+        costs.disk.read_gbs, costs.disk.write_gbs, costs.disk.update_gbs, costs.disk.source);
+  }
   o << fmt::format("  {:<44} {:>8.2f} ms  ({} ops x {:.2f} us)\n", "op dispatch",
                    t.overhead_s * 1e3, m.ops.size(), costs.op_overhead_s * 1e6);
   if (s.ranks > 1)

@@ -30,6 +30,7 @@ struct StepSpec {
   int64_t threads = 1;
   std::string recompute = "none";  // train.recompute
   int64_t recompute_layers = 0;    // blocks recomputed (0 with "none")
+  std::string offload = "none";    // train.offload
 };
 StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads);
 
@@ -50,6 +51,7 @@ struct TimePrediction {
   double products_s = 0;      // ops with FLOPs (the products), attention's excepted
   double attention_s = 0;     // attention's kernels
   double memory_s = 0;        // every other kernel (memory-bound passes, the optimizer)
+  double disk_s = 0;          // the offloaded update, streaming its files (at the disk's rate)
   double overhead_s = 0;      // dispatching the step's ops
   double comm_s = 0;          // the collectives, end to end
   double comm_exposed_s = 0;  // what the step waits for them (bucketed all-reduce overlap)

@@ -14,6 +14,7 @@
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/compile/passes.h"
 #include "kuai/core/allocator.h"
+#include "kuai/core/device.h"
 #include "kuai/io/export.h"
 #include "kuai/train/checkpoint.h"
 #include "kuai/train/trainer.h"
@@ -41,8 +42,8 @@ double AblationRow::memory_ratio() const {
 }
 
 const std::vector<std::string>& ablation_techniques() {
-  static const std::vector<std::string> t = {"precision", "accumulation", "prefetch", "metrics",
-                                             "flash",     "compile",      "recompute"};
+  static const std::vector<std::string> t = {"precision", "accumulation", "prefetch",  "metrics",
+                                             "flash",     "compile",      "recompute", "offload"};
   return t;
 }
 
@@ -111,6 +112,8 @@ void run_arm(Arm& arm, const AblationOptions& o, const std::string& technique,
     figure = r.minor_faults_per_step;
   } else if (technique == "recompute") {
     figure = static_cast<double>(step_peak_bytes(r)) / (1 << 20);
+  } else if (technique == "offload") {
+    figure = static_cast<double>(r.peak_alloc_bytes) / (1 << 20);
   }
   arm.figures.push_back(figure);
   arm.stats.round_ms.push_back(
@@ -141,7 +144,7 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
   if (std::find(known.begin(), known.end(), technique) == known.end())
     throw std::invalid_argument(fmt::format(
         "unknown technique '{}' (one of: precision, accumulation, prefetch, metrics, flash, "
-        "compile, recompute)",
+        "compile, recompute, offload)",
         technique));
   if (o.steps <= o.warmup) throw std::invalid_argument("--steps must exceed --warmup");
   TrainConfig q = quiet_config(base, o);
@@ -249,6 +252,15 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
         "selective: most of the saving for a few percent (Korthikanti et al.)";
     row.claim_speedup_lo = 1.0 / 1.4;  // the bars: full <= 1.4x time
     row.claim_speedup_hi = 1.0 / 1.3;
+  } else if (technique == "offload") {
+    off.cfg.offload = "none";
+    on.cfg.offload = "disk";
+    off.stats.label = "AdamW's moments in memory";
+    on.stats.label = fmt::format("moments offloaded to disk ({} MiB chunks)", q.offload_chunk_mb);
+    row.figure_name = "allocator peak of live tensors, MiB";
+    row.claim =
+        "offloading optimizer state takes LLaMA-7B's training memory from 42 GB to 26 GB (the "
+        "moments leave the memory that trains)";
   } else {  // metrics: the same log_every in both arms; only the per-step read differs
     off.cfg.sync_every_step = true;
     on.cfg.sync_every_step = false;
@@ -323,6 +335,20 @@ AblationRow run_ablation(const std::string& technique, const TrainConfig& base,
         noise.empty() ? fmt::format("{:.3f}x faster step", row.speedup()) : "step " + noise,
         row.memory_ratio(), row.off.reserved_mib, row.on.reserved_mib, row.off.peak_rss_mib,
         row.on.peak_rss_mib, row.off.figure, row.on.figure, passes);
+  } else if (technique == "offload") {
+    const double params = [&] {
+      const DeviceGuard meta(kMeta);  // shapes only
+      return double(nn::GPT(q.model, 0).num_parameters());
+    }();
+    row.verdict = fmt::format(
+        "allocator peak x{:.2f} ({:.0f} -> {:.0f} MiB: {:.1f} -> {:.1f} B/param), resident set "
+        "{:.0f} -> {:.0f} MiB; step time x{:.2f}{} (the update streams {:.0f} MiB of moments "
+        "through the disk each step)",
+        row.memory_ratio(), row.off.peak_alloc_mib, row.on.peak_alloc_mib,
+        row.off.peak_alloc_mib * (1 << 20) / params, row.on.peak_alloc_mib * (1 << 20) / params,
+        row.off.peak_rss_mib, row.on.peak_rss_mib,
+        row.on.step_ms_median / std::max(1e-9, row.off.step_ms_median),
+        noise.empty() ? "" : "; " + noise, 16.0 * params / (1 << 20));
   } else if (technique == "recompute") {
     const ArmStats& sel = row.extra[0];
     const auto ratio = [](double a, double b) { return a / std::max(1e-9, b); };
