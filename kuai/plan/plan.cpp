@@ -405,6 +405,9 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
     o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", memory_use_name(use),
                      human_bytes(double(m.at_peak[u])), human_bytes(double(m.persistent[u])));
   }
+  if (s.offload == "disk")
+    o << "  (train.offload = disk: the optimizer row is the chunk buffers the moments stream "
+         "through; the moments themselves are in files)\n";
   o << fmt::format("  {:<36} {:>12}   (the fp32 parameters are the masters{})\n", "master weights",
                    "0 B extra", s.compute == DType::kF32 ? "; fp32 training" : "");
   o << fmt::format("  {:<36} {:>12}   of {} per rank: {}\n", "peak of live tensors",

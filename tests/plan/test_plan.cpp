@@ -119,7 +119,56 @@ INSTANTIATE_TEST_SUITE_P(
                                  "--train.recompute=selective", "--model.attention=flash",
                                  "--train.recompute_layers=1"},
         std::vector<std::string>{"--train.compile=true", "--train.recompute=full",
-                                 "--train.batch_size=8"}));
+                                 "--train.batch_size=8"},
+        // Offloaded moments: the chunk buffers instead of the moments.
+        std::vector<std::string>{"--train.offload=disk", "--train.offload_chunk_mb=1",
+                                 "--model.d_model=128", "--train.offload_dir=/tmp/kuai_plan_off"},
+        std::vector<std::string>{"--train.offload=disk", "--train.recompute=full",
+                                 "--train.precision=bf16", "--model.family=llama",
+                                 "--train.offload_dir=/tmp/kuai_plan_off"}));
+
+// What offload keeps resident, on meta: the moments' 8 bytes per parameter become six chunk
+// buffers (smaller chunks, smaller buffers), and the update is priced at the disk's bandwidth.
+// The 1.8 B LLaMA config (configs/llama-1.8b-offload.toml) fits this machine's 24 GiB only with
+// its moments offloaded.
+TEST(Plan, OffloadedMomentsAreTheChunkBuffersAndTheDiskPricesTheUpdate) {
+  plan::set_quick_measurements(true);
+  auto cfg = [](std::vector<std::string> extra) {
+    extra.push_back("--model.d_model=128");
+    return train::load_config("", small(extra));
+  };
+  const int64_t moments = [&] {
+    const train::TrainConfig c = cfg({});
+    const DeviceGuard meta(kMeta);
+    return 8 * nn::GPT(c.model, 0).num_parameters();
+  }();
+  auto persistent = [](const plan::StepTrace& t) {
+    return t.persistent[static_cast<size_t>(MemoryUse::kOptimizer)];
+  };
+  const plan::StepTrace in_memory = plan::trace_step(plan::target_for(cfg({}), 1));
+  const plan::StepTrace one_mib = plan::trace_step(
+      plan::target_for(cfg({"--train.offload=disk", "--train.offload_chunk_mb=1"}), 1));
+  EXPECT_GE(persistent(in_memory), moments);
+  EXPECT_LT(persistent(in_memory), moments + moments / 50);  // 16-float rounding per tensor
+  EXPECT_EQ(persistent(one_mib), 6 << 20);
+  EXPECT_LT(one_mib.peak_bytes, in_memory.peak_bytes - moments + (7 << 20));
+  // The update's time: the longer of its disk I/O (both files read and written) and its memory.
+  plan::MachineCosts costs;
+  costs.disk.read_gbs = costs.disk.write_gbs = costs.disk.update_gbs = 0.001;  // 1 MB/s
+  const plan::Prediction p = plan::predict_target(
+      plan::target_for(cfg({"--train.offload=disk", "--train.offload_chunk_mb=1"}), 1),
+      plan::step_spec(cfg({"--train.offload=disk"}), 1, 1), int64_t{1} << 40, test_link(), costs);
+  EXPECT_NEAR(p.time.disk_s, 2.0 * double(moments) / 1e6, 0.01 * double(moments) / 1e6);
+  // The demo's config: 16 bytes per parameter do not fit 24 GiB, 8 and the buffers do.
+  const std::string demo = std::string(KUAI_SOURCE_DIR) + "/configs/llama-1.8b-offload.toml";
+  const int64_t budget = int64_t{24} << 30;
+  const plan::StepTrace with = plan::trace_step(plan::target_for(train::load_config(demo, {}), 1));
+  const plan::StepTrace without =
+      plan::trace_step(plan::target_for(train::load_config(demo, {"--train.offload=none"}), 1));
+  EXPECT_LT(with.peak_bytes, int64_t{15} << 30);
+  EXPECT_GT(without.peak_bytes, budget);
+  plan::set_quick_measurements(false);
+}
 
 TEST(Plan, RingAllReduceAndBucketOverlap) {
   plan::Link l;
