@@ -68,6 +68,8 @@ struct Case {
   std::vector<std::string> args;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
 class OffloadTraining : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OffloadTraining, EqualsInMemoryAdamWBitForBit) {
