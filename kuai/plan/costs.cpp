@@ -416,6 +416,9 @@ void measure_costs(const StepTrace& trace, MachineCosts& m) {
     }
     group.clear();
     group_bytes = 0;
+    // and given back: the caching allocator would otherwise keep a block of every size measured
+    // (a wide model's step has hundreds), and the planner's own memory would grow with them.
+    Allocator::get().empty_cache();
   };
   for (size_t i = 0; i < fresh.size(); ++i) {
     ready[i] = prepare_op(*fresh[i], kSliceFlops, double(int64_t{256} << 20));
