@@ -101,9 +101,24 @@ AutocastGuard::~AutocastGuard() {
   s.dtype = prev_dtype_;
 }
 
+// A parameter kept in the compute dtype with its fp32 master elsewhere (train.offload_master)
+// stands in for the cast autocast would make of it: exact for products, which cast it anyway, and
+// wrong for anything else, which would have read the fp32 master. Views are let through (the
+// models take none of such a parameter; a view's consumer is not traced back to it).
+static void check_master_elsewhere(const Primitive& p, const std::vector<Tensor>& in) {
+  if (p.cast_policy() == CastPolicy::kLowPrecision || p.is_view()) return;
+  for (const Tensor& t : in)
+    if (t.defined() && t.impl()->master_elsewhere)
+      throw std::invalid_argument(fmt::format(
+          "{}: reads the parameter {} whose fp32 master weights are offloaded "
+          "(train.offload_master); only products (linear, matmul) may use such a parameter",
+          p.name(), t.str()));
+}
+
 void apply_autocast(const Primitive& p, std::vector<Tensor>& in) {
   State& s = state();
   if (!s.enabled) return;
+  check_master_elsewhere(p, in);
   switch (p.cast_policy()) {
     case CastPolicy::kAsIs:
       return;

@@ -105,6 +105,9 @@ class AccumulateGrad final : public Node {
     if (!leaf || grads.empty() || !grads[0].defined()) return {};
     Tensor g = std::move(grads[0]);
     grads.clear();
+    // The fp32 gradient of a low-precision copy (its master elsewhere): widened by the cast
+    // autocast's own weight cast would have differentiated through, so the bits are the same.
+    if (leaf->master_elsewhere && g.dtype() != DType::kF32) g = cast(g, DType::kF32);
     if (!leaf->grad) {
       // Adopt the buffer when nobody else can see it; otherwise copy.
       const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 &&

@@ -56,6 +56,9 @@ struct TensorImpl {
   int output_nr = 0;                               // which output of grad_fn this is
   std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: shared by every use in a graph
   std::vector<GradHook> hooks;                     // leaves: fired once its grad is final
+  // A low-precision parameter whose fp32 master is kept elsewhere (an optimizer's offloaded
+  // masters): its .grad accumulates in fp32, and under autocast only products may read it.
+  bool master_elsewhere = false;
 };
 
 class Tensor {

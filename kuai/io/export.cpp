@@ -206,6 +206,22 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
   if (options.tokenizer.empty()) fail(path, "cannot export with an empty tokenizer name");
 
   const auto params = model.named_parameters();
+  // Working copies: their fp32 masters, streamed from where they are.
+  std::map<const TensorImpl*, std::vector<float>> masters;
+  for (const auto& [name, param] : params)
+    if (param.impl()->master_elsewhere) {
+      if (!options.masters)
+        fail(path, fmt::format("parameter \"{}\" is a {} working copy whose fp32 master is "
+                               "elsewhere, and no reader of the masters was given",
+                               name, dtype_name(param.dtype())));
+      masters[param.impl()].resize(static_cast<size_t>(param.numel()));
+    }
+  if (!masters.empty())
+    options.masters([&](const Tensor& p, int64_t begin, int64_t count, const float* values) {
+      auto it = masters.find(p.impl());
+      if (it != masters.end() && begin >= 0 && begin + count <= p.numel())
+        std::memcpy(it->second.data() + begin, values, static_cast<size_t>(count) * sizeof(float));
+    });
   std::vector<std::vector<std::byte>> buffers;  // the stored bytes, alive until written
   buffers.reserve(params.size());
   std::vector<SafetensorsView> views;
@@ -215,7 +231,11 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
       fail(path, fmt::format("parameter \"{}\" is on {}; export reads CPU tensors", name,
                              param.device().str()));
     }
-    const Tensor c = param.detach().to(options.dtype).contiguous();  // the Cast op, if any
+    auto master = masters.find(param.impl());
+    const Tensor source = master == masters.end()
+                              ? param.detach()
+                              : Tensor::borrow(master->second.data(), param.shape(), DType::kF32);
+    const Tensor c = source.to(options.dtype).contiguous();  // the Cast op, if any
     std::vector<std::byte>& bytes =
         buffers.emplace_back(static_cast<size_t>(c.numel() * dtype_size(options.dtype)));
     if (c.numel() > 0) c.copy_to_host(bytes.data(), bytes.size());

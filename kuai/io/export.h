@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "kuai/core/dtype.h"
@@ -21,10 +22,18 @@
 
 namespace kuai::io {
 
+// The fp32 values of the parameters kept as low-precision working copies with their masters
+// elsewhere (TensorImpl::master_elsewhere; train.offload_master): calls its argument with
+// (parameter, first element, count, values) until every such parameter is covered.
+using MasterValues =
+    std::function<void(const Tensor& param, int64_t begin, int64_t count, const float* values)>;
+using MasterReader = std::function<void(const MasterValues&)>;
+
 struct ExportOptions {
   DType dtype = DType::kF32;  // kF32, or kBF16 (round to nearest even; half the bytes)
   int64_t step = 0;
   std::string tokenizer = "byte";
+  MasterReader masters{};  // needed when a parameter's master is elsewhere
 };
 
 // Writes `path` atomically (a good file is never replaced by a partial one).

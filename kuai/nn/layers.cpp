@@ -2,6 +2,7 @@
 #include "kuai/nn/layers.h"
 
 #include <cmath>
+#include <set>
 
 #include "kuai/core/ops.h"
 
@@ -34,5 +35,20 @@ Embedding::Embedding(int64_t num, int64_t dim, Generator& gen) {
 }
 
 Tensor Embedding::forward(const Tensor& indices) const { return embedding(weight_, indices); }
+
+std::vector<Tensor> product_parameters(Module& root) {
+  std::set<const TensorImpl*> linear, other;
+  for (auto& [name, m] : root.named_modules()) {
+    const bool is_linear = dynamic_cast<Linear*>(m) != nullptr;
+    for (auto& [pname, p] : m->named_parameters()) {
+      if (pname.find('.') != std::string::npos) continue;  // a child's: counted at the child
+      (is_linear ? linear : other).insert(p.impl());
+    }
+  }
+  std::vector<Tensor> out;
+  for (auto& [name, p] : root.named_parameters())
+    if (linear.count(p.impl()) && !other.count(p.impl())) out.push_back(p);
+  return out;
+}
 
 }  // namespace kuai::nn

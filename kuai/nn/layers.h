@@ -52,4 +52,10 @@ class Embedding : public Module {
   Tensor weight_;
 };
 
+// The parameters that only products read: those of the nn::Linear modules under `root` that no
+// other module also holds (a head tied to an embedding is left out), in named_parameters() order.
+// Under autocast these are read only through their low-precision casts, so they may be kept in
+// the compute dtype with their fp32 masters elsewhere (train.offload_master).
+std::vector<Tensor> product_parameters(Module& root);
+
 }  // namespace kuai::nn

@@ -4,9 +4,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
+#include <set>
 #include <stdexcept>
 
+#include "kuai/core/allocator.h"
+#include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
 #include "kuai/optim/offload_update.h"
 
@@ -19,17 +23,49 @@ OffloadedAdamW::OffloadedAdamW(std::vector<ParamGroup> groups, const AdamWOption
                                const OffloadOptions& offload)
     : Optimizer(std::move(groups)), opt_(options) {
   set_lr(options.lr);
+  std::set<const TensorImpl*> masters;
+  for (const Tensor& p : offload.master_params) masters.insert(p.impl());
+  if (!masters.empty() && offload.master_dtype != DType::kBF16 &&
+      offload.master_dtype != DType::kF16)
+    throw std::invalid_argument(fmt::format(
+        "offloaded AdamW: master weights are offloaded from a bfloat16 or float16 working copy, "
+        "not {}",
+        dtype_name(offload.master_dtype)));
+  size_t found = 0;
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
       const Tensor& p = groups_[gi].params[i];
       if (p.dtype() != DType::kF32 || !p.is_contiguous())
         throw std::invalid_argument(
             "offloaded AdamW: parameters must be contiguous float32 tensors, got " + p.str());
+      const bool master = masters.count(p.impl()) > 0;
+      found += master;
       elements_ = (elements_ + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-      slots_.push_back({gi, i, elements_, p.numel()});
+      slots_.push_back({gi, i, elements_, p.numel(), master});
       elements_ += p.numel();
     }
-  moments_ = std::make_shared<OffloadedMoments>(offload, elements_);
+  if (found != masters.size())
+    throw std::invalid_argument(fmt::format(
+        "offloaded AdamW: {} of the {} parameters whose masters are to be offloaded are not "
+        "among the optimizer's parameters",
+        masters.size() - found, masters.size()));
+  masters_ = found > 0;
+  moments_ = std::make_shared<OffloadedMoments>(offload, elements_, masters_);
+  if (!masters_) return;
+  // The masters into their file (the moments start at zero), then the parameters become their
+  // working copies.
+  size_t s0 = 0;
+  moments_->write([&](const StateChunk& c) {
+    for_each_slot_piece(slots_, c, s0, [&](const Slot& slot, int64_t begin, int64_t at, int64_t n) {
+      if (!slot.master) return;
+      const Tensor& p = groups_[slot.group].params[slot.index];
+      std::memcpy(c.master + at, p.device_data<float>() + begin,
+                  static_cast<size_t>(n) * sizeof(float));
+    });
+  });
+  for (const Slot& slot : slots_)
+    if (slot.master)
+      keep_as_working_copy_(groups_[slot.group].params[slot.index], offload.master_dtype);
 }
 
 OffloadedAdamW::~OffloadedAdamW() = default;
@@ -44,7 +80,7 @@ void OffloadedAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
     const Tensor& p = group.params[slot.index];
     const Tensor g = p.grad();
     if (!g.defined()) continue;  // as AdamW: no gradient, no update
-    ranges.push_back({slot.first, 0, 0, slot.numel, group.weight_decay});
+    ranges.push_back({slot.first, 0, 0, slot.numel, group.weight_decay, slot.master});
     params.push_back(p);
     grads.push_back(g.contiguous());
   }
@@ -52,8 +88,44 @@ void OffloadedAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
                           opt_.beta1, opt_.beta2, opt_.eps);
 }
 
-void OffloadedAdamW::read_state(const ConstChunk& fn) { moments_->read(fn); }
+void OffloadedAdamW::read_masters(const MasterFn& fn) {
+  if (!masters_) return;
+  size_t s0 = 0;
+  moments_->read([&](const StateChunk& c) {
+    for_each_slot_piece(slots_, c, s0, [&](const Slot& slot, int64_t begin, int64_t at, int64_t n) {
+      if (slot.master) fn(groups_[slot.group].params[slot.index], begin, n, c.master + at);
+    });
+  });
+}
 
-void OffloadedAdamW::write_state(const MutableChunk& fn) { moments_->write(fn); }
+void for_each_slot_piece(
+    const std::vector<OffloadedAdamW::Slot>& slots, const StateChunk& c, size_t& s0,
+    const std::function<void(const OffloadedAdamW::Slot&, int64_t, int64_t, int64_t)>& fn) {
+  const int64_t lo = c.first, hi = c.first + c.count;
+  while (s0 < slots.size() && slots[s0].first + slots[s0].numel <= lo) ++s0;
+  for (size_t s = s0; s < slots.size() && slots[s].first < hi; ++s) {
+    const int64_t a = std::max(lo, slots[s].first),
+                  b = std::min(hi, slots[s].first + slots[s].numel);
+    if (a < b) fn(slots[s], a - slots[s].first, a - lo, b - a);
+  }
+}
+
+void keep_as_working_copy_(const Tensor& p, DType dtype) {
+  if (!p.is_leaf() || !p.is_contiguous() || p.dtype() != DType::kF32)
+    throw std::invalid_argument("keep_as_working_copy_: expected a contiguous fp32 leaf, got " +
+                                p.str());
+  Tensor low;
+  {
+    const autograd::NoGradGuard no_grad;
+    const MemoryUseScope params(MemoryUse::kParameters);
+    low = cast(p.detach(), dtype);  // the Cast primitive: autocast's weight cast
+  }
+  TensorImpl* impl = p.impl();
+  impl->storage = low.impl()->storage;
+  impl->dtype = dtype;
+  impl->strides = low.strides();
+  impl->offset = low.offset();
+  impl->master_elsewhere = true;
+}
 
 }  // namespace kuai::optim

@@ -7,9 +7,19 @@
 // elementwise), and a compiled step captures and replays it. What stays resident is the chunk
 // buffers (2 files x 3 x chunk_bytes), counted as optimizer memory by the allocator.
 //
+// Master weights too (train.offload_master, OffloadOptions::master_params): when training in
+// bf16/fp16, the parameters that only products read (nn::product_parameters: nn::Linear's) have
+// their fp32 values written into a third file over the same flat layout, and are then kept in the
+// compute dtype themselves: 2 bytes resident per parameter instead of 4 (their gradients stay
+// fp32, TensorImpl::master_elsewhere). Autocast would have cast them to that dtype before every
+// product anyway, so the forward reads the same values; the update runs on the master's chunk and
+// writes its cast back into the parameter, so losses, gradients and masters are those of
+// in-memory mixed precision bit for bit.
+//
 // The files are scratch: made empty (zero moments) when the optimizer is built, removed when it
-// is destroyed. A checkpoint copies the state out through read_state() and a resume back in
-// through write_state(), one chunk at a time.
+// is destroyed. A checkpoint streams the state out and a resume back in through moments(), one
+// chunk at a time; read_masters() streams the fp32 masters (a checkpoint's or an export's
+// weights).
 #pragma once
 
 #include <functional>
@@ -33,6 +43,7 @@ class OffloadedAdamW : public Optimizer {
   struct Slot {
     size_t group = 0, index = 0;
     int64_t first = 0, numel = 0;
+    bool master = false;  // the parameter is a low-precision copy; its master is in the file
   };
   const std::vector<Slot>& layout() const { return slots_; }
   int64_t state_elements() const { return elements_; }
@@ -41,15 +52,13 @@ class OffloadedAdamW : public Optimizer {
   OffloadedMoments& moments() { return *moments_; }
   std::optional<std::vector<Tensor>> capture_state() override { return {{step_, lr_tensor_}}; }
 
-  // Streams the moments out, chunk by chunk: fn(first, count, m, v) for state elements
-  // [first, first + count) (padding between parameters included, always 0).
-  using ConstChunk =
-      std::function<void(int64_t first, int64_t count, const float* m, const float* v)>;
-  void read_state(const ConstChunk& fn);
-  // Writes the moments in, chunk by chunk: fn fills m and v for [first, first + count) (zeroed
-  // before the call).
-  using MutableChunk = std::function<void(int64_t first, int64_t count, float* m, float* v)>;
-  void write_state(const MutableChunk& fn);
+  // Whether any parameter's master is in the file (train.offload_master).
+  bool has_masters() const { return masters_; }
+  // Streams the fp32 masters out: fn(param, begin, count, values) for elements [begin, begin +
+  // count) of each parameter whose master is offloaded, in the flat order (one read pass).
+  using MasterFn =
+      std::function<void(const Tensor& param, int64_t begin, int64_t count, const float* values)>;
+  void read_masters(const MasterFn& fn);
 
  protected:
   void update(const Tensor& grad_scale, const Tensor& skip) override;
@@ -59,6 +68,17 @@ class OffloadedAdamW : public Optimizer {
   std::vector<Slot> slots_;
   int64_t elements_ = 0;
   std::shared_ptr<OffloadedMoments> moments_;
+  bool masters_ = false;
 };
+
+// For each slot piece inside `c`: fn(slot, begin of the parameter, offset into c's arrays, count).
+void for_each_slot_piece(
+    const std::vector<OffloadedAdamW::Slot>& slots, const StateChunk& c, size_t& s0,
+    const std::function<void(const OffloadedAdamW::Slot&, int64_t, int64_t, int64_t)>& fn);
+
+// Turns the fp32 parameter `p` into its `dtype` working copy in place (the same tensor, every
+// holder sees it): its values cast by the Cast primitive, its fp32 storage released, its
+// gradient fp32 from now on (TensorImpl::master_elsewhere).
+void keep_as_working_copy_(const Tensor& p, DType dtype);
 
 }  // namespace kuai::optim

@@ -7,8 +7,11 @@
 // flattened p_i from elements [grad_begin, grad_begin + length) of g_i, with the moments' flat
 // elements [first, first + length). Ranges are in the order of `first` and do not overlap. Each
 // piece of a range inside one chunk is updated by the AdamWUpdate primitive's own evaluation, so
-// the result is that of in-memory AdamW bit for bit (the update is elementwise). Nothing is read or
-// written when skip is not 0 (NaN too): a skipped step leaves parameters and moments as they were.
+// the result is that of in-memory AdamW bit for bit (the update is elementwise). A range marked
+// `master` updates the fp32 master weights in the moments' third file instead, and then writes
+// their cast (the Cast primitive's own kernel, autocast's weight cast) into p_i, which is kept in
+// the compute dtype (train.offload_master). Nothing is read or written when skip is not 0 (NaN
+// too): a skipped step leaves parameters, masters and moments as they were.
 #pragma once
 
 #include <memory>
@@ -27,6 +30,7 @@ class OffloadedAdamWUpdate final : public Primitive {
     int64_t grad_begin = 0;  // of the flattened gradient
     int64_t length = 0;
     float weight_decay = 0.0f;
+    bool master = false;  // p_i is bf16/fp16; its fp32 master is in the masters file at `first`
   };
   OffloadedAdamWUpdate(std::shared_ptr<OffloadedMoments> moments, std::vector<Range> ranges,
                        float beta1, float beta2, float eps);
@@ -49,7 +53,8 @@ class OffloadedAdamWUpdate final : public Primitive {
   float beta1_, beta2_, eps_;
 };
 
-// Dispatches one OffloadedAdamWUpdate over `params` and `grads` (contiguous fp32, one per range).
+// Dispatches one OffloadedAdamWUpdate over `params` and `grads` (contiguous, one per range; the
+// gradients fp32, the parameters fp32 or, for a master range, the compute dtype).
 void offloaded_adamw_update_(const std::shared_ptr<OffloadedMoments>& moments,
                              std::vector<OffloadedAdamWUpdate::Range> ranges,
                              const std::vector<Tensor>& params, const std::vector<Tensor>& grads,

@@ -11,8 +11,8 @@
 
 namespace kuai::optim {
 
-OffloadedMoments::OffloadedMoments(const OffloadOptions& options, int64_t elements)
-    : elements_(elements), dir_(options.dir) {
+OffloadedMoments::OffloadedMoments(const OffloadOptions& options, int64_t elements, bool masters)
+    : elements_(elements), masters_(masters), dir_(options.dir) {
   if (options.chunk_bytes < 4096)
     throw std::invalid_argument(fmt::format(
         "offload: chunk of {} bytes; at least 4096 (one O_DIRECT block)", options.chunk_bytes));
@@ -21,7 +21,7 @@ OffloadedMoments::OffloadedMoments(const OffloadOptions& options, int64_t elemen
     const int64_t bytes =
         std::min(chunk, std::max<int64_t>((elements * 4 + 4095) / 4096 * 4096, 4096));
     const MemoryUseScope state(MemoryUse::kOptimizer);
-    buffer_bytes_ = 6 * bytes;
+    buffer_bytes_ = 3 * files() * bytes;
     meta_buffers_ = Tensor::empty({buffer_bytes_ / 4}, DType::kF32, kMeta);
     return;
   }
@@ -33,9 +33,10 @@ OffloadedMoments::OffloadedMoments(const OffloadOptions& options, int64_t elemen
   io::StreamOptions so;
   so.chunk_bytes = options.chunk_bytes;
   const std::filesystem::path d(dir_);
-  stream_ = std::make_unique<io::ChunkStream>(
-      std::vector<std::string>{(d / "exp_avg.bin").string(), (d / "exp_avg_sq.bin").string()},
-      std::max<int64_t>(elements_, 1) * 4, so);
+  std::vector<std::string> paths = {(d / "exp_avg.bin").string(), (d / "exp_avg_sq.bin").string()};
+  if (masters_) paths.push_back((d / "master.bin").string());
+  stream_ =
+      std::make_unique<io::ChunkStream>(std::move(paths), std::max<int64_t>(elements_, 1) * 4, so);
   buffer_bytes_ = stream_->buffer_bytes();
 }
 
@@ -55,7 +56,9 @@ void OffloadedMoments::pass(const Chunk& fn, bool read, bool write) {
     const int64_t first = chunk * per_chunk;
     const int64_t count = std::min(stream_->chunk_length(chunk) / 4, elements_ - first);
     if (count > 0)
-      fn(first, count, reinterpret_cast<float*>(bufs[0]), reinterpret_cast<float*>(bufs[1]));
+      fn(StateChunk{first, count, reinterpret_cast<float*>(bufs[0]),
+                    reinterpret_cast<float*>(bufs[1]),
+                    masters_ ? reinterpret_cast<float*>(bufs[2]) : nullptr});
   };
   if (!read)
     stream_->fill(each);
@@ -65,10 +68,7 @@ void OffloadedMoments::pass(const Chunk& fn, bool read, bool write) {
 
 void OffloadedMoments::update(const Chunk& fn) { pass(fn, true, true); }
 
-void OffloadedMoments::read(const ConstChunk& fn) {
-  pass([&](int64_t first, int64_t count, float* m, float* v) { fn(first, count, m, v); }, true,
-       false);
-}
+void OffloadedMoments::read(const Chunk& fn) { pass(fn, true, false); }
 
 void OffloadedMoments::write(const Chunk& fn) { pass(fn, false, true); }
 

@@ -19,6 +19,7 @@
 #include <stdexcept>
 
 #include "kuai/core/ops.h"
+#include "kuai/core/primitives.h"
 #include "kuai/core/version.h"
 #include "kuai/distributed/process_group.h"
 #include "kuai/distributed/zero.h"
@@ -152,8 +153,10 @@ std::vector<std::vector<std::string>> optimizer_names(const nn::GPT& model,
   return names;
 }
 
-// Copies entry `name` of `file` (F32, `shape`) into `dst`, or throws naming the check.
-void load_entry(const io::SafetensorsFile& file, const std::string& name, const Tensor& dst) {
+// Copies entry `name` of `file` (F32, `shape`) into `dst` (only checks it when not `copy`), or
+// throws naming the check.
+void load_entry(const io::SafetensorsFile& file, const std::string& name, const Tensor& dst,
+                bool copy = true) {
   const io::SafetensorsEntry* e = file.find(name);
   if (!e) throw std::runtime_error(fmt::format("{}: tensor '{}' is missing", file.path(), name));
   if (e->dtype != "F32")
@@ -162,6 +165,7 @@ void load_entry(const io::SafetensorsFile& file, const std::string& name, const 
   if (e->shape != dst.shape())
     throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}", file.path(),
                                          name, shape_str(e->shape), shape_str(dst.shape())));
+  if (!copy) return;
   if (!dst.is_contiguous())
     throw std::invalid_argument("checkpoint: destination tensor is not contiguous");
   const auto bytes = file.data(*e);
@@ -199,8 +203,9 @@ OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt)
   OptimizerShard out{&opt, &opt.moments(), {}};
   for (const optim::OffloadedAdamW::Slot& s : opt.layout()) {
     const Tensor& p = opt.groups()[s.group].params[s.index];
-    out.pieces.push_back({names[s.group][s.index], 0, true, p.shape(), {}, {}, s.first});
+    out.pieces.push_back({names[s.group][s.index], 0, true, p.shape(), {}, {}, s.first, s.master});
   }
+  out.masters = opt.has_masters();
   return out;
 }
 
@@ -229,8 +234,9 @@ struct Checkpointer::Snapshot {
   TrainingState state;
   int64_t optimizer_steps = 0;
   std::vector<Blob> model, optim;
-  std::optional<FileRecord> streamed;  // the offloaded optimizer file, already written
-  std::vector<FileRecord> written;     // by this rank, with sizes and checksums
+  std::optional<FileRecord> streamed;        // the offloaded optimizer file, already written
+  std::optional<FileRecord> streamed_model;  // the model file, streamed with it (masters)
+  std::vector<FileRecord> written;           // by this rank, with sizes and checksums
 };
 
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep_last, bool async,
@@ -282,17 +288,20 @@ double Checkpointer::save(const nn::GPT& model, const OptimizerShard& opt,
   if (!snap) snap = std::make_unique<Snapshot>();
   snap->state = state;
   snap->optimizer_steps = opt.optimizer->step_count();
-  if (!group_ || group_->rank() == 0) {
+  const bool writes_model = !group_ || group_->rank() == 0;
+  if (writes_model && !opt.masters) {
     const auto params = model.named_parameters();
     snap->model.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i)
       copy_into(snap->model[i], params[i].first, params[i].second);
   }
   snap->streamed.reset();
+  snap->streamed_model.reset();
   if (opt.offloaded) {  // streamed from the files now: the next update rewrites them
     snap->optim.clear();
     try {
-      snap->streamed = stream_optimizer(opt, state.step);
+      snap->streamed = stream_optimizer(
+          opt, state.step, opt.masters && writes_model ? &model : nullptr, &snap->streamed_model);
     } catch (...) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -417,7 +426,9 @@ void Checkpointer::make_tmp_dir(int64_t step) const {
   }
 }
 
-Checkpointer::FileRecord Checkpointer::stream_optimizer(const OptimizerShard& opt, int64_t step) {
+Checkpointer::FileRecord Checkpointer::stream_optimizer(const OptimizerShard& opt, int64_t step,
+                                                        const nn::GPT* model,
+                                                        std::optional<FileRecord>* model_record) {
   make_tmp_dir(step);
   const std::string path = tmp_dir(step) + "/" + optimizer_file();
   // The in-memory save's layout (each piece's exp_avg, then its exp_avg_sq), so the file is the
@@ -432,20 +443,50 @@ Checkpointer::FileRecord Checkpointer::stream_optimizer(const OptimizerShard& op
   }
   io::SafetensorsWriter file(
       path, views, {{"kuai.format", "checkpoint-optimizer"}, {"kuai.version", kKuaiVersion}});
+  // Masters offloaded: the model file as write_blobs lays it out (named_parameters order), the
+  // parameters kept in fp32 written now, the masters' values as their chunks pass.
+  std::optional<io::SafetensorsWriter> model_file;
+  std::map<std::string, size_t> model_index;
+  const std::string model_path = tmp_dir(step) + "/" + kModelFile;
+  if (model) {
+    const auto params = model->named_parameters();
+    std::vector<io::SafetensorsView> mv;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Tensor& t = params[i].second;
+      mv.push_back({params[i].first, "F32", t.shape(), nullptr, uint64_t(t.numel()) * 4});
+      model_index[params[i].first] = i;
+    }
+    model_file.emplace(model_path, mv,
+                       std::map<std::string, std::string>{{"kuai.format", "checkpoint-model"},
+                                                          {"kuai.version", kKuaiVersion}});
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!params[i].second.impl()->master_elsewhere) {
+        const Tensor c = params[i].second.contiguous();
+        model_file->write(i, 0, c.device_data<float>(), uint64_t(c.numel()) * 4);
+      }
+  }
   const size_t np = opt.pieces.size();
   size_t p0 = 0;
-  opt.offloaded->read([&](int64_t lo, int64_t count, const float* m, const float* v) {
-    const int64_t hi = lo + count;
+  opt.offloaded->read([&](const optim::StateChunk& c) {
+    const int64_t lo = c.first, hi = c.first + c.count;
     while (p0 < np && opt.pieces[p0].first + int64_t(views[2 * p0].nbytes / 4) <= lo) ++p0;
     for (size_t i = p0; i < np && opt.pieces[i].first < hi; ++i) {
       const int64_t first = opt.pieces[i].first, n = int64_t(views[2 * i].nbytes / 4);
       const int64_t a = std::max(lo, first), b = std::min(hi, first + n);
       if (a >= b) continue;
-      file.write(2 * i, uint64_t(a - first) * 4, m + (a - lo), uint64_t(b - a) * 4);
-      file.write(2 * i + 1, uint64_t(a - first) * 4, v + (a - lo), uint64_t(b - a) * 4);
+      const uint64_t at = uint64_t(a - first) * 4, bytes = uint64_t(b - a) * 4;
+      file.write(2 * i, at, c.exp_avg + (a - lo), bytes);
+      file.write(2 * i + 1, at, c.exp_avg_sq + (a - lo), bytes);
+      if (model_file && opt.pieces[i].master)
+        model_file->write(model_index.at(opt.pieces[i].param), at, c.master + (a - lo), bytes);
     }
   });
   file.finish();
+  if (model_file) {
+    model_file->finish();
+    const io::FileDigest d = io::file_xxh3(model_path);
+    *model_record = FileRecord{kModelFile, d.bytes, d.xxh3};
+  }
   const io::FileDigest d = io::file_xxh3(path);  // what is on disk now
   return {optimizer_file(), d.bytes, d.xxh3};
 }
@@ -456,10 +497,14 @@ void Checkpointer::write_files(Snapshot& s) {
   if (!s.streamed) make_tmp_dir(s.state.step);  // else made (and written into) by save()
   std::vector<std::string> files;
   if (!group_ || group_->rank() == 0) {
-    write_blobs(tmp + "/" + kModelFile, s.model, "checkpoint-model");
+    if (s.streamed_model)
+      s.written.push_back(*s.streamed_model);
+    else
+      write_blobs(tmp + "/" + kModelFile, s.model, "checkpoint-model");
     write_file_synced(tmp + "/" + kConfigFile, s.state.config_toml.data(),
                       s.state.config_toml.size());
-    files = {kModelFile, kConfigFile};
+    files = {kConfigFile};
+    if (!s.streamed_model) files.insert(files.begin(), kModelFile);
   }
   if (!s.streamed) {
     write_blobs(tmp + "/" + optimizer_file(), s.optim, "checkpoint-optimizer");
@@ -697,13 +742,20 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& opt) 
   restore_checkpoint(c, model, optimizer_shard(model, opt));
 }
 
-void restore_model(const Checkpoint& c, nn::GPT& model) {
-  const io::SafetensorsFile mf = io::SafetensorsFile::open(c.path + "/" + kModelFile);
+namespace {
+// The model file's parameters into `model`; a working copy whose master is offloaded is left to
+// the optimizer's restore (its values go to the masters file) after its entry is checked.
+void load_model(const io::SafetensorsFile& mf, nn::GPT& model) {
   const auto params = model.named_parameters();
   if (mf.entries().size() != params.size())
     throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", mf.path(),
                                          mf.entries().size(), params.size()));
-  for (const auto& [name, p] : params) load_entry(mf, name, p);
+  for (const auto& [name, p] : params) load_entry(mf, name, p, !p.impl()->master_elsewhere);
+}
+}  // namespace
+
+void restore_model(const Checkpoint& c, nn::GPT& model) {
+  load_model(io::SafetensorsFile::open(c.path + "/" + kModelFile), model);
 }
 
 CommittedModel read_latest_model(const std::string& run_dir, int attempts) {
@@ -727,7 +779,8 @@ CommittedModel read_latest_model(const std::string& run_dir, int attempts) {
 
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShard& opt) {
   const auto params = model.named_parameters();
-  restore_model(c, model);
+  const io::SafetensorsFile model_file = io::SafetensorsFile::open(c.path + "/" + kModelFile);
+  load_model(model_file, model);
 
   // Every stored piece of every optimizer file, by (moment, parameter), checked against the model.
   std::map<std::string, Tensor> by_name(params.begin(), params.end());
@@ -814,16 +867,28 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShar
       for (int64_t d : opt.pieces[i].shape) numel[i] *= d;
     }
     size_t p0 = 0;
-    opt.offloaded->write([&](int64_t lo, int64_t count, float* m, float* v) {
-      const int64_t hi = lo + count;
+    opt.offloaded->write([&](const optim::StateChunk& ch) {
+      const int64_t lo = ch.first, hi = ch.first + ch.count;
       while (p0 < numel.size() && opt.pieces[p0].first + numel[p0] <= lo) ++p0;
       for (size_t i = p0; i < numel.size() && opt.pieces[i].first < hi; ++i) {
         const OptimizerPiece& piece = opt.pieces[i];
         const int64_t a = std::max(lo, piece.first), b = std::min(hi, piece.first + numel[i]);
         if (a >= b) continue;
         const int64_t pb = piece.begin + (a - piece.first);  // of the parameter
+        if (piece.master) {  // the model file's values: the master, and its working copy
+          float* master = ch.master + (a - lo);
+          const auto bytes = model_file.data(*model_file.find(piece.param));
+          std::memcpy(master, bytes.data() + static_cast<size_t>(pb) * sizeof(float),
+                      static_cast<size_t>(b - a) * sizeof(float));
+          const Tensor& w = by_name.at(piece.param);
+          const Tensor src = Tensor::borrow(master, {b - a}, DType::kF32);
+          std::vector<Tensor> dst = {
+              Tensor::borrow(static_cast<std::byte*>(w.device_ptr()) + pb * dtype_size(w.dtype()),
+                             {b - a}, w.dtype())};
+          Cast(w.dtype()).eval_cpu(std::span<const Tensor>(&src, 1), dst);
+        }
         for (int k = 0; k < 2; ++k) {
-          float* dst = (k == 0 ? m : v) + (a - lo);
+          float* dst = (k == 0 ? ch.exp_avg : ch.exp_avg_sq) + (a - lo);
           found[2 * i + k] += copy_range(
               k == 0 ? "exp_avg" : "exp_avg_sq", piece.param, pb, pb + (b - a),
               [&](int64_t x, int64_t y, const std::byte* bytes) {

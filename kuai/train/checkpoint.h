@@ -65,11 +65,18 @@ struct OptimizerPiece {
   Shape shape;                 // as stored: the parameter's shape (whole), else (elements)
   Tensor exp_avg, exp_avg_sq;  // contiguous fp32 views of the optimizer's state (in memory)
   int64_t first = -1;          // offloaded: the piece's first element in the flat moments
+  // Offloaded with its master (train.offload_master): the parameter is a low-precision working
+  // copy, and its fp32 values (the model file's) are in the masters file at `first`.
+  bool master = false;
 };
+// With masters offloaded, a save streams the model file from the masters file too (in the same
+// pass as the optimizer file), and a resume streams the model file's values back into it and
+// into the working copies.
 struct OptimizerShard {
   optim::Optimizer* optimizer = nullptr;         // its step count is saved and restored
   optim::OffloadedMoments* offloaded = nullptr;  // the moments' files (pieces by `first`)
   std::vector<OptimizerPiece> pieces;
+  bool masters = false;  // some pieces are `master`
 };
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt);
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt);
@@ -122,8 +129,10 @@ class Checkpointer {
   };
   std::string tmp_dir(int64_t step) const;
   void make_tmp_dir(int64_t step) const;  // fresh (one rank) or shared (a group)
-  // The offloaded optimizer file, streamed into ckpt-<step>.tmp/ now.
-  FileRecord stream_optimizer(const OptimizerShard& opt, int64_t step);
+  // The offloaded optimizer file, streamed into ckpt-<step>.tmp/ now; with masters (`model`),
+  // the model file too, in the same pass, into *model_record.
+  FileRecord stream_optimizer(const OptimizerShard& opt, int64_t step, const nn::GPT* model,
+                              std::optional<FileRecord>* model_record);
   std::string optimizer_file() const;
   void wait_writer();  // the save in flight written; rethrows its failure
   void write(Snapshot& s);

@@ -153,6 +153,7 @@ const std::vector<Key>& keys() {
       STRING_KEY("train.offload", offload, {"none", "disk"}),
       STRING_KEY("train.offload_dir", offload_dir, {}),
       INT_KEY("train.offload_chunk_mb", offload_chunk_mb, 1, 4096),
+      BOOL_KEY("train.offload_master", offload_master),
       FLOAT_KEY("train.loss_scale", loss_scale, 1.1754943508222875e-38, 3.0e38),
       INT_KEY("train.loss_scale_growth_interval", loss_scale_growth_interval, 1, kBig),
       INT_KEY("train.eval_every", eval_every, 0, kBig),
@@ -255,6 +256,20 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         fmt::format("config: train.compile_disable = \"{}\": {}", c.compile_disable, e.what()));
   }
+  if (c.offload_master && c.offload != "disk")
+    throw ConfigError(fmt::format(
+        "config: train.offload_master = true needs train.offload = \"disk\" (it is \"{}\")",
+        c.offload));
+  if (c.offload_master && c.precision == "fp32")
+    throw ConfigError(
+        "config: train.offload_master = true needs train.precision = \"bf16\" or \"fp16\": in "
+        "fp32 the parameters are the master weights, there is no second copy to move");
+  if (c.offload_master && c.zero > 0)
+    throw ConfigError(fmt::format(
+        "config: train.offload_master = true is not combined with dist.zero = {} yet (ZeRO "
+        "all-gathers fp32 parameters); train.offload = \"disk\" alone offloads each rank's shard "
+        "of the moments",
+        c.zero));
   if (c.zero == 2 && c.compression != "none")
     throw ConfigError(fmt::format(
         "config: dist.compression = \"{}\" is not combined with dist.zero = 2 (its gradients are "

@@ -59,6 +59,10 @@ struct TrainConfig {
   std::string offload = "none";
   std::string offload_dir;
   int64_t offload_chunk_mb = 64;
+  // With offload = disk and precision bf16|fp16: the fp32 master weights of the parameters only
+  // products read (nn::Linear's) move into a third file too, and the model keeps them in the
+  // compute dtype (optim/offload_adamw.h). Bit for bit the same run as without.
+  bool offload_master = false;
   // fp16's dynamic loss scale (GradScaler's init_scale and growth_interval, PyTorch's defaults).
   double loss_scale = 65536.0;
   int64_t loss_scale_growth_interval = 2000;

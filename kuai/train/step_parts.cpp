@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "kuai/amp/autocast.h"
+#include "kuai/nn/layers.h"
 #include "kuai/nn/optimize.h"
 
 namespace kuai::train {
@@ -80,6 +81,12 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   std::optional<optim::OffloadOptions> offload;
   if (cfg.offload == "disk")
     offload = optim::OffloadOptions{offload_dir(cfg, group->rank()), cfg.offload_chunk_mb << 20};
+  // train.offload_master: the products' parameters become working copies in the compute dtype,
+  // their fp32 masters in the offload files (after DDP has broadcast rank 0's fp32 weights).
+  if (offload && cfg.offload_master) {
+    offload->master_params = nn::product_parameters(*gpt);
+    offload->master_dtype = options.compute;
+  }
   if (cfg.zero > 0) {
     parts->zero = std::make_unique<dist::ZeroAdamW>(
         groups, aopt, group,

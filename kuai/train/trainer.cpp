@@ -38,6 +38,7 @@
 #include "kuai/io/tensor_io.h"
 #include "kuai/log/metrics.h"
 #include "kuai/log/sinks.h"
+#include "kuai/nn/layers.h"
 #include "kuai/nn/optimize.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
@@ -280,6 +281,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (parts->offloaded) return optimizer_shard(model, *parts->offloaded);
     return optimizer_shard(model, *adamw);
   };
+  // An export's options; the masters streamed from their file when they are offloaded.
+  auto exporting = [&](int64_t step) {
+    io::ExportOptions o = export_options(cfg, step);
+    if (parts->offloaded && parts->offloaded->has_masters())
+      o.masters = [&](const io::MasterValues& fn) { parts->offloaded->read_masters(fn); };
+    return o;
+  };
   const std::vector<Tensor> params = model.parameters();
   amp::GradScaler& scaler = *parts->scaler;
   optim::Optimizer& opt = parts->optimizer();
@@ -346,10 +354,21 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (cfg.offload == "disk") {
       const optim::OffloadedMoments& om = zero ? *zero->offloaded() : parts->offloaded->moments();
       out << fmt::format(
-          "optimizer state offloaded to disk: {:.1f} MiB of moments in {} ({}, {}), streamed "
+          "optimizer state offloaded to disk: {:.1f} MiB of moments{} in {} ({}, {}), streamed "
           "through {:.1f} MiB of chunk buffers\n",
-          static_cast<double>(om.file_bytes()) / (1 << 20), om.dir(),
-          om.stream().direct() ? "O_DIRECT" : "page cache: O_DIRECT refused", "io_uring",
+          static_cast<double>(om.file_bytes()) / (1 << 20),
+          om.has_masters()
+              ? fmt::format(
+                    " and the fp32 master weights of {:.2f}M parameters (the products', "
+                    "kept in {} in memory)",
+                    [&] {
+                      int64_t n = 0;
+                      for (const Tensor& p : nn::product_parameters(model)) n += p.numel();
+                      return static_cast<double>(n) / 1e6;
+                    }(),
+                    cfg.precision)
+              : std::string(),
+          om.dir(), om.stream().direct() ? "O_DIRECT" : "page cache: O_DIRECT refused", "io_uring",
           static_cast<double>(om.buffer_bytes()) / (1 << 20));
     }
     if (!result.run_path.empty()) out << "run directory: " << result.run_path << "\n";
@@ -569,7 +588,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     }
     if (!result.run_path.empty() && cfg.export_every > 0 && (step + 1) % cfg.export_every == 0)
       io::export_weights(fmt::format("{}/weights-{}.safetensors", result.run_path, step + 1), model,
-                         export_options(cfg, step + 1));
+                         exporting(step + 1));
     m.wall_time = now_s();
     ring.push(std::move(m));
     if (opts.after_step) opts.after_step(step + 1);
@@ -629,8 +648,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   result.peak_rss_mib = peak_rss_mib();
 
   if (!result.run_path.empty() && cfg.save_weights)
-    io::export_weights(result.run_path + "/model.safetensors", model,
-                       export_options(cfg, result.steps_done));
+    io::export_weights(result.run_path + "/model.safetensors", model, exporting(result.steps_done));
   if (!opts.quiet) {
     if (result.interrupted)
       out << fmt::format("interrupted: stopped cleanly after step {}\n", result.steps_done);

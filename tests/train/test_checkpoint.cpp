@@ -146,6 +146,17 @@ TEST(Checkpoint, OffloadedCheckpointResumesInMemoryAndBack) {
   expect_resume_is_bit_exact("fp32", {"--model.d_model=128"}, "mem_off",
                              {"--train.offload=disk", "--train.offload_chunk_mb=1"});
 }
+// Masters offloaded too (train.offload_master): the model file is streamed from the masters file
+// and back into it (and the bf16/fp16 working copies) on resume; the checkpoint is the ordinary
+// one, so it resumes with the masters in memory and the other way round.
+TEST(Checkpoint, OffloadedMastersResumeIsBitExact) {
+  std::vector<std::string> masters = kOffload;
+  masters.push_back("--train.offload_master=true");
+  expect_resume_is_bit_exact("bf16", masters, "master");
+  expect_resume_is_bit_exact("fp16", masters, "master");
+  expect_resume_is_bit_exact("bf16", masters, "master_mem", {"--train.offload_master=false"});
+  expect_resume_is_bit_exact("bf16", kOffload, "mem_master", {"--train.offload_master=true"});
+}
 TEST(Checkpoint, LlamaResumeIsBitExact) { expect_resume_is_bit_exact("fp32", kLlama); }
 TEST(Checkpoint, LlamaResumeIsBitExactInBf16) { expect_resume_is_bit_exact("bf16", kLlama); }
 

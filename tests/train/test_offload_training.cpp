@@ -13,8 +13,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
+#include "kuai/amp/autocast.h"
+#include "kuai/core/ops.h"
 #include "kuai/data/token_file.h"
 #include "kuai/io/safetensors.h"
 #include "kuai/train/checkpoint.h"
@@ -120,6 +123,107 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"llama_fp32_full_recompute",
              {"--model.family=llama", "--model.n_kv_head=2", "--train.recompute=full"}}),
     [](const auto& info) { return info.param.name; });
+
+// Masters offloaded too (train.offload_master): the products' parameters kept in the compute dtype,
+// their fp32 masters in a third file; the same run as mixed precision with every fp32 parameter
+// in memory, bit for bit (losses, gradient norms, final weights from the masters).
+class OffloadMasters : public ::testing::TestWithParam<Case> {};
+
+TEST_P(OffloadMasters, EqualMixedPrecisionWithTheMastersInMemoryBitForBit) {
+  const fs::path dir = fresh_dir("kuai_offload_master_eq");
+  TrainResult r[2];
+  for (int off = 0; off < 2; ++off) {
+    auto args = run_args(dir, off ? "disk" : "memory");
+    args.insert(args.end(), GetParam().args.begin(), GetParam().args.end());
+    if (off) args.insert(args.end(), {"--train.offload=disk", "--train.offload_master=true"});
+    std::ostringstream out;
+    r[off] = run_training(load_config("", args), out);
+    if (off) {
+      EXPECT_NE(out.str().find("and the fp32 master weights of"), std::string::npos) << out.str();
+      EXPECT_EQ(out.str().find("not applied"), std::string::npos) << out.str();
+      EXPECT_FALSE(fs::exists(dir / "disk/offload/rank0/master.bin"));
+    }
+  }
+  ASSERT_EQ(r[0].losses.size(), 5u);
+  ASSERT_EQ(r[1].losses.size(), 5u);
+  auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(bits(r[0].losses[i]), bits(r[1].losses[i])) << "step " << i + 1;
+    EXPECT_EQ(bits(r[0].grad_norms[i]), bits(r[1].grad_norms[i])) << "step " << i + 1;
+  }
+  EXPECT_EQ(r[0].skipped_steps, r[1].skipped_steps);
+  EXPECT_TRUE(weights(dir / "memory") == weights(dir / "disk")) << "final weights differ";
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    AloneAndCombined, OffloadMasters,
+    ::testing::Values(
+        Case{"bf16", {"--train.precision=bf16"}},
+        Case{"bf16_accum3_full_recompute",
+             {"--train.precision=bf16", "--train.accum_steps=3", "--train.recompute=full"}},
+        Case{"bf16_selective_flash",
+             {"--train.precision=bf16", "--train.recompute=selective", "--model.attention=flash"}},
+        Case{"fp16_scaler",
+             {"--train.precision=fp16", "--train.loss_scale_growth_interval=1",
+              "--train.loss_scale=1e6"}},
+        Case{"compiled_bf16_full_recompute",
+             {"--train.compile=true", "--train.precision=bf16", "--train.recompute=full"}},
+        Case{"compiled_fp16_accum2",
+             {"--train.compile=true", "--train.precision=fp16", "--train.accum_steps=2"}},
+        Case{"llama_bf16_full_recompute",
+             {"--model.family=llama", "--model.n_kv_head=2", "--train.precision=bf16",
+              "--train.recompute=full"}}),
+    [](const auto& info) { return info.param.name; });
+
+// What a working copy may feed: a product reads it as autocast's cast would have been; anything
+// else would have read the fp32 master, and is refused by name.
+TEST(OffloadMasters, AParameterWhoseMasterIsOffloadedFeedsOnlyProducts) {
+  Tensor w = full({4, 4}, 0.5f).requires_grad_();
+  const fs::path dir = fresh_dir("kuai_offload_master_guard");
+  optim::OffloadOptions off;
+  off.dir = dir.string();
+  off.chunk_bytes = 4096;
+  off.master_params = {w};
+  optim::OffloadedAdamW opt({{{w}, 0.0f}}, optim::AdamWOptions{}, off);
+  ASSERT_EQ(w.dtype(), DType::kBF16);
+  const amp::AutocastGuard amp(true, DType::kBF16);
+  const Tensor x = full({2, 4}, 1.0f);
+  EXPECT_NO_THROW((void)linear(x, w, Tensor()));
+  for (const auto& op : std::vector<std::function<Tensor()>>{
+           [&] { return add(w, w); },   // elementwise (as is)
+           [&] { return softmax(w); },  // fp32 policy
+           [&] { return layer_norm(w, full({4}, 1.0f), full({4}, 0.0f), 1e-5f); }}) {
+    try {
+      (void)op();
+      ADD_FAILURE() << "an op other than a product read a parameter whose master is offloaded";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("train.offload_master"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// Refused where there is no second copy to move, or where it is not combined yet.
+TEST(OffloadMasters, ConfigNamesWhatItNeeds) {
+  auto error_of = [](const std::vector<std::string>& args) -> std::string {
+    try {
+      (void)load_config("", args);
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_NE(error_of({"--train.offload_master=true", "--train.precision=bf16"})
+                .find("needs train.offload = \"disk\""),
+            std::string::npos);
+  EXPECT_NE(error_of({"--train.offload_master=true", "--train.offload=disk"})
+                .find("needs train.precision = \"bf16\" or \"fp16\""),
+            std::string::npos);
+  EXPECT_NE(error_of({"--train.offload_master=true", "--train.offload=disk",
+                      "--train.precision=bf16", "--dist.zero=1"})
+                .find("dist.zero"),
+            std::string::npos);
+}
 
 // The fp16 case above really skips steps (else it would not test the skipped update).
 TEST(OffloadTraining, Fp16CaseSkipsSteps) {
