@@ -199,8 +199,9 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   std::vector<std::pair<std::string, Tensor>> params;
   for (auto& [name, p] : model.named_parameters())
     if (p.requires_grad()) params.emplace_back(name, p);
+  // A working copy whose master is elsewhere (train.offload_master) has an fp32 gradient too.
   for (auto& [name, p] : params)
-    if (p.dtype() != DType::kF32 || !p.is_contiguous())
+    if ((p.dtype() != DType::kF32 && !p.impl()->master_elsewhere) || !p.is_contiguous())
       throw std::invalid_argument("DDP: parameter " + name + " is not contiguous fp32");
 
   // The same weights on every rank: rank 0's.

@@ -122,6 +122,7 @@ StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
                        : cfg.recompute_layers < 0 ? s.model.n_layer
                                                   : std::min(cfg.recompute_layers, s.model.n_layer);
   s.offload = cfg.offload;
+  s.offload_master = cfg.offload_master;
   return s;
 }
 
@@ -319,10 +320,14 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
             if (zero == 2 && cfg.compression != "none")
               continue;  // not combined (distributed/ddp.cpp)
             // Offload costs disk time, recomputation compute time: for each of the config's own
-            // placement of the optimizer state and disk, the config's own policy first, then
-            // selective, then full, each only where the cheaper ones did not fit.
-            for (const std::string& offload :
-                 std::vector<std::string>{cfg.offload, cfg.offload == "none" ? "disk" : ""}) {
+            // placement of the optimizer state, disk, and disk with the master weights (mixed
+            // precision without ZeRO), the config's own policy first, then selective, then full,
+            // each only where the cheaper ones did not fit.
+            const std::string own = cfg.offload_master ? "master" : cfg.offload;
+            const bool masters_possible = precision != "fp32" && zero == 0;
+            for (const std::string& offload : std::vector<std::string>{
+                     masters_possible || own != "master" ? own : "", own == "none" ? "disk" : "",
+                     own != "master" && masters_possible ? "master" : ""}) {
               if (offload.empty()) continue;
               for (const std::string& recompute : recompute_ladder(cfg.recompute)) {
                 train::TrainConfig c = cfg;
@@ -332,7 +337,8 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
                 c.attention = attention;
                 c.zero = zero;
                 c.recompute = recompute;
-                c.offload = offload;
+                c.offload = offload == "master" ? "disk" : offload;
+                c.offload_master = offload == "master";
                 std::vector<std::string> o;
                 if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
                 if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
@@ -340,7 +346,9 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
                 if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
                 if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
                 if (recompute != cfg.recompute) o.push_back("--train.recompute=" + recompute);
-                if (offload != cfg.offload) o.push_back("--train.offload=" + offload);
+                if (c.offload != cfg.offload) o.push_back("--train.offload=" + c.offload);
+                if (c.offload_master != cfg.offload_master)
+                  o.push_back(fmt::format("--train.offload_master={}", c.offload_master));
                 std::string key = fmt::format("{}", n);
                 for (const auto& x : o) key += " " + x;
                 if (!seen.insert(key).second) continue;
@@ -391,7 +399,9 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
   if (s.recompute_layers > 0)
     o << fmt::format("; {} recomputation of {} block{}", s.recompute, s.recompute_layers,
                      s.recompute_layers == 1 ? "" : "s");
-  if (s.offload == "disk") o << "; optimizer state offloaded to disk";
+  if (s.offload == "disk")
+    o << (s.offload_master ? "; optimizer state and master weights offloaded to disk"
+                           : "; optimizer state offloaded to disk");
   if (s.ranks > 1)
     o << fmt::format("; {} ranks, ZeRO {}, compression {}", s.ranks, s.zero, s.compression);
   o << "\n" << fmt::format("machine: {}\n", costs.cpu);
@@ -402,21 +412,35 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
   for (size_t u = 0; u < m.at_peak.size(); ++u) {
     const MemoryUse use = static_cast<MemoryUse>(u);
     if (m.at_peak[u] == 0 && m.persistent[u] == 0) continue;
-    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", memory_use_name(use),
+    const std::string name =
+        s.offload_master && use == MemoryUse::kParameters
+            ? fmt::format("parameters (products' in {})", dtype_name(s.compute))
+            : std::string(memory_use_name(use));
+    o << fmt::format("  {:<36} {:>12}   (held across steps {})\n", name,
                      human_bytes(double(m.at_peak[u])), human_bytes(double(m.persistent[u])));
   }
   if (s.offload == "disk")
     o << "  (train.offload = disk: the optimizer row is the chunk buffers the moments stream "
          "through; the moments themselves are in files)\n";
-  o << fmt::format("  {:<36} {:>12}   (the fp32 parameters are the masters{})\n", "master weights",
-                   "0 B extra", s.compute == DType::kF32 ? "; fp32 training" : "");
+  if (s.offload_master)
+    o << fmt::format(
+        "  {:<36} {:>12}   (the products' fp32 masters are in the offload files; "
+        "their parameters are held in {})\n",
+        "master weights", "0 B", dtype_name(s.compute));
+  else
+    o << fmt::format("  {:<36} {:>12}   (the fp32 parameters are the masters{})\n",
+                     "master weights", "0 B extra",
+                     s.compute == DType::kF32 ? "; fp32 training" : "");
   o << fmt::format("  {:<36} {:>12}   of {} per rank: {}\n", "peak of live tensors",
                    human_bytes(double(m.peak_bytes)), human_bytes(double(p.budget_bytes)),
                    p.fits() ? "fits"
                             : fmt::format("does not fit ({:.2f}x)",
                                           double(m.peak_bytes) / double(p.budget_bytes)));
   o << fmt::format("  largest kernel scratch {}\n", human_bytes(double(m.workspace_max)));
-  if (save_every > 0 && s.offload == "disk")
+  if (save_every > 0 && s.offload_master)
+    o << "  (checkpoint.save_every: the model file streams from the masters' file and the "
+         "parameters kept in fp32, the moments from theirs: no host snapshot)\n";
+  else if (save_every > 0 && s.offload == "disk")
     o << fmt::format(
         "  (checkpoint.save_every: each save also holds a host snapshot of the parameters, {}, "
         "outside the tracking allocator: it shows in RSS, not in this peak; the offloaded "
@@ -486,10 +510,11 @@ std::string report(const Prediction& p, const MachineCosts& costs, const Link& l
     int64_t disk_bytes = 0;
     for (const OpRecord& op : m.ops) disk_bytes += op.cost.disk_read + op.cost.disk_written;
     o << fmt::format(
-        "  {:<44} {:>8.2f} ms  ({} of moments read and written; disk {:.2f} GB/s read, {:.2f} "
+        "  {:<44} {:>8.2f} ms  ({} of {} read and written; disk {:.2f} GB/s read, {:.2f} "
         "write, {:.2f} update: {})\n",
         "offloaded update (streaming its files)", t.disk_s * 1e3, human_bytes(double(disk_bytes)),
-        costs.disk.read_gbs, costs.disk.write_gbs, costs.disk.update_gbs, costs.disk.source);
+        s.offload_master ? "moments and masters" : "moments", costs.disk.read_gbs,
+        costs.disk.write_gbs, costs.disk.update_gbs, costs.disk.source);
   }
   o << fmt::format("  {:<44} {:>8.2f} ms  ({} ops x {:.2f} us)\n", "op dispatch",
                    t.overhead_s * 1e3, m.ops.size(), costs.op_overhead_s * 1e6);

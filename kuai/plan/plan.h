@@ -31,6 +31,7 @@ struct StepSpec {
   std::string recompute = "none";  // train.recompute
   int64_t recompute_layers = 0;    // blocks recomputed (0 with "none")
   std::string offload = "none";    // train.offload
+  bool offload_master = false;     // train.offload_master
 };
 StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads);
 

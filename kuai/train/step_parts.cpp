@@ -61,6 +61,29 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   aopt.lr = static_cast<float>(cfg.lr);
   aopt.beta1 = static_cast<float>(cfg.beta1);
   aopt.beta2 = static_cast<float>(cfg.beta2);
+  // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
+  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
+  // Alone there is nothing to shard, and stage 2 runs as stage 1.
+  // Offload (technique 8's other half): the moments, or ZeRO's shard of them, in files of this
+  // rank's, streamed through the update.
+  const auto groups = param_groups(*gpt, static_cast<float>(cfg.weight_decay));
+  std::optional<optim::OffloadOptions> offload;
+  if (cfg.offload == "disk")
+    offload = optim::OffloadOptions{offload_dir(cfg, group->rank()), cfg.offload_chunk_mb << 20};
+  // train.offload_master: the products' parameters become working copies in the compute dtype,
+  // their fp32 masters in the offload files, made from rank 0's fp32 weights before DDP allocates
+  // its gradient buckets (the fp32 model and the buckets are never resident together; DDP's own
+  // broadcast then sends the working copies, equal on every rank).
+  if (offload && cfg.offload_master) {
+    offload->master_params = nn::product_parameters(*gpt);
+    offload->master_dtype = options.compute;
+    if (group->size() > 1) {
+      std::vector<std::shared_ptr<dist::Work>> works;
+      for (const Tensor& p : gpt->parameters()) works.push_back(group->broadcast(p, 0));
+      for (auto& w : works) w->wait();
+    }
+    parts->offloaded = std::make_unique<optim::OffloadedAdamW>(groups, aopt, *offload);
+  }
   // DDP (README, technique 2): rank 0's weights everywhere, gradients averaged during backward.
   if (group->size() > 1) {
     dist::DDPOptions dopt;
@@ -72,21 +95,6 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     dopt.error_feedback = cfg.error_feedback;
     parts->ddp.emplace(*gpt, group, dopt);
   }
-  // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
-  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
-  // Alone there is nothing to shard, and stage 2 runs as stage 1.
-  // Offload (technique 8's other half): the moments, or ZeRO's shard of them, in files of this
-  // rank's, streamed through the update.
-  const auto groups = param_groups(*gpt, static_cast<float>(cfg.weight_decay));
-  std::optional<optim::OffloadOptions> offload;
-  if (cfg.offload == "disk")
-    offload = optim::OffloadOptions{offload_dir(cfg, group->rank()), cfg.offload_chunk_mb << 20};
-  // train.offload_master: the products' parameters become working copies in the compute dtype,
-  // their fp32 masters in the offload files (after DDP has broadcast rank 0's fp32 weights).
-  if (offload && cfg.offload_master) {
-    offload->master_params = nn::product_parameters(*gpt);
-    offload->master_dtype = options.compute;
-  }
   if (cfg.zero > 0) {
     parts->zero = std::make_unique<dist::ZeroAdamW>(
         groups, aopt, group,
@@ -94,7 +102,8 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
         parts->ddp ? static_cast<int>(cfg.zero) : 1, int64_t{1} << 22, offload);
     if (parts->zero->stage() == 2) parts->ddp->shard_gradients(parts->zero->gradient_shards());
   } else if (offload) {
-    parts->offloaded = std::make_unique<optim::OffloadedAdamW>(groups, aopt, *offload);
+    if (!parts->offloaded)
+      parts->offloaded = std::make_unique<optim::OffloadedAdamW>(groups, aopt, *offload);
   } else {
     parts->adamw = std::make_unique<optim::AdamW>(groups, aopt);
   }

@@ -740,8 +740,9 @@ TEST(MpiZero, ResumeOfATwoRankZero2RunWithOffloadIsBitExact) {
 }
 
 // Optimizer state offloaded to disk on 2 ranks (DDP: each rank all of it; ZeRO: each rank its
-// shard, in a folder of its own) trains like the in-memory run bit for bit: losses, gradient
-// norms, and the checkpoint's files (the offloaded save streams the same bytes).
+// shard, in a folder of its own), with or without the master weights, trains like the in-memory
+// run bit for bit: losses, gradient norms, and the checkpoint's files (the offloaded save streams
+// the same bytes, the model file from the masters).
 TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
   auto pg = group();
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "kuai_mpi_offload";
@@ -754,7 +755,12 @@ TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
            {"zero2_llama_bf16",
             {"--dist.zero=2", "--model.family=llama", "--model.n_head=4", "--model.n_kv_head=2",
              "--model.ffn_hidden=48", "--train.precision=bf16"}},
-           {"compiled", {"--train.compile=true"}}}) {
+           {"compiled", {"--train.compile=true"}},
+           // The masters offloaded too (train.offload_master): each rank keeps them in its files.
+           {"ddp_bf16_accum2_masters", {"--train.precision=bf16", "--train.accum_steps=2"}},
+           {"compiled_fp16_full_masters",
+            {"--train.compile=true", "--train.precision=fp16", "--train.recompute=full"}}}) {
+    const bool masters = name.ends_with("_masters");
     auto run = [&](const std::string& offload) {
       std::vector<std::string> o = {"--train.steps=4",
                                     "--train.warmup_steps=2",
@@ -764,6 +770,7 @@ TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
                                     "--run.dir=" + dir.string(),
                                     "--run.name=" + name + "_" + offload,
                                     "--train.offload=" + offload};
+      if (masters && offload == "disk") o.push_back("--train.offload_master=true");
       o.insert(o.end(), extra.begin(), extra.end());
       train::TrainOptions opts;
       opts.group = pg;
@@ -780,7 +787,9 @@ TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
       return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
     };
     std::vector<std::string> files;
-    if (pg->rank() == 0) files = {"/model.safetensors", "/ckpt-4/optimizer.rank0.safetensors"};
+    if (pg->rank() == 0)
+      files = {"/model.safetensors", "/ckpt-4/model.safetensors",
+               "/ckpt-4/optimizer.rank0.safetensors"};
     if (pg->rank() == 1 && name.starts_with("zero"))
       files = {"/ckpt-4/optimizer.rank1.safetensors"};
     for (const std::string& file : files) {

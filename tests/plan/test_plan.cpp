@@ -170,6 +170,49 @@ TEST(Plan, OffloadedMomentsAreTheChunkBuffersAndTheDiskPricesTheUpdate) {
   plan::set_quick_measurements(false);
 }
 
+// Masters offloaded too (train.offload_master), on meta: the products' parameters are held in
+// bf16 (2 bytes less each, and no weight casts in the step), the three files stream through nine
+// chunk buffers, and the update is priced for all three files read and written.
+TEST(Plan, OffloadedMastersHoldTheProductsInTheComputeDtype) {
+  plan::set_quick_measurements(true);
+  auto cfg = [](std::vector<std::string> extra) {
+    for (const char* x : {"--model.d_model=128", "--train.precision=bf16", "--train.offload=disk",
+                          "--train.offload_chunk_mb=1"})
+      extra.push_back(x);
+    return train::load_config("", small(extra));
+  };
+  int64_t products = 0, parameters = 0;
+  {
+    const DeviceGuard meta(kMeta);
+    nn::GPT g(cfg({}).model, 0);
+    parameters = g.num_parameters();
+    for (const Tensor& p : nn::product_parameters(g)) products += p.numel();
+  }
+  ASSERT_GT(products, parameters / 2);
+  auto persistent = [](const plan::StepTrace& t, MemoryUse u) {
+    return t.persistent[static_cast<size_t>(u)];
+  };
+  const plan::StepTrace plain = plan::trace_step(plan::target_for(cfg({}), 1));
+  const plan::StepTrace masters =
+      plan::trace_step(plan::target_for(cfg({"--train.offload_master=true"}), 1));
+  EXPECT_EQ(persistent(plain, MemoryUse::kOptimizer), 6 << 20);
+  EXPECT_EQ(persistent(masters, MemoryUse::kOptimizer), 9 << 20);
+  const int64_t saved =
+      persistent(plain, MemoryUse::kParameters) - persistent(masters, MemoryUse::kParameters);
+  EXPECT_NEAR(double(saved), 2.0 * double(products), 0.01 * double(products));
+  // The peak: 2 bytes per product parameter held, 2 more of weight casts not made, the three
+  // extra buffers back.
+  EXPECT_LT(masters.peak_bytes, plain.peak_bytes - 3 * products + (3 << 20));
+  plan::MachineCosts costs;
+  costs.disk.read_gbs = costs.disk.write_gbs = costs.disk.update_gbs = 0.001;  // 1 MB/s
+  const train::TrainConfig c = cfg({"--train.offload_master=true"});
+  const plan::Prediction p = plan::predict_target(plan::target_for(c, 1), plan::step_spec(c, 1, 1),
+                                                  int64_t{1} << 40, test_link(), costs);
+  const double bytes = 2.0 * 12.0 * double(parameters);  // three files, read and written
+  EXPECT_NEAR(p.time.disk_s, bytes / 1e6, 0.01 * bytes / 1e6);
+  plan::set_quick_measurements(false);
+}
+
 TEST(Plan, RingAllReduceAndBucketOverlap) {
   plan::Link l;
   l.bandwidth_gbs = 2.0;
