@@ -10,9 +10,12 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <set>
 #include <stdexcept>
 
+#include "kuai/core/backend.h"
 #include "kuai/core/ops.h"
+#include "kuai/optim/offload_adamw.h"
 #include "kuai/optim/offload_update.h"
 
 namespace kuai::dist {
@@ -66,8 +69,27 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     shard_ += part_.back();
   }
   for (int r = 0; r < group_->size(); ++r) segments_.push_back(segments_of(r));
+  std::set<const TensorImpl*> masters;
+  if (offload)
+    for (const Tensor& p : offload->master_params) masters.insert(p.impl());
+  master_of_.resize(groups_.size());
+  size_t found = 0;
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (const Tensor& p : groups_[gi].params) {
+      master_of_[gi].push_back(masters.count(p.impl()) > 0);
+      found += master_of_[gi].back();
+    }
+  if (found != masters.size())
+    throw std::invalid_argument(
+        "ZeroAdamW: a parameter whose master is to be offloaded is not among its parameters");
+  masters_ = found > 0;
+  if (masters_ && offload->master_dtype != DType::kBF16 && offload->master_dtype != DType::kF16)
+    throw std::invalid_argument(
+        fmt::format("ZeroAdamW: master weights are offloaded from a bfloat16 or float16 working "
+                    "copy, not {}",
+                    dtype_name(offload->master_dtype)));
   if (offload) {
-    offloaded_ = std::make_shared<optim::OffloadedMoments>(*offload, shard_);
+    offloaded_ = std::make_shared<optim::OffloadedMoments>(*offload, shard_, masters_);
   } else {
     const MemoryUseScope state(MemoryUse::kOptimizer);
     m_ = zeros({std::max<int64_t>(shard_, 1)});
@@ -77,6 +99,28 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     const MemoryUseScope gradients(MemoryUse::kGradients);
     grad_ = zeros({std::max<int64_t>(shard_, 1)});
   }
+  if (!masters_) return;
+  // This rank's shard of the masters into its file (segments are in shard order), then every
+  // rank's products' parameters become working copies.
+  const std::vector<Segment>& mine = segments();
+  size_t s0 = 0;
+  offloaded_->write([&](const optim::StateChunk& c) {
+    const int64_t lo = c.first, hi = c.first + c.count;
+    while (s0 < mine.size() && mine[s0].shard_offset + mine[s0].length <= lo) ++s0;
+    for (size_t i = s0; i < mine.size() && mine[i].shard_offset < hi; ++i) {
+      const Segment& s = mine[i];
+      if (!master_of_[s.group][s.param]) continue;
+      const int64_t a = std::max(lo, s.shard_offset), b = std::min(hi, s.shard_offset + s.length);
+      if (a >= b) continue;
+      const Tensor& p = groups_[s.group].params[s.param];
+      std::memcpy(c.master + (a - lo), p.device_data<float>() + s.begin + (a - s.shard_offset),
+                  static_cast<size_t>(b - a) * sizeof(float));
+    }
+  });
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    for (size_t i = 0; i < groups_[gi].params.size(); ++i)
+      if (master_of_[gi][i])
+        optim::keep_as_working_copy_(groups_[gi].params[i], offload->master_dtype);
 }
 
 std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {
@@ -132,7 +176,7 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
       ps.push_back(p);
       gs.push_back(stage_ == 2 ? grad_ : p.grad().contiguous());
       ranges.push_back({s.shard_offset, s.begin, stage_ == 2 ? s.shard_offset : s.begin, s.length,
-                        groups_[s.group].weight_decay});
+                        groups_[s.group].weight_decay, master_of_[s.group][s.param]});
       continue;
     }
     const Tensor g =
@@ -162,6 +206,61 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   }
 }
 
+void ZeroAdamW::gather_masters(const MasterFn& fn) {
+  if (!masters_) return;
+  MasterGather gather(*this);
+  try {
+    offloaded_->read(
+        [&](const optim::StateChunk& c) { gather.round(c.master, c.first, c.count, fn); });
+  } catch (...) {
+    gather.finish();
+    throw;
+  }
+}
+
+MasterGather::MasterGather(const ZeroAdamW& opt) : opt_(opt) {
+  if (!opt.offloaded() || opt.offloaded()->on_meta()) return;
+  rounds_ = opt.offloaded()->stream().chunks();
+  chunk_ = opt.offloaded()->stream().chunk_bytes() / 4;
+  const MemoryUseScope comm(MemoryUse::kComm);
+  send_ = zeros({chunk_});
+  all_ = zeros({chunk_ * opt.process_group()->size()});
+}
+
+void MasterGather::round(const float* master, int64_t first, int64_t count,
+                         const ZeroAdamW::MasterFn& fn) {
+  if (rounds_ == 0) return;
+  float* out = send_.device_data<float>();
+  std::fill(out, out + chunk_, 0.0f);
+  if (count > 0) std::memcpy(out, master, static_cast<size_t>(count) * sizeof(float));
+  try {
+    opt_.process_group()->all_gather(send_, all_)->wait();
+  } catch (...) {
+    failed_ = true;
+    throw;
+  }
+  ++done_;
+  if (opt_.process_group()->rank() != 0 || !fn) return;
+  const float* in = all_.device_data<float>();
+  for (int r = 0; r < opt_.process_group()->size(); ++r)
+    for (const ZeroAdamW::Segment& s : opt_.segments(r)) {
+      if (!opt_.is_master(s.group, s.param)) continue;
+      const int64_t a = std::max(first, s.shard_offset);
+      const int64_t b = std::min(first + count, s.shard_offset + s.length);
+      if (a < b)
+        fn(opt_.groups()[s.group].params[s.param], s.begin + (a - s.shard_offset), b - a,
+           in + r * chunk_ + (a - first));
+    }
+}
+
+void MasterGather::finish() {
+  if (failed_) return;
+  try {
+    while (done_ < rounds_) round(nullptr, 0, 0, {});
+  } catch (...) {
+  }
+}
+
 namespace {
 // Elements [begin, begin + n) of a contiguous tensor as a flat view (not dispatched: the copies
 // below are the optimizer's, outside autograd and capture).
@@ -178,10 +277,17 @@ void ZeroAdamW::copy_shard_range(int rank, int64_t begin, int64_t length, const 
     if (b >= e) continue;
     Tensor p = flat_range(groups_[s.group].params[s.param], s.begin + (b - s.shard_offset), e - b);
     Tensor x = flat_range(buf, buf_offset + (b - begin), e - b);
-    if (to_params)
+    if (p.dtype() != x.dtype()) {  // a working copy: widened on the wire, exactly
+      Backend& be = backend_for(p.device());
+      if (to_params)
+        be.convert(x.device_ptr(), x.dtype(), p.device_ptr(), p.dtype(), e - b);
+      else
+        be.convert(p.device_ptr(), p.dtype(), x.device_ptr(), x.dtype(), e - b);
+    } else if (to_params) {
       p.copy_(x);
-    else
+    } else {
       x.copy_(p);
+    }
   }
 }
 

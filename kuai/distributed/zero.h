@@ -20,9 +20,14 @@
 //
 // With `offload` (train.offload = disk) the moments of the shard live in files of this rank's and
 // are streamed through the update in chunks (optim/offloaded_moments.h, optim/offload_update.h):
-// sharding and offloading compose, each rank keeping its shard's chunk buffers only.
+// sharding and offloading compose, each rank keeping its shard's chunk buffers only. With the
+// master weights offloaded too (OffloadOptions::master_params, train.offload_master), each rank
+// keeps its shard's fp32 masters in a third file and every rank holds the products' parameters as
+// working copies in the compute dtype (optim/offload_adamw.h); the all-gather then brings the
+// owners' updated working copies (widened to fp32 on the wire, exactly) to every rank.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -69,8 +74,21 @@ class ZeroAdamW : public optim::Optimizer {
     int64_t begin, length;  // elements of the parameter
     int64_t shard_offset;   // where they sit in that rank's shard
   };
-  // This rank's segments.
+  // This rank's segments, and any rank's.
   const std::vector<Segment>& segments() const { return segments_[group_->rank()]; }
+  const std::vector<Segment>& segments(int rank) const {
+    return segments_[static_cast<size_t>(rank)];
+  }
+  // Whether (group, param)'s master is in the masters file (train.offload_master).
+  bool has_masters() const { return masters_; }
+  // Every rank's masters to rank 0, as the ranks stream their files (a collective: every rank
+  // calls it). Rank 0's fn gets (parameter, first element, count, fp32 values) for every master
+  // element of every rank; the other ranks' fn is not called (it may be empty).
+  using MasterFn =
+      std::function<void(const Tensor& param, int64_t begin, int64_t count, const float* values)>;
+  void gather_masters(const MasterFn& fn);
+  const std::shared_ptr<ProcessGroup>& process_group() const { return group_; }
+  bool is_master(size_t group, size_t param) const { return master_of_[group][param]; }
   // The moments of this rank's shard (S elements each); filled by a checkpoint restore. Undefined
   // when offloaded.
   Tensor& exp_avg() { return m_; }
@@ -99,7 +117,29 @@ class ZeroAdamW : public optim::Optimizer {
   std::vector<std::vector<Segment>> segments_;  // per rank
   Tensor m_, v_;                                // (S) each, in memory
   std::shared_ptr<optim::OffloadedMoments> offloaded_;
-  Tensor grad_;  // (S), stage 2
+  bool masters_ = false;
+  std::vector<std::vector<bool>> master_of_;  // per group, per parameter
+  Tensor grad_;                               // (S), stage 2
+};
+
+// The rounds of a gather of every rank's masters to rank 0 while the ranks stream their state
+// files (ZeRO with masters offloaded): chunk i of each rank's files covers the same elements of its
+// shard (the shards have one size), so round i gathers chunk i of every rank's masters. A rank
+// whose stream fails calls finish(), which takes part in the remaining rounds with nothing, so no
+// rank waits for it; the caller then reports the failure (a checkpoint's commit).
+class MasterGather {
+ public:
+  explicit MasterGather(const ZeroAdamW& opt);
+  // One round, a collective: this rank's masters of shard elements [first, first + count) out;
+  // on rank 0 fn(param, first element, count, values) for each piece of every rank's masters.
+  void round(const float* master, int64_t first, int64_t count, const ZeroAdamW::MasterFn& fn);
+  void finish();  // the remaining rounds, sending nothing; a failed gather is not retried
+
+ private:
+  const ZeroAdamW& opt_;
+  int64_t rounds_ = 0, done_ = 0, chunk_ = 0;
+  bool failed_ = false;
+  Tensor send_, all_;
 };
 
 }  // namespace kuai::dist

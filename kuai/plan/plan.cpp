@@ -321,10 +321,10 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
               continue;  // not combined (distributed/ddp.cpp)
             // Offload costs disk time, recomputation compute time: for each of the config's own
             // placement of the optimizer state, disk, and disk with the master weights (mixed
-            // precision without ZeRO), the config's own policy first, then selective, then full,
-            // each only where the cheaper ones did not fit.
+            // precision), the config's own policy first, then selective, then full, each only
+            // where the cheaper ones did not fit.
             const std::string own = cfg.offload_master ? "master" : cfg.offload;
-            const bool masters_possible = precision != "fp32" && zero == 0;
+            const bool masters_possible = precision != "fp32";
             for (const std::string& offload : std::vector<std::string>{
                      masters_possible || own != "master" ? own : "", own == "none" ? "disk" : "",
                      own != "master" && masters_possible ? "master" : ""}) {

@@ -212,20 +212,27 @@ OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt)
 OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt) {
   const auto by_impl = names_by_impl(model);
   OptimizerShard out{&opt, opt.offloaded(), {}};
-  for (const dist::ZeroAdamW::Segment& s : opt.segments()) {
-    const Tensor& p = opt.groups()[s.group].params[s.param];
-    auto it = by_impl.find(p.impl());
+  out.masters = opt.has_masters();
+  auto name_of = [&](const dist::ZeroAdamW::Segment& s) {
+    auto it = by_impl.find(opt.groups()[s.group].params[s.param].impl());
     if (it == by_impl.end())
       throw std::invalid_argument("checkpoint: an optimizer parameter is not in the model");
+    return it->second;
+  };
+  if (out.masters && opt.process_group()->size() > 1) out.zero_masters = &opt;
+  for (const dist::ZeroAdamW::Segment& s : opt.segments()) {
+    const Tensor& p = opt.groups()[s.group].params[s.param];
+    const std::string name = name_of(s);
     const bool whole = s.begin == 0 && s.length == p.numel();
     const Shape shape = whole ? p.shape() : Shape{s.length};
     if (opt.offloaded()) {
-      out.pieces.push_back({it->second, s.begin, whole, shape, {}, {}, s.shard_offset});
+      out.pieces.push_back(
+          {name, s.begin, whole, shape, {}, {}, s.shard_offset, opt.is_master(s.group, s.param)});
       continue;
     }
     const Tensor m = narrow(opt.exp_avg(), 0, s.shard_offset, s.length);
     const Tensor v = narrow(opt.exp_avg_sq(), 0, s.shard_offset, s.length);
-    out.pieces.push_back({it->second, s.begin, whole, shape, reshape(m, shape), reshape(v, shape)});
+    out.pieces.push_back({name, s.begin, whole, shape, reshape(m, shape), reshape(v, shape)});
   }
   return out;
 }
@@ -300,8 +307,8 @@ double Checkpointer::save(const nn::GPT& model, const OptimizerShard& opt,
   if (opt.offloaded) {  // streamed from the files now: the next update rewrites them
     snap->optim.clear();
     try {
-      snap->streamed = stream_optimizer(
-          opt, state.step, opt.masters && writes_model ? &model : nullptr, &snap->streamed_model);
+      snap->streamed =
+          stream_optimizer(opt, state.step, opt.masters ? &model : nullptr, &snap->streamed_model);
     } catch (...) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -429,63 +436,86 @@ void Checkpointer::make_tmp_dir(int64_t step) const {
 Checkpointer::FileRecord Checkpointer::stream_optimizer(const OptimizerShard& opt, int64_t step,
                                                         const nn::GPT* model,
                                                         std::optional<FileRecord>* model_record) {
-  make_tmp_dir(step);
-  const std::string path = tmp_dir(step) + "/" + optimizer_file();
-  // The in-memory save's layout (each piece's exp_avg, then its exp_avg_sq), so the file is the
-  // same byte for byte; each piece's elements land where the chunk holding them passes (pieces
-  // are in the order of the flat moments).
-  std::vector<io::SafetensorsView> views;
-  for (const OptimizerPiece& p : opt.pieces) {
-    int64_t n = 1;
-    for (int64_t d : p.shape) n *= d;
-    for (const char* kind : {"exp_avg", "exp_avg_sq"})
-      views.push_back({piece_name(kind, p), "F32", p.shape, nullptr, uint64_t(n) * 4});
-  }
-  io::SafetensorsWriter file(
-      path, views, {{"kuai.format", "checkpoint-optimizer"}, {"kuai.version", kKuaiVersion}});
-  // Masters offloaded: the model file as write_blobs lays it out (named_parameters order), the
-  // parameters kept in fp32 written now, the masters' values as their chunks pass.
+  // ZeRO with masters: rank 0 gathers every rank's masters (dist::MasterGather) as the ranks
+  // stream, and writes them into the model file; a rank that fails still takes part in the
+  // remaining rounds, so none waits for it, and the failure is reported at the commit.
+  const bool writes_model =
+      model && (!opt.zero_masters || opt.zero_masters->process_group()->rank() == 0);
+  std::optional<dist::MasterGather> gather;
+  if (model && opt.zero_masters) gather.emplace(*opt.zero_masters);
   std::optional<io::SafetensorsWriter> model_file;
-  std::map<std::string, size_t> model_index;
+  std::map<const TensorImpl*, size_t> model_index;  // of each parameter's tensor in the file
+  std::map<std::string, size_t> index_by_name;
+  const dist::ZeroAdamW::MasterFn into_model = [&](const Tensor& p, int64_t begin, int64_t count,
+                                                   const float* values) {
+    if (model_file)
+      model_file->write(model_index.at(p.impl()), uint64_t(begin) * 4, values, uint64_t(count) * 4);
+  };
+  const std::string path = tmp_dir(step) + "/" + optimizer_file();
   const std::string model_path = tmp_dir(step) + "/" + kModelFile;
-  if (model) {
-    const auto params = model->named_parameters();
-    std::vector<io::SafetensorsView> mv;
-    for (size_t i = 0; i < params.size(); ++i) {
-      const Tensor& t = params[i].second;
-      mv.push_back({params[i].first, "F32", t.shape(), nullptr, uint64_t(t.numel()) * 4});
-      model_index[params[i].first] = i;
+  try {
+    make_tmp_dir(step);
+    // The in-memory save's layout (each piece's exp_avg, then its exp_avg_sq), so the file is the
+    // same byte for byte; each piece's elements land where the chunk holding them passes (pieces
+    // are in the order of the flat moments).
+    std::vector<io::SafetensorsView> views;
+    for (const OptimizerPiece& p : opt.pieces) {
+      int64_t n = 1;
+      for (int64_t d : p.shape) n *= d;
+      for (const char* kind : {"exp_avg", "exp_avg_sq"})
+        views.push_back({piece_name(kind, p), "F32", p.shape, nullptr, uint64_t(n) * 4});
     }
-    model_file.emplace(model_path, mv,
-                       std::map<std::string, std::string>{{"kuai.format", "checkpoint-model"},
-                                                          {"kuai.version", kKuaiVersion}});
-    for (size_t i = 0; i < params.size(); ++i)
-      if (!params[i].second.impl()->master_elsewhere) {
-        const Tensor c = params[i].second.contiguous();
-        model_file->write(i, 0, c.device_data<float>(), uint64_t(c.numel()) * 4);
+    io::SafetensorsWriter file(
+        path, views, {{"kuai.format", "checkpoint-optimizer"}, {"kuai.version", kKuaiVersion}});
+    // Masters offloaded: the model file as write_blobs lays it out (named_parameters order), the
+    // parameters kept in fp32 written now, the masters' values as their chunks pass.
+    if (writes_model) {
+      const auto params = model->named_parameters();
+      std::vector<io::SafetensorsView> mv;
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor& t = params[i].second;
+        mv.push_back({params[i].first, "F32", t.shape(), nullptr, uint64_t(t.numel()) * 4});
+        model_index[t.impl()] = i;
+        index_by_name[params[i].first] = i;
       }
-  }
-  const size_t np = opt.pieces.size();
-  size_t p0 = 0;
-  opt.offloaded->read([&](const optim::StateChunk& c) {
-    const int64_t lo = c.first, hi = c.first + c.count;
-    while (p0 < np && opt.pieces[p0].first + int64_t(views[2 * p0].nbytes / 4) <= lo) ++p0;
-    for (size_t i = p0; i < np && opt.pieces[i].first < hi; ++i) {
-      const int64_t first = opt.pieces[i].first, n = int64_t(views[2 * i].nbytes / 4);
-      const int64_t a = std::max(lo, first), b = std::min(hi, first + n);
-      if (a >= b) continue;
-      const uint64_t at = uint64_t(a - first) * 4, bytes = uint64_t(b - a) * 4;
-      file.write(2 * i, at, c.exp_avg + (a - lo), bytes);
-      file.write(2 * i + 1, at, c.exp_avg_sq + (a - lo), bytes);
-      if (model_file && opt.pieces[i].master)
-        model_file->write(model_index.at(opt.pieces[i].param), at, c.master + (a - lo), bytes);
+      model_file.emplace(model_path, mv,
+                         std::map<std::string, std::string>{{"kuai.format", "checkpoint-model"},
+                                                            {"kuai.version", kKuaiVersion}});
+      for (size_t i = 0; i < params.size(); ++i)
+        if (!params[i].second.impl()->master_elsewhere) {
+          const Tensor c = params[i].second.contiguous();
+          model_file->write(i, 0, c.device_data<float>(), uint64_t(c.numel()) * 4);
+        }
     }
-  });
-  file.finish();
-  if (model_file) {
-    model_file->finish();
-    const io::FileDigest d = io::file_xxh3(model_path);
-    *model_record = FileRecord{kModelFile, d.bytes, d.xxh3};
+    const size_t np = opt.pieces.size();
+    size_t p0 = 0;
+    opt.offloaded->read([&](const optim::StateChunk& c) {
+      const int64_t lo = c.first, hi = c.first + c.count;
+      while (p0 < np && opt.pieces[p0].first + int64_t(views[2 * p0].nbytes / 4) <= lo) ++p0;
+      for (size_t i = p0; i < np && opt.pieces[i].first < hi; ++i) {
+        const int64_t first = opt.pieces[i].first, n = int64_t(views[2 * i].nbytes / 4);
+        const int64_t a = std::max(lo, first), b = std::min(hi, first + n);
+        if (a >= b) continue;
+        const uint64_t at = uint64_t(a - first) * 4, bytes = uint64_t(b - a) * 4;
+        file.write(2 * i, at, c.exp_avg + (a - lo), bytes);
+        file.write(2 * i + 1, at, c.exp_avg_sq + (a - lo), bytes);
+        if (model_file && !gather && opt.pieces[i].master)
+          model_file->write(index_by_name.at(opt.pieces[i].param),
+                            uint64_t(opt.pieces[i].begin + (a - first)) * 4, c.master + (a - lo),
+                            bytes);
+      }
+      if (gather) gather->round(c.master, c.first, c.count, into_model);
+    });
+    file.finish();
+    if (model_file) {
+      model_file->finish();
+      const io::FileDigest d = io::file_xxh3(model_path);
+      *model_record = FileRecord{kModelFile, d.bytes, d.xxh3};
+    }
+  } catch (...) {
+    model_file.reset();  // abandoned: nothing more is written into it
+    if (gather) gather->finish();
+    throw;
   }
   const io::FileDigest d = io::file_xxh3(path);  // what is on disk now
   return {optimizer_file(), d.bytes, d.xxh3};
@@ -750,7 +780,15 @@ void load_model(const io::SafetensorsFile& mf, nn::GPT& model) {
   if (mf.entries().size() != params.size())
     throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", mf.path(),
                                          mf.entries().size(), params.size()));
-  for (const auto& [name, p] : params) load_entry(mf, name, p, !p.impl()->master_elsewhere);
+  for (const auto& [name, p] : params) {
+    load_entry(mf, name, p, !p.impl()->master_elsewhere);
+    if (!p.impl()->master_elsewhere) continue;
+    // A working copy: the master's cast (the Cast primitive, as the update makes it).
+    const auto bytes = mf.data(*mf.find(name));
+    const Tensor src = Tensor::borrow(const_cast<std::byte*>(bytes.data()), p.shape(), DType::kF32);
+    std::vector<Tensor> dst = {p};
+    Cast(p.dtype()).eval_cpu(std::span<const Tensor>(&src, 1), dst);
+  }
 }
 }  // namespace
 
@@ -875,17 +913,10 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShar
         const int64_t a = std::max(lo, piece.first), b = std::min(hi, piece.first + numel[i]);
         if (a >= b) continue;
         const int64_t pb = piece.begin + (a - piece.first);  // of the parameter
-        if (piece.master) {  // the model file's values: the master, and its working copy
-          float* master = ch.master + (a - lo);
+        if (piece.master) {  // the model file's values (the working copy has their cast)
           const auto bytes = model_file.data(*model_file.find(piece.param));
-          std::memcpy(master, bytes.data() + static_cast<size_t>(pb) * sizeof(float),
+          std::memcpy(ch.master + (a - lo), bytes.data() + static_cast<size_t>(pb) * sizeof(float),
                       static_cast<size_t>(b - a) * sizeof(float));
-          const Tensor& w = by_name.at(piece.param);
-          const Tensor src = Tensor::borrow(master, {b - a}, DType::kF32);
-          std::vector<Tensor> dst = {
-              Tensor::borrow(static_cast<std::byte*>(w.device_ptr()) + pb * dtype_size(w.dtype()),
-                             {b - a}, w.dtype())};
-          Cast(w.dtype()).eval_cpu(std::span<const Tensor>(&src, 1), dst);
         }
         for (int k = 0; k < 2; ++k) {
           float* dst = (k == 0 ? ch.exp_avg : ch.exp_avg_sq) + (a - lo);

@@ -77,6 +77,9 @@ struct OptimizerShard {
   optim::OffloadedMoments* offloaded = nullptr;  // the moments' files (pieces by `first`)
   std::vector<OptimizerPiece> pieces;
   bool masters = false;  // some pieces are `master`
+  // ZeRO with masters: rank 0 gathers every rank's masters into the model file as the ranks
+  // stream their shards (a collective inside the save, dist::MasterGather).
+  dist::ZeroAdamW* zero_masters = nullptr;
 };
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt);
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt);

@@ -264,12 +264,6 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         "config: train.offload_master = true needs train.precision = \"bf16\" or \"fp16\": in "
         "fp32 the parameters are the master weights, there is no second copy to move");
-  if (c.offload_master && c.zero > 0)
-    throw ConfigError(fmt::format(
-        "config: train.offload_master = true is not combined with dist.zero = {} yet (ZeRO "
-        "all-gathers fp32 parameters); train.offload = \"disk\" alone offloads each rank's shard "
-        "of the moments",
-        c.zero));
   if (c.zero == 2 && c.compression != "none")
     throw ConfigError(fmt::format(
         "config: dist.compression = \"{}\" is not combined with dist.zero = 2 (its gradients are "

@@ -74,9 +74,12 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   // their fp32 masters in the offload files, made from rank 0's fp32 weights before DDP allocates
   // its gradient buckets (the fp32 model and the buckets are never resident together; DDP's own
   // broadcast then sends the working copies, equal on every rank).
+  // Under ZeRO the working copies are made by ZeroAdamW, after DDP (its buckets are the layout).
   if (offload && cfg.offload_master) {
     offload->master_params = nn::product_parameters(*gpt);
     offload->master_dtype = options.compute;
+  }
+  if (offload && cfg.offload_master && cfg.zero == 0) {
     if (group->size() > 1) {
       std::vector<std::shared_ptr<dist::Work>> works;
       for (const Tensor& p : gpt->parameters()) works.push_back(group->broadcast(p, 0));

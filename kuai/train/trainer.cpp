@@ -281,19 +281,26 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (parts->offloaded) return optimizer_shard(model, *parts->offloaded);
     return optimizer_shard(model, *adamw);
   };
-  // An export's options; the masters streamed from their file when they are offloaded.
-  auto exporting = [&](int64_t step) {
-    io::ExportOptions o = export_options(cfg, step);
-    if (parts->offloaded && parts->offloaded->has_masters())
-      o.masters = [&](const io::MasterValues& fn) { parts->offloaded->read_masters(fn); };
-    return o;
-  };
   const std::vector<Tensor> params = model.parameters();
   amp::GradScaler& scaler = *parts->scaler;
   optim::Optimizer& opt = parts->optimizer();
   const nn::AttentionImpl attention = nn::parse_attention_impl(cfg.attention);
 
   TrainResult result;
+  // A weights-only export (rank 0 writes it), the masters streamed from their files when they are
+  // offloaded: under ZeRO a collective, rank 0 gathering every rank's as the others send theirs.
+  auto export_weights = [&](const std::string& file, int64_t step) {
+    const bool zero_masters = zero && zero->has_masters() && world > 1;
+    if (result.run_path.empty()) {
+      if (options.write_run_dir && zero_masters) zero->gather_masters({});
+      return;
+    }
+    io::ExportOptions o = export_options(cfg, step);
+    if (parts->offloaded && parts->offloaded->has_masters())
+      o.masters = [&](const io::MasterValues& fn) { parts->offloaded->read_masters(fn); };
+    if (zero_masters) o.masters = [&](const io::MasterValues& fn) { zero->gather_masters(fn); };
+    io::export_weights(result.run_path + "/" + file, model, o);
+  };
   const bool resuming = !opts.resume.empty();
   data::LoaderState loader_start;
   if (resuming) {
@@ -586,9 +593,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         break;
       }
     }
-    if (!result.run_path.empty() && cfg.export_every > 0 && (step + 1) % cfg.export_every == 0)
-      io::export_weights(fmt::format("{}/weights-{}.safetensors", result.run_path, step + 1), model,
-                         exporting(step + 1));
+    if (options.write_run_dir && cfg.export_every > 0 && (step + 1) % cfg.export_every == 0)
+      export_weights(fmt::format("weights-{}.safetensors", step + 1), step + 1);
     m.wall_time = now_s();
     ring.push(std::move(m));
     if (opts.after_step) opts.after_step(step + 1);
@@ -647,8 +653,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   result.final_loss = result.losses.empty() ? 0.0f : result.losses.back();
   result.peak_rss_mib = peak_rss_mib();
 
-  if (!result.run_path.empty() && cfg.save_weights)
-    io::export_weights(result.run_path + "/model.safetensors", model, exporting(result.steps_done));
+  if (options.write_run_dir && cfg.save_weights)
+    export_weights("model.safetensors", result.steps_done);
   if (!opts.quiet) {
     if (result.interrupted)
       out << fmt::format("interrupted: stopped cleanly after step {}\n", result.steps_done);

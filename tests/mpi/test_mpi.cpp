@@ -42,6 +42,7 @@
 #include "kuai/optim/adamw.h"
 #include "kuai/plan/plan.h"
 #include "kuai/train/checkpoint.h"
+#include "kuai/train/step_parts.h"
 #include "kuai/train/trainer.h"
 
 namespace kuai::dist {
@@ -738,6 +739,13 @@ TEST(MpiZero, ResumeOfATwoRankZero2RunIsBitExact) { resume_is_bit_exact("2"); }
 TEST(MpiZero, ResumeOfATwoRankZero2RunWithOffloadIsBitExact) {
   resume_is_bit_exact("2", {"--train.offload=disk"});
 }
+// With the masters offloaded too: the model file is gathered from both ranks' masters files as
+// they stream (four 1 MiB rounds per rank), and each rank's shard of it streams back on resume.
+TEST(MpiZero, ResumeOfATwoRankZero1RunWithOffloadedMastersIsBitExact) {
+  resume_is_bit_exact(
+      "1", {"--train.offload=disk", "--train.offload_master=true", "--train.precision=bf16",
+            "--model.d_model=256", "--model.n_head=4", "--train.offload_chunk_mb=1"});
+}
 
 // Optimizer state offloaded to disk on 2 ranks (DDP: each rank all of it; ZeRO: each rank its
 // shard, in a folder of its own), with or without the master weights, trains like the in-memory
@@ -759,7 +767,19 @@ TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
            // The masters offloaded too (train.offload_master): each rank keeps them in its files.
            {"ddp_bf16_accum2_masters", {"--train.precision=bf16", "--train.accum_steps=2"}},
            {"compiled_fp16_full_masters",
-            {"--train.compile=true", "--train.precision=fp16", "--train.recompute=full"}}}) {
+            {"--train.compile=true", "--train.precision=fp16", "--train.recompute=full"}},
+           // ZeRO: each rank its shard of the masters; the model file gathered from every rank's
+           // masters file as they stream (several 1 MiB rounds: d_model 256).
+           {"zero1_bf16_masters",
+            {"--dist.zero=1", "--train.precision=bf16", "--model.d_model=256", "--model.n_head=4",
+             "--train.offload_chunk_mb=1"}},
+           {"zero2_fp16_accum2_full_masters",
+            {"--dist.zero=2", "--train.precision=fp16", "--train.accum_steps=2",
+             "--train.recompute=full", "--model.d_model=256", "--model.n_head=4",
+             "--train.offload_chunk_mb=1"}},
+           {"zero2_llama_bf16_masters",
+            {"--dist.zero=2", "--model.family=llama", "--model.n_head=4", "--model.n_kv_head=2",
+             "--model.ffn_hidden=48", "--train.precision=bf16"}}}) {
     const bool masters = name.ends_with("_masters");
     auto run = [&](const std::string& offload) {
       std::vector<std::string> o = {"--train.steps=4",
@@ -838,6 +858,50 @@ TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
         << r.save_error;
   else
     EXPECT_NE(r.save_error.find("optimizer.rank1.safetensors"), std::string::npos) << r.save_error;
+  pg->barrier();
+  const std::string latest = train::resolve_checkpoint((dir / "r").string());
+  EXPECT_EQ(fs::path(latest).filename(), "ckpt-2");
+  EXPECT_NO_THROW(train::read_checkpoint(latest));
+  pg->barrier();
+}
+
+// With the masters offloaded, rank 0 gathers every rank's masters into the model file while the
+// ranks stream their shards: a rank whose stream fails mid-save (an injected EIO on its first read
+// of the save's pass) still takes part in the remaining rounds, so rank 0 does not wait for it;
+// the save fails on every rank at the commit, and `latest` still names the previous checkpoint.
+TEST(MpiZero, AShardWhoseMastersCannotBeReadFailsTheCheckpointWithoutAHang) {
+  namespace fs = std::filesystem;
+  auto pg = group();
+  const fs::path dir = "/tmp/kuai_mpi_master_eio";
+  if (pg->rank() == 0) fs::remove_all(dir);
+  pg->barrier();
+  const train::TrainConfig cfg = train::load_config(
+      "",
+      small_run({"--run.dir=" + dir.string(), "--run.name=r", "--train.steps=6", "--dist.zero=1",
+                 "--checkpoint.save_every=2", "--checkpoint.async=false",
+                 "--checkpoint.on_error=stop", "--log.save_weights=false", "--train.offload=disk",
+                 "--train.offload_master=true", "--train.precision=bf16", "--model.d_model=256",
+                 "--model.n_head=4", "--train.offload_chunk_mb=1"}));
+  train::StepParts* parts = nullptr;
+  train::TrainOptions o;
+  o.group = pg;
+  o.built = [&](train::StepParts& p) { parts = &p; };
+  o.after_step = [&](int64_t step) {
+    // Steps 3 and 4 read each of the three files chunk by chunk; then the save's pass.
+    if (step == 2 && pg->rank() == 1) {
+      io::ChunkStream& st = parts->zero->offloaded()->stream();
+      st.inject_failure(false, 2 * st.chunks() * st.files() + 1, EIO);
+    }
+  };
+  std::ostringstream out;
+  const train::TrainResult r = train::run_training(cfg, out, o);
+  EXPECT_GE(r.save_failures, 1);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps_done, 4);
+  if (pg->rank() == 1)
+    EXPECT_NE(r.save_error.find("Input/output error"), std::string::npos) << r.save_error;
+  else
+    EXPECT_NE(r.save_error.find("rank 1"), std::string::npos) << r.save_error;
   pg->barrier();
   const std::string latest = train::resolve_checkpoint((dir / "r").string());
   EXPECT_EQ(fs::path(latest).filename(), "ckpt-2");

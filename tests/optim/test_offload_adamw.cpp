@@ -55,6 +55,8 @@ TEST(OffloadedAdamW, EqualsInMemoryAdamWBitForBit) {
   OffloadOptions off;
   off.dir = dir.string();
   off.chunk_bytes = 4096;  // 1024 floats: chunk boundaries inside every large parameter
+  // No cached blocks: each buffer is served from its own size class, whatever ran before.
+  Allocator::get().empty_cache();
   const int64_t before = Allocator::get().stats().current;
   {
     OffloadedAdamW offloaded(b.groups(), o, off);
@@ -121,6 +123,7 @@ TEST(OffloadedAdamW, OffloadedMastersAreInMemoryAdamWsParametersBitForBit) {
   off.master_params = {b.t[1], b.t[3]};
   off.master_dtype = DType::kBF16;
   {
+    Allocator::get().empty_cache();
     const int64_t before = Allocator::get().stats().current;
     OffloadedAdamW offloaded(b.groups(), o, off);
     EXPECT_TRUE(offloaded.has_masters());
