@@ -306,14 +306,19 @@ int run_disk_bench(const std::vector<std::string>& args) {
 // `kuai bench offload-update`: AdamW's update over moments offloaded to disk against the same
 // update in memory, side by side (ABBA rounds) on the same number of parameters, beside the I/O
 // floor: the bytes the pass moves (both moments read and written) over the disk's update-pass
-// bandwidth, measured in this run on files of the same size at the same chunk size.
+// bandwidth, measured in this run on files of the same size at the same chunk size. --masters:
+// the fp32 master weights offloaded too (train.offload_master), the parameters kept as bf16
+// working copies, a third file read and written.
 int run_offload_update_bench(const std::vector<std::string>& args) {
   double params_m = 124.4;  // GPT-2 124M's parameters
   int64_t chunk_mb = 64, rounds = 5;
+  bool masters = false;
   std::string dir = "runs/offload_bench";
   for (const std::string& a : args) {
     if (a == "offload-update") continue;
-    if (a.rfind("--params-m=", 0) == 0)
+    if (a == "--masters")
+      masters = true;
+    else if (a.rfind("--params-m=", 0) == 0)
       params_m = std::stod(a.substr(11));
     else if (a.rfind("--chunk-mb=", 0) == 0)
       chunk_mb = std::stoll(a.substr(11));
@@ -323,7 +328,8 @@ int run_offload_update_bench(const std::vector<std::string>& args) {
       dir = a.substr(6);
     else
       throw std::invalid_argument("bench offload-update: unknown argument " + a +
-                                  " (--params-m=N millions, --chunk-mb=N, --rounds=N, --dir=PATH)");
+                                  " (--params-m=N millions, --chunk-mb=N, --rounds=N, --dir=PATH, "
+                                  "--masters)");
   }
   if (params_m <= 0 || chunk_mb < 1 || rounds < 1)
     throw std::invalid_argument("bench offload-update: sizes and rounds must be positive");
@@ -353,7 +359,7 @@ int run_offload_update_bench(const std::vector<std::string>& args) {
       "measuring the disk under {} first\n",
       double(n) / 1e6, chunk_mb, rounds, dir);
   const plan::Disk disk = plan::measure_disk(dopt);
-  const double moved = 4.0 * 4.0 * double(n);  // m and v, read and written
+  const double moved = (masters ? 6.0 : 4.0) * 4.0 * double(n);  // each file read and written
   const double floor_ms = moved / (disk.update_gbs * 1e9) * 1e3;
 
   auto a_groups = make(1), b_groups = make(1);
@@ -362,10 +368,14 @@ int run_offload_update_bench(const std::vector<std::string>& args) {
   in_memory.step();  // the moments are made at the first step
   const int64_t memory_bytes = Allocator::get().stats().current - before;
   const int64_t before_off = Allocator::get().stats().current;
-  optim::OffloadedAdamW offloaded(
-      b_groups, ao, {(std::filesystem::path(dir) / "moments").string(), chunk_mb << 20});
+  optim::OffloadOptions oo{(std::filesystem::path(dir) / "moments").string(), chunk_mb << 20};
+  if (masters) oo.master_params = b_groups[0].params;
+  optim::OffloadedAdamW offloaded(b_groups, ao, oo);
   offloaded.step();
-  const int64_t offload_bytes = Allocator::get().stats().current - before_off;
+  // With the masters: the parameters' 2 bytes each given back (bf16 working copies) are not
+  // optimizer memory; what the optimizer holds is its buffers either way.
+  const int64_t offload_bytes =
+      Allocator::get().stats().current - before_off + (masters ? 2 * n : 0);
   std::vector<double> t_mem, t_off;
   using Clock = std::chrono::steady_clock;
   auto time = [](optim::Optimizer& o) {
@@ -389,31 +399,33 @@ int run_offload_update_bench(const std::vector<std::string>& args) {
   const auto [mlo, mhi] = std::minmax_element(t_mem.begin(), t_mem.end());
   const auto [olo, ohi] = std::minmax_element(t_off.begin(), t_off.end());
   const io::StreamStats& st = offloaded.stream().stats();
-  std::cout << machine_line() << "\n"
-            << fmt::format(
-                   "| AdamW update, {:.1f} M parameters | median ms (min-max, {} rounds ABBA) | "
-                   "resident optimizer memory |\n|---|---|---|\n"
-                   "| in memory | {:.1f} ({:.1f}-{:.1f}) | {:.1f} MiB ({:.2f} B/param) |\n"
-                   "| offloaded to disk ({} MiB chunks, {}) | {:.1f} ({:.1f}-{:.1f}) | {:.1f} MiB "
-                   "({:.3f} B/param) |\n"
-                   "| I/O floor: {:.2f} GB moved / {:.3f} GB/s (disk update pass, this run) | "
-                   "{:.1f} | |\n",
-                   double(n) / 1e6, rounds, med(t_mem), *mlo, *mhi,
-                   double(memory_bytes) / (1 << 20), double(memory_bytes) / double(n), chunk_mb,
-                   offloaded.stream().direct() ? "O_DIRECT, io_uring" : "page cache, io_uring",
-                   med(t_off), *olo, *ohi, double(offload_bytes) / (1 << 20),
-                   double(offload_bytes) / double(n), moved / 1e9, disk.update_gbs, floor_ms)
-            << fmt::format(
-                   "offloaded update: {:.2f}x the I/O floor, {:.2f}x the in-memory update; the "
-                   "stream waited {:.0f} ms for the disk and updated for {:.0f} ms over {} "
-                   "passes; disk here: read {:.3f}, write {:.3f} GB/s\n",
-                   med(t_off) / floor_ms, med(t_off) / med(t_mem), st.wait_ms, st.busy_ms,
-                   rounds + 1, disk.read_gbs, disk.write_gbs)
-            << fmt::format(
-                   "RESULT offload_update_ms={:.1f} io_floor_ms={:.1f} floor_ratio={:.3f} "
-                   "adamw_ms={:.1f} resident_mib={:.1f} adamw_resident_mib={:.1f}\n",
-                   med(t_off), floor_ms, med(t_off) / floor_ms, med(t_mem),
-                   double(offload_bytes) / (1 << 20), double(memory_bytes) / (1 << 20));
+  std::cout
+      << machine_line() << "\n"
+      << fmt::format(
+             "| AdamW update, {:.1f} M parameters | median ms (min-max, {} rounds ABBA) | "
+             "resident optimizer memory |\n|---|---|---|\n"
+             "| in memory | {:.1f} ({:.1f}-{:.1f}) | {:.1f} MiB ({:.2f} B/param) |\n"
+             "| offloaded to disk ({}{} MiB chunks, {}) | {:.1f} ({:.1f}-{:.1f}) | {:.1f} MiB "
+             "({:.3f} B/param) |\n"
+             "| I/O floor: {:.2f} GB moved / {:.3f} GB/s (disk update pass, this run) | "
+             "{:.1f} | |\n",
+             double(n) / 1e6, rounds, med(t_mem), *mlo, *mhi, double(memory_bytes) / (1 << 20),
+             double(memory_bytes) / double(n),
+             masters ? "moments and fp32 masters, parameters in bf16; " : "", chunk_mb,
+             offloaded.stream().direct() ? "O_DIRECT, io_uring" : "page cache, io_uring",
+             med(t_off), *olo, *ohi, double(offload_bytes) / (1 << 20),
+             double(offload_bytes) / double(n), moved / 1e9, disk.update_gbs, floor_ms)
+      << fmt::format(
+             "offloaded update: {:.2f}x the I/O floor, {:.2f}x the in-memory update; the "
+             "stream waited {:.0f} ms for the disk and updated for {:.0f} ms over {} "
+             "passes; disk here: read {:.3f}, write {:.3f} GB/s\n",
+             med(t_off) / floor_ms, med(t_off) / med(t_mem), st.wait_ms, st.busy_ms, rounds + 1,
+             disk.read_gbs, disk.write_gbs)
+      << fmt::format(
+             "RESULT offload_update_ms={:.1f} io_floor_ms={:.1f} floor_ratio={:.3f} "
+             "adamw_ms={:.1f} resident_mib={:.1f} adamw_resident_mib={:.1f}\n",
+             med(t_off), floor_ms, med(t_off) / floor_ms, med(t_mem),
+             double(offload_bytes) / (1 << 20), double(memory_bytes) / (1 << 20));
   return 0;
 }
 
