@@ -445,39 +445,11 @@ void fsync_parent(const std::string& path) {
 
 void write_safetensors(const std::string& path, const std::vector<SafetensorsView>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  const std::string header_text = header_of(path, tensors, metadata, true, nullptr);
-  const uint64_t header_length = header_text.size();
-
-  const std::string tmp_path = path + ".tmp";
-  const int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, "cannot create " + tmp_path + " (" + errno_text() + ")");
-  auto abandon = [&](const std::string& what) {
-    const std::string reason = errno_text();
-    ::close(fd);
-    ::unlink(tmp_path.c_str());
-    fail(path, what + " (" + reason + ")");
-  };
-  if (!write_all(fd, &header_length, sizeof header_length) ||
-      !write_all(fd, header_text.data(), header_text.size())) {
-    abandon("cannot write header to " + tmp_path);
-  }
-  for (const auto& view : tensors) {
-    if (view.nbytes > 0 && !write_all(fd, view.data, view.nbytes)) {
-      abandon("cannot write tensor \"" + view.name + "\" to " + tmp_path);
-    }
-  }
-  if (::fsync(fd) != 0) abandon("cannot fsync " + tmp_path);
-  if (::close(fd) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(tmp_path.c_str());
-    fail(path, "cannot close " + tmp_path + " (" + reason + ")");
-  }
-  if (::rename(tmp_path.c_str(), path.c_str()) != 0) {
-    const std::string reason = errno_text();
-    ::unlink(tmp_path.c_str());
-    fail(path, "cannot rename " + tmp_path + " into place (" + reason + ")");
-  }
-  fsync_parent(path);
+  (void)header_of(path, tensors, metadata, true, nullptr);  // every view has its bytes
+  SafetensorsWriter file(path, tensors, metadata);          // room reserved, header written
+  for (size_t i = 0; i < tensors.size(); ++i)
+    if (tensors[i].nbytes > 0) file.write(i, 0, tensors[i].data, tensors[i].nbytes);
+  file.finish();  // fsync, rename into place, fsync the folder
 }
 
 SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsView> tensors,

@@ -86,7 +86,9 @@ struct SafetensorsView {
 };
 
 // Writes `tensors` (in the given order, packed back to back) and `metadata` to `path`
-// atomically. Throws std::runtime_error naming the file on an invalid view or an I/O error.
+// atomically: a SafetensorsWriter (below) written whole, so the file's room is reserved before
+// any byte is written. Throws std::runtime_error naming the file on an invalid view or an I/O
+// error.
 void write_safetensors(const std::string& path, const std::vector<SafetensorsView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

@@ -821,6 +821,25 @@ TEST(MpiTrainer, OffloadTrainsBitForBitAsInMemory) {
   }
 }
 
+// A run whose save at step 4 failed on rank 1 (checkpoint.on_error = stop): every rank stopped
+// there, each says what it saw (rank 0 naming rank 1, rank 1 its own failure), and `latest` still
+// names the complete checkpoint of step 2.
+void expect_save_at_4_failed_everywhere(const train::TrainResult& r, dist::ProcessGroup& pg,
+                                        const std::filesystem::path& run,
+                                        const std::string& rank0_says,
+                                        const std::string& rank1_says) {
+  EXPECT_GE(r.save_failures, 1);
+  EXPECT_TRUE(r.interrupted);
+  EXPECT_EQ(r.steps_done, 4);
+  const std::string& says = pg.rank() == 0 ? rank0_says : rank1_says;
+  EXPECT_NE(r.save_error.find(says), std::string::npos) << r.save_error;
+  pg.barrier();
+  const std::string latest = train::resolve_checkpoint(run.string());
+  EXPECT_EQ(std::filesystem::path(latest).filename(), "ckpt-2");
+  EXPECT_NO_THROW(train::read_checkpoint(latest));
+  pg.barrier();
+}
+
 // A rank that cannot write its optimizer shard fails the checkpoint on every rank: rank 0 names
 // it, every rank stops at the same step (checkpoint.on_error = stop), and `latest` still names
 // the previous, complete checkpoint.
@@ -850,19 +869,9 @@ TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
   const train::TrainResult r = train::run_training(cfg, out, o);
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, SIG_DFL);
-  EXPECT_GE(r.save_failures, 1);
-  EXPECT_TRUE(r.interrupted);
-  EXPECT_EQ(r.steps_done, 4);
-  if (pg->rank() == 0)
-    EXPECT_NE(r.save_error.find("rank 1 could not write its optimizer shard"), std::string::npos)
-        << r.save_error;
-  else
-    EXPECT_NE(r.save_error.find("optimizer.rank1.safetensors"), std::string::npos) << r.save_error;
-  pg->barrier();
-  const std::string latest = train::resolve_checkpoint((dir / "r").string());
-  EXPECT_EQ(fs::path(latest).filename(), "ckpt-2");
-  EXPECT_NO_THROW(train::read_checkpoint(latest));
-  pg->barrier();
+  expect_save_at_4_failed_everywhere(r, *pg, dir / "r",
+                                     "rank 1 could not write its optimizer shard",
+                                     "optimizer.rank1.safetensors");
 }
 
 // With the masters offloaded, rank 0 gathers every rank's masters into the model file while the
@@ -895,18 +904,7 @@ TEST(MpiZero, AShardWhoseMastersCannotBeReadFailsTheCheckpointWithoutAHang) {
   };
   std::ostringstream out;
   const train::TrainResult r = train::run_training(cfg, out, o);
-  EXPECT_GE(r.save_failures, 1);
-  EXPECT_TRUE(r.interrupted);
-  EXPECT_EQ(r.steps_done, 4);
-  if (pg->rank() == 1)
-    EXPECT_NE(r.save_error.find("Input/output error"), std::string::npos) << r.save_error;
-  else
-    EXPECT_NE(r.save_error.find("rank 1"), std::string::npos) << r.save_error;
-  pg->barrier();
-  const std::string latest = train::resolve_checkpoint((dir / "r").string());
-  EXPECT_EQ(fs::path(latest).filename(), "ckpt-2");
-  EXPECT_NO_THROW(train::read_checkpoint(latest));
-  pg->barrier();
+  expect_save_at_4_failed_everywhere(r, *pg, dir / "r", "rank 1", "Input/output error");
 }
 
 // Re-sharding: the optimizer state of a 2-rank ZeRO-1 checkpoint (one shard per rank, split along

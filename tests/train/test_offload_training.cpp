@@ -75,27 +75,31 @@ void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 class OffloadTraining : public ::testing::TestWithParam<Case> {};
 
-TEST_P(OffloadTraining, EqualsInMemoryAdamWBitForBit) {
-  const fs::path dir = fresh_dir("kuai_offload_eq");
+// Runs the case twice, in memory and with `offloaded` added, and compares them bit for bit:
+// losses, gradient norms (a skipped step's NaN too), skipped steps and the final weights. The
+// offloaded run's banner must show `banner`, compile must have captured it, and its scratch file
+// `scratch` must be gone with the run.
+void expect_offload_bit_for_bit(const std::string& name, const std::vector<std::string>& case_args,
+                                const std::vector<std::string>& offloaded,
+                                const std::string& banner, const std::string& scratch) {
+  const fs::path dir = fresh_dir(name);
   TrainResult r[2];
   for (int off = 0; off < 2; ++off) {
     auto args = run_args(dir, off ? "disk" : "memory");
-    args.insert(args.end(), GetParam().args.begin(), GetParam().args.end());
-    args.push_back(off ? "--train.offload=disk" : "--train.offload=none");
+    args.insert(args.end(), case_args.begin(), case_args.end());
+    if (off) args.insert(args.end(), offloaded.begin(), offloaded.end());
     std::ostringstream out;
     r[off] = run_training(load_config("", args), out);
     if (off) {
-      EXPECT_NE(out.str().find("optimizer state offloaded to disk"), std::string::npos)
-          << out.str();
+      EXPECT_NE(out.str().find(banner), std::string::npos) << out.str();
       // compile captures the offloaded update as it does AdamW's: the run is not eager.
       EXPECT_EQ(out.str().find("not applied"), std::string::npos) << out.str();
-      // The scratch files are gone with the run.
-      EXPECT_FALSE(fs::exists(dir / "disk/offload/rank0/exp_avg.bin"));
+      EXPECT_FALSE(fs::exists(dir / "disk/offload/rank0" / scratch));
     }
   }
   ASSERT_EQ(r[0].losses.size(), 5u);
   ASSERT_EQ(r[1].losses.size(), 5u);
-  auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };  // a skipped step's NaN too
+  auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(bits(r[0].losses[i]), bits(r[1].losses[i])) << "step " << i + 1;
     EXPECT_EQ(bits(r[0].grad_norms[i]), bits(r[1].grad_norms[i])) << "step " << i + 1;
@@ -103,6 +107,11 @@ TEST_P(OffloadTraining, EqualsInMemoryAdamWBitForBit) {
   EXPECT_EQ(r[0].skipped_steps, r[1].skipped_steps);
   EXPECT_TRUE(weights(dir / "memory") == weights(dir / "disk")) << "final weights differ";
   fs::remove_all(dir);
+}
+
+TEST_P(OffloadTraining, EqualsInMemoryAdamWBitForBit) {
+  expect_offload_bit_for_bit("kuai_offload_eq", GetParam().args, {"--train.offload=disk"},
+                             "optimizer state offloaded to disk", "exp_avg.bin");
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -130,30 +139,9 @@ INSTANTIATE_TEST_SUITE_P(
 class OffloadMasters : public ::testing::TestWithParam<Case> {};
 
 TEST_P(OffloadMasters, EqualMixedPrecisionWithTheMastersInMemoryBitForBit) {
-  const fs::path dir = fresh_dir("kuai_offload_master_eq");
-  TrainResult r[2];
-  for (int off = 0; off < 2; ++off) {
-    auto args = run_args(dir, off ? "disk" : "memory");
-    args.insert(args.end(), GetParam().args.begin(), GetParam().args.end());
-    if (off) args.insert(args.end(), {"--train.offload=disk", "--train.offload_master=true"});
-    std::ostringstream out;
-    r[off] = run_training(load_config("", args), out);
-    if (off) {
-      EXPECT_NE(out.str().find("and the fp32 master weights of"), std::string::npos) << out.str();
-      EXPECT_EQ(out.str().find("not applied"), std::string::npos) << out.str();
-      EXPECT_FALSE(fs::exists(dir / "disk/offload/rank0/master.bin"));
-    }
-  }
-  ASSERT_EQ(r[0].losses.size(), 5u);
-  ASSERT_EQ(r[1].losses.size(), 5u);
-  auto bits = [](float x) { return std::bit_cast<uint32_t>(x); };
-  for (size_t i = 0; i < 5; ++i) {
-    EXPECT_EQ(bits(r[0].losses[i]), bits(r[1].losses[i])) << "step " << i + 1;
-    EXPECT_EQ(bits(r[0].grad_norms[i]), bits(r[1].grad_norms[i])) << "step " << i + 1;
-  }
-  EXPECT_EQ(r[0].skipped_steps, r[1].skipped_steps);
-  EXPECT_TRUE(weights(dir / "memory") == weights(dir / "disk")) << "final weights differ";
-  fs::remove_all(dir);
+  expect_offload_bit_for_bit("kuai_offload_master_eq", GetParam().args,
+                             {"--train.offload=disk", "--train.offload_master=true"},
+                             "and the fp32 master weights of", "master.bin");
 }
 
 INSTANTIATE_TEST_SUITE_P(
