@@ -147,7 +147,7 @@ TEST_P(OffloadMasters, EqualMixedPrecisionWithTheMastersInMemoryBitForBit) {
 INSTANTIATE_TEST_SUITE_P(
     AloneAndCombined, OffloadMasters,
     ::testing::Values(
-        Case{"bf16", {"--train.precision=bf16"}},
+        Case{"bf16_eval", {"--train.precision=bf16", "--train.eval_every=2"}},
         Case{"bf16_accum3_full_recompute",
              {"--train.precision=bf16", "--train.accum_steps=3", "--train.recompute=full"}},
         Case{"bf16_selective_flash",
