@@ -209,13 +209,23 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
 void ZeroAdamW::gather_masters(const MasterFn& fn) {
   if (!masters_) return;
   MasterGather gather(*this);
+  std::exception_ptr failure;
   try {
     offloaded_->read(
         [&](const optim::StateChunk& c) { gather.round(c.master, c.first, c.count, fn); });
   } catch (...) {
+    failure = std::current_exception();
+    if (gather.failed()) throw;  // the collective itself: no further one would complete
     gather.finish();
-    throw;
   }
+  // Whether every rank's stream held: rank 0 must not take another rank's missing rounds (zeros)
+  // for its masters, and every rank fails alike.
+  Tensor failed = full({1}, failure ? 1.0f : 0.0f);
+  group_->all_reduce(failed, ReduceOp::kSum)->wait();
+  if (failure) std::rethrow_exception(failure);
+  if (const float n = failed.to_vector<float>()[0]; n != 0.0f)
+    throw std::runtime_error(fmt::format(
+        "ZeRO: gathering the master weights failed on {} other rank(s) (each names its file)", n));
 }
 
 MasterGather::MasterGather(const ZeroAdamW& opt) : opt_(opt) {

@@ -83,7 +83,8 @@ class ZeroAdamW : public optim::Optimizer {
   bool has_masters() const { return masters_; }
   // Every rank's masters to rank 0, as the ranks stream their files (a collective: every rank
   // calls it). Rank 0's fn gets (parameter, first element, count, fp32 values) for every master
-  // element of every rank; the other ranks' fn is not called (it may be empty).
+  // element of every rank; the other ranks' fn is not called (it may be empty). A rank whose
+  // stream fails makes every rank throw, once the rounds are done.
   using MasterFn =
       std::function<void(const Tensor& param, int64_t begin, int64_t count, const float* values)>;
   void gather_masters(const MasterFn& fn);
@@ -134,6 +135,7 @@ class MasterGather {
   // on rank 0 fn(param, first element, count, values) for each piece of every rank's masters.
   void round(const float* master, int64_t first, int64_t count, const ZeroAdamW::MasterFn& fn);
   void finish();  // the remaining rounds, sending nothing; a failed gather is not retried
+  bool failed() const { return failed_; }  // a round's collective itself failed
 
  private:
   const ZeroAdamW& opt_;

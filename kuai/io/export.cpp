@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "kuai/core/primitives.h"
 #include "kuai/core/version.h"
 #include "kuai/io/checksum.h"
 #include "kuai/io/safetensors.h"
@@ -206,42 +207,55 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
   if (options.tokenizer.empty()) fail(path, "cannot export with an empty tokenizer name");
 
   const auto params = model.named_parameters();
-  // Working copies: their fp32 masters, streamed from where they are.
-  std::map<const TensorImpl*, std::vector<float>> masters;
-  for (const auto& [name, param] : params)
+  const int64_t es = dtype_size(options.dtype);
+  std::vector<std::vector<std::byte>> buffers(params.size());  // the stored bytes, until written
+  std::map<const TensorImpl*, size_t> working_copies;          // filled from their masters, below
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& [name, param] = params[i];
+    if (param.device() != kCPU) {
+      fail(path, fmt::format("parameter \"{}\" is on {}; export reads CPU tensors", name,
+                             param.device().str()));
+    }
+    buffers[i].resize(static_cast<size_t>(param.numel() * es));
     if (param.impl()->master_elsewhere) {
       if (!options.masters)
         fail(path, fmt::format("parameter \"{}\" is a {} working copy whose fp32 master is "
                                "elsewhere, and no reader of the masters was given",
                                name, dtype_name(param.dtype())));
-      masters[param.impl()].resize(static_cast<size_t>(param.numel()));
+      working_copies[param.impl()] = i;
+      continue;
     }
-  if (!masters.empty())
+    const Tensor c = param.detach().to(options.dtype).contiguous();  // the Cast op, if any
+    if (c.numel() > 0) c.copy_to_host(buffers[i].data(), buffers[i].size());
+  }
+  // Working copies: their fp32 masters, cast piece by piece into the stored bytes as they stream
+  // (no whole fp32 copy is held), each element exactly once.
+  if (!working_copies.empty()) {
+    std::vector<int64_t> covered(params.size(), 0);
     options.masters([&](const Tensor& p, int64_t begin, int64_t count, const float* values) {
-      auto it = masters.find(p.impl());
-      if (it != masters.end() && begin >= 0 && begin + count <= p.numel())
-        std::memcpy(it->second.data() + begin, values, static_cast<size_t>(count) * sizeof(float));
+      auto it = working_copies.find(p.impl());
+      if (it == working_copies.end() || begin < 0 || count < 0 || begin + count > p.numel())
+        fail(path, fmt::format("the masters' reader gave elements [{}, {}) of {}, not a piece of "
+                               "a working copy",
+                               begin, begin + count, p.str()));
+      const Tensor src = Tensor::borrow(const_cast<float*>(values), {count}, DType::kF32);
+      std::vector<Tensor> dst = {
+          Tensor::borrow(buffers[it->second].data() + begin * es, {count}, options.dtype)};
+      Cast(options.dtype).eval_cpu(std::span<const Tensor>(&src, 1), dst);
+      covered[it->second] += count;
     });
-  std::vector<std::vector<std::byte>> buffers;  // the stored bytes, alive until written
-  buffers.reserve(params.size());
+    for (const auto& [impl, i] : working_copies)
+      if (covered[i] != params[i].second.numel())
+        fail(path, fmt::format("the masters of \"{}\" gave {} of its {} elements", params[i].first,
+                               covered[i], params[i].second.numel()));
+  }
   std::vector<SafetensorsView> views;
   Json checksums = Json::object();
-  for (const auto& [name, param] : params) {
-    if (param.device() != kCPU) {
-      fail(path, fmt::format("parameter \"{}\" is on {}; export reads CPU tensors", name,
-                             param.device().str()));
-    }
-    auto master = masters.find(param.impl());
-    const Tensor source = master == masters.end()
-                              ? param.detach()
-                              : Tensor::borrow(master->second.data(), param.shape(), DType::kF32);
-    const Tensor c = source.to(options.dtype).contiguous();  // the Cast op, if any
-    std::vector<std::byte>& bytes =
-        buffers.emplace_back(static_cast<size_t>(c.numel() * dtype_size(options.dtype)));
-    if (c.numel() > 0) c.copy_to_host(bytes.data(), bytes.size());
-    checksums[name] = xxh3_hex(bytes.data(), bytes.size());
-    views.push_back({name, safetensors_dtype(options.dtype), c.shape(), bytes.data(),
-                     static_cast<uint64_t>(bytes.size())});
+  for (size_t i = 0; i < params.size(); ++i) {
+    const std::vector<std::byte>& bytes = buffers[i];
+    checksums[params[i].first] = xxh3_hex(bytes.data(), bytes.size());
+    views.push_back({params[i].first, safetensors_dtype(options.dtype), params[i].second.shape(),
+                     bytes.data(), static_cast<uint64_t>(bytes.size())});
   }
 
   const std::map<std::string, std::string> metadata = {

@@ -24,7 +24,8 @@ namespace kuai::io {
 
 // The fp32 values of the parameters kept as low-precision working copies with their masters
 // elsewhere (TensorImpl::master_elsewhere; train.offload_master): calls its argument with
-// (parameter, first element, count, values) until every such parameter is covered.
+// (parameter, first element, count, values), covering every element of every such parameter once
+// (export_weights checks it, and casts each piece into the stored bytes as it comes).
 using MasterValues =
     std::function<void(const Tensor& param, int64_t begin, int64_t count, const float* values)>;
 using MasterReader = std::function<void(const MasterValues&)>;

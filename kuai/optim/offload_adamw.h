@@ -5,7 +5,8 @@
 // evaluation runs AdamW's own update over the parameters' and gradients' elements of each chunk,
 // so the parameters and moments are those of in-memory AdamW bit for bit (the kernel is
 // elementwise), and a compiled step captures and replays it. What stays resident is the chunk
-// buffers (2 files x 3 x chunk_bytes), counted as optimizer memory by the allocator.
+// buffers (3 per file, 2 files or 3 with the masters, of chunk_bytes each), counted as
+// optimizer memory by the allocator.
 //
 // Master weights too (train.offload_master, OffloadOptions::master_params): when training in
 // bf16/fp16, the parameters that only products read (nn::product_parameters: nn::Linear's) have

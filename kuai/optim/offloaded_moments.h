@@ -22,7 +22,7 @@
 namespace kuai::optim {
 
 struct OffloadOptions {
-  std::string dir;                          // created if missing; holds exp_avg.bin, exp_avg_sq.bin
+  std::string dir;  // created if missing; holds exp_avg.bin, exp_avg_sq.bin (and master.bin)
   int64_t chunk_bytes = int64_t{64} << 20;  // per file and buffer
   // train.offload_master: the parameters whose fp32 masters move to disk too (OffloadedAdamW
   // keeps these parameters in master_dtype, bf16 or fp16, from then on). Empty: none.

@@ -288,19 +288,36 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
 
   TrainResult result;
   // A weights-only export (rank 0 writes it), the masters streamed from their files when they are
-  // offloaded: under ZeRO a collective, rank 0 gathering every rank's as the others send theirs.
+  // offloaded: under ZeRO a collective, rank 0 gathering every rank's as the others send theirs
+  // (and taking part in it even when the export fails before its gather).
   auto export_weights = [&](const std::string& file, int64_t step) {
-    const bool zero_masters = zero && zero->has_masters() && world > 1;
+    const bool zero_masters = zero && zero->has_masters();
     if (result.run_path.empty()) {
-      if (options.write_run_dir && zero_masters) zero->gather_masters({});
+      if (options.write_run_dir && zero_masters && rank != 0) zero->gather_masters({});
       return;
     }
     io::ExportOptions o = export_options(cfg, step);
+    bool gathered = false;
     if (parts->offloaded && parts->offloaded->has_masters())
       o.masters = [&](const io::MasterValues& fn) { parts->offloaded->read_masters(fn); };
-    if (zero_masters) o.masters = [&](const io::MasterValues& fn) { zero->gather_masters(fn); };
-    io::export_weights(result.run_path + "/" + file, model, o);
+    if (zero_masters)
+      o.masters = [&](const io::MasterValues& fn) {
+        gathered = true;
+        zero->gather_masters(fn);
+      };
+    try {
+      io::export_weights(result.run_path + "/" + file, model, o);
+    } catch (...) {
+      if (zero_masters && !gathered && world > 1) {
+        try {
+          zero->gather_masters({});
+        } catch (...) {
+        }
+      }
+      throw;
+    }
   };
+
   const bool resuming = !opts.resume.empty();
   data::LoaderState loader_start;
   if (resuming) {

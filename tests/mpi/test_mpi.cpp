@@ -907,6 +907,42 @@ TEST(MpiZero, AShardWhoseMastersCannotBeReadFailsTheCheckpointWithoutAHang) {
   expect_save_at_4_failed_everywhere(r, *pg, dir / "r", "rank 1", "Input/output error");
 }
 
+// The same for the final weights-only export, which rank 0 writes from every rank's masters: a
+// rank whose masters cannot be read makes every rank's run fail (rank 0 saying another rank
+// failed, that rank naming its file) instead of an export holding zeros, or a hang.
+TEST(MpiZero, AnExportWhoseMastersCannotBeReadFailsOnEveryRank) {
+  namespace fs = std::filesystem;
+  auto pg = group();
+  const fs::path dir = "/tmp/kuai_mpi_master_export_eio";
+  if (pg->rank() == 0) fs::remove_all(dir);
+  pg->barrier();
+  const train::TrainConfig cfg = train::load_config(
+      "",
+      small_run({"--run.dir=" + dir.string(), "--run.name=r", "--train.steps=2", "--dist.zero=1",
+                 "--train.offload=disk", "--train.offload_master=true", "--train.precision=bf16",
+                 "--model.d_model=256", "--model.n_head=4", "--train.offload_chunk_mb=1"}));
+  train::StepParts* parts = nullptr;
+  train::TrainOptions o;
+  o.group = pg;
+  o.built = [&](train::StepParts& p) { parts = &p; };
+  o.after_step = [&](int64_t step) {
+    if (step == 2 && pg->rank() == 1)  // the export's pass is the next one
+      parts->zero->offloaded()->stream().inject_failure(false, 1, EIO);
+  };
+  std::ostringstream out;
+  std::string error;
+  try {
+    (void)train::run_training(cfg, out, o);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find(pg->rank() == 0 ? "failed on 1 other rank" : "Input/output error"),
+            std::string::npos)
+      << error;
+  EXPECT_FALSE(fs::exists(dir / "r/model.safetensors"));
+  pg->barrier();
+}
+
 // Re-sharding: the optimizer state of a 2-rank ZeRO-1 checkpoint (one shard per rank, split along
 // DDP's buckets) restores into unsharded AdamW, into ZeRO on one rank, and an unsharded
 // checkpoint into ZeRO on 2 ranks over another partition; every moment equals the unsharded run's

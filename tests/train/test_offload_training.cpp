@@ -159,6 +159,8 @@ INSTANTIATE_TEST_SUITE_P(
              {"--train.compile=true", "--train.precision=bf16", "--train.recompute=full"}},
         Case{"compiled_fp16_accum2",
              {"--train.compile=true", "--train.precision=fp16", "--train.accum_steps=2"}},
+        // ZeRO on one rank (one shard: the whole state), its export read through the gather.
+        Case{"zero1_one_rank_bf16", {"--train.precision=bf16", "--dist.zero=1"}},
         Case{"llama_bf16_full_recompute",
              {"--model.family=llama", "--model.n_kv_head=2", "--train.precision=bf16",
               "--train.recompute=full"}}),
