@@ -10,7 +10,6 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <set>
 #include <stdexcept>
 
 #include "kuai/core/backend.h"
@@ -69,25 +68,13 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     shard_ += part_.back();
   }
   for (int r = 0; r < group_->size(); ++r) segments_.push_back(segments_of(r));
-  std::set<const TensorImpl*> masters;
-  if (offload)
-    for (const Tensor& p : offload->master_params) masters.insert(p.impl());
-  master_of_.resize(groups_.size());
-  size_t found = 0;
-  for (size_t gi = 0; gi < groups_.size(); ++gi)
-    for (const Tensor& p : groups_[gi].params) {
-      master_of_[gi].push_back(masters.count(p.impl()) > 0);
-      found += master_of_[gi].back();
-    }
-  if (found != masters.size())
-    throw std::invalid_argument(
-        "ZeroAdamW: a parameter whose master is to be offloaded is not among its parameters");
-  masters_ = found > 0;
-  if (masters_ && offload->master_dtype != DType::kBF16 && offload->master_dtype != DType::kF16)
-    throw std::invalid_argument(
-        fmt::format("ZeroAdamW: master weights are offloaded from a bfloat16 or float16 working "
-                    "copy, not {}",
-                    dtype_name(offload->master_dtype)));
+  if (offload) {
+    master_of_ = optim::master_flags(groups_, *offload, "ZeroAdamW");
+    for (const auto& g : master_of_)
+      for (bool m : g) masters_ = masters_ || m;
+  } else {
+    for (const optim::ParamGroup& g : groups_) master_of_.emplace_back(g.params.size(), false);
+  }
   if (offload) {
     offloaded_ = std::make_shared<optim::OffloadedMoments>(*offload, shard_, masters_);
   } else {

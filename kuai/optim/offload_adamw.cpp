@@ -12,6 +12,7 @@
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
+#include "kuai/core/primitives.h"
 #include "kuai/optim/offload_update.h"
 
 namespace kuai::optim {
@@ -23,33 +24,18 @@ OffloadedAdamW::OffloadedAdamW(std::vector<ParamGroup> groups, const AdamWOption
                                const OffloadOptions& offload)
     : Optimizer(std::move(groups)), opt_(options) {
   set_lr(options.lr);
-  std::set<const TensorImpl*> masters;
-  for (const Tensor& p : offload.master_params) masters.insert(p.impl());
-  if (!masters.empty() && offload.master_dtype != DType::kBF16 &&
-      offload.master_dtype != DType::kF16)
-    throw std::invalid_argument(fmt::format(
-        "offloaded AdamW: master weights are offloaded from a bfloat16 or float16 working copy, "
-        "not {}",
-        dtype_name(offload.master_dtype)));
-  size_t found = 0;
+  const std::vector<std::vector<bool>> master = master_flags(groups_, offload, "offloaded AdamW");
   for (size_t gi = 0; gi < groups_.size(); ++gi)
     for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
       const Tensor& p = groups_[gi].params[i];
       if (p.dtype() != DType::kF32 || !p.is_contiguous())
         throw std::invalid_argument(
             "offloaded AdamW: parameters must be contiguous float32 tensors, got " + p.str());
-      const bool master = masters.count(p.impl()) > 0;
-      found += master;
+      masters_ = masters_ || master[gi][i];
       elements_ = (elements_ + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
-      slots_.push_back({gi, i, elements_, p.numel(), master});
+      slots_.push_back({gi, i, elements_, p.numel(), master[gi][i]});
       elements_ += p.numel();
     }
-  if (found != masters.size())
-    throw std::invalid_argument(fmt::format(
-        "offloaded AdamW: {} of the {} parameters whose masters are to be offloaded are not "
-        "among the optimizer's parameters",
-        masters.size() - found, masters.size()));
-  masters_ = found > 0;
   moments_ = std::make_shared<OffloadedMoments>(offload, elements_, masters_);
   if (!masters_) return;
   // The masters into their file (the moments start at zero), then the parameters become their
@@ -108,6 +94,39 @@ void for_each_slot_piece(
                   b = std::min(hi, slots[s].first + slots[s].numel);
     if (a < b) fn(slots[s], a - slots[s].first, a - lo, b - a);
   }
+}
+
+std::vector<std::vector<bool>> master_flags(const std::vector<ParamGroup>& groups,
+                                            const OffloadOptions& offload, std::string_view who) {
+  std::set<const TensorImpl*> masters;
+  for (const Tensor& p : offload.master_params) masters.insert(p.impl());
+  if (!masters.empty() && offload.master_dtype != DType::kBF16 &&
+      offload.master_dtype != DType::kF16)
+    throw std::invalid_argument(fmt::format(
+        "{}: master weights are offloaded from a bfloat16 or float16 working copy, not {}", who,
+        dtype_name(offload.master_dtype)));
+  std::vector<std::vector<bool>> flags;
+  size_t found = 0;
+  for (const ParamGroup& g : groups) {
+    flags.emplace_back();
+    for (const Tensor& p : g.params) {
+      flags.back().push_back(masters.count(p.impl()) > 0);
+      found += flags.back().back();
+    }
+  }
+  if (found != masters.size())
+    throw std::invalid_argument(fmt::format(
+        "{}: {} of the {} parameters whose masters are to be offloaded are not among its "
+        "parameters",
+        who, masters.size() - found, masters.size()));
+  return flags;
+}
+
+void cast_master_into_(const float* master, const Tensor& p, int64_t begin, int64_t n) {
+  const Tensor src = Tensor::borrow(const_cast<float*>(master), {n}, DType::kF32);
+  std::vector<Tensor> dst = {Tensor::borrow(
+      static_cast<std::byte*>(p.device_ptr()) + begin * dtype_size(p.dtype()), {n}, p.dtype())};
+  Cast(p.dtype()).eval_cpu(std::span<const Tensor>(&src, 1), dst);
 }
 
 void keep_as_working_copy_(const Tensor& p, DType dtype) {

@@ -27,6 +27,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/offloaded_moments.h"
@@ -76,6 +78,16 @@ class OffloadedAdamW : public Optimizer {
 void for_each_slot_piece(
     const std::vector<OffloadedAdamW::Slot>& slots, const StateChunk& c, size_t& s0,
     const std::function<void(const OffloadedAdamW::Slot&, int64_t, int64_t, int64_t)>& fn);
+
+// Which parameters of `groups` (per group, in order) have their masters offloaded under `offload`.
+// Throws, naming `who`, when the working copies' dtype is not bf16 or fp16, or when a parameter
+// of offload.master_params is not in the groups.
+std::vector<std::vector<bool>> master_flags(const std::vector<ParamGroup>& groups,
+                                            const OffloadOptions& offload, std::string_view who);
+
+// Elements [begin, begin + n) of the working copy `p` from their fp32 masters: the Cast
+// primitive's kernel, autocast's weight cast (what the update writes back and a resume restores).
+void cast_master_into_(const float* master, const Tensor& p, int64_t begin, int64_t n);
 
 // Turns the fp32 parameter `p` into its `dtype` working copy in place (the same tensor, every
 // holder sees it): its values cast by the Cast primitive, its fp32 storage released, its

@@ -8,6 +8,7 @@
 
 #include "kuai/core/dispatch.h"
 #include "kuai/core/primitives.h"
+#include "kuai/optim/offload_adamw.h"
 
 namespace kuai::optim {
 
@@ -80,13 +81,8 @@ void OffloadedAdamWUpdate::eval_cpu(std::span<const Tensor> in, std::span<Tensor
       const Tensor vc = Tensor::borrow(c.exp_avg_sq + (a - lo), {n}, DType::kF32);
       const std::vector<Tensor> args = {p, g, mc, vc, in[0], in[1], in[2]};
       AdamWUpdate(beta1_, beta2_, eps_, x.weight_decay).eval_cpu(args, {});
-      if (x.master) {  // the working copy: the updated master cast as autocast casts a weight
-        const int64_t es = dtype_size(param.dtype());
-        std::vector<Tensor> low = {
-            Tensor::borrow(static_cast<std::byte*>(param.device_ptr()) + (x.begin + off) * es, {n},
-                           param.dtype())};
-        Cast(param.dtype()).eval_cpu(std::span<const Tensor>(&p, 1), low);
-      }
+      if (x.master)  // the working copy: the updated master cast as autocast casts a weight
+        cast_master_into_(p.device_data<float>(), param, x.begin + off, n);
     }
   });
 }

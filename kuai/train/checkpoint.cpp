@@ -783,11 +783,9 @@ void load_model(const io::SafetensorsFile& mf, nn::GPT& model) {
   for (const auto& [name, p] : params) {
     load_entry(mf, name, p, !p.impl()->master_elsewhere);
     if (!p.impl()->master_elsewhere) continue;
-    // A working copy: the master's cast (the Cast primitive, as the update makes it).
+    // A working copy: the master's cast, as the update makes it.
     const auto bytes = mf.data(*mf.find(name));
-    const Tensor src = Tensor::borrow(const_cast<std::byte*>(bytes.data()), p.shape(), DType::kF32);
-    std::vector<Tensor> dst = {p};
-    Cast(p.dtype()).eval_cpu(std::span<const Tensor>(&src, 1), dst);
+    optim::cast_master_into_(reinterpret_cast<const float*>(bytes.data()), p, 0, p.numel());
   }
 }
 }  // namespace

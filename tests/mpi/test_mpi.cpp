@@ -874,6 +874,16 @@ TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
                                      "optimizer.rank1.safetensors");
 }
 
+// `args` with ZeRO-1 and the masters offloaded in bf16, at a width whose shard streams in several
+// 1 MiB chunks (the gather runs over several rounds).
+std::vector<std::string> with_zero1_masters(std::vector<std::string> args) {
+  for (const char* a : {"--dist.zero=1", "--train.offload=disk", "--train.offload_master=true",
+                        "--train.precision=bf16", "--model.d_model=256", "--model.n_head=4",
+                        "--train.offload_chunk_mb=1"})
+    args.push_back(a);
+  return args;
+}
+
 // With the masters offloaded, rank 0 gathers every rank's masters into the model file while the
 // ranks stream their shards: a rank whose stream fails mid-save (an injected EIO on its first read
 // of the save's pass) still takes part in the remaining rounds, so rank 0 does not wait for it;
@@ -886,11 +896,9 @@ TEST(MpiZero, AShardWhoseMastersCannotBeReadFailsTheCheckpointWithoutAHang) {
   pg->barrier();
   const train::TrainConfig cfg = train::load_config(
       "",
-      small_run({"--run.dir=" + dir.string(), "--run.name=r", "--train.steps=6", "--dist.zero=1",
-                 "--checkpoint.save_every=2", "--checkpoint.async=false",
-                 "--checkpoint.on_error=stop", "--log.save_weights=false", "--train.offload=disk",
-                 "--train.offload_master=true", "--train.precision=bf16", "--model.d_model=256",
-                 "--model.n_head=4", "--train.offload_chunk_mb=1"}));
+      small_run(with_zero1_masters({"--run.dir=" + dir.string(), "--run.name=r", "--train.steps=6",
+                                    "--checkpoint.save_every=2", "--checkpoint.async=false",
+                                    "--checkpoint.on_error=stop", "--log.save_weights=false"})));
   train::StepParts* parts = nullptr;
   train::TrainOptions o;
   o.group = pg;
@@ -916,11 +924,9 @@ TEST(MpiZero, AnExportWhoseMastersCannotBeReadFailsOnEveryRank) {
   const fs::path dir = "/tmp/kuai_mpi_master_export_eio";
   if (pg->rank() == 0) fs::remove_all(dir);
   pg->barrier();
-  const train::TrainConfig cfg = train::load_config(
-      "",
-      small_run({"--run.dir=" + dir.string(), "--run.name=r", "--train.steps=2", "--dist.zero=1",
-                 "--train.offload=disk", "--train.offload_master=true", "--train.precision=bf16",
-                 "--model.d_model=256", "--model.n_head=4", "--train.offload_chunk_mb=1"}));
+  const train::TrainConfig cfg =
+      train::load_config("", small_run(with_zero1_masters({"--run.dir=" + dir.string(),
+                                                           "--run.name=r", "--train.steps=2"})));
   train::StepParts* parts = nullptr;
   train::TrainOptions o;
   o.group = pg;
