@@ -43,6 +43,8 @@ Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
 }
 Storage::Storage(void* borrowed, size_t n, Device d)
     : data(borrowed), nbytes(n), device(d), owned(false) {}
+Storage::Storage(void* external, size_t n, Device d, std::shared_ptr<void> keeper)
+    : data(external), nbytes(n), device(d), owned(false), owner(std::move(keeper)) {}
 Storage::~Storage() {
   if (owned) Allocator::get().deallocate(data, nbytes, device);
 }
@@ -50,6 +52,31 @@ Storage::~Storage() {
 Tensor Tensor::borrow(void* data, Shape shape, DType dtype, Device device) {
   const auto bytes = static_cast<size_t>(shape_numel(shape) * dtype_size(dtype));
   return in_storage(std::make_shared<Storage>(data, bytes, device), std::move(shape), dtype, 0);
+}
+
+Tensor Tensor::from_external(void* data, Shape shape, Shape strides, DType dtype, Device device,
+                             std::shared_ptr<void> owner) {
+  if (strides.size() != shape.size())
+    throw std::invalid_argument("from_external: " + std::to_string(strides.size()) +
+                                " strides for shape " + shape_str(shape));
+  int64_t extent = 1;  // elements spanned: 1 + sum (size - 1) * stride
+  bool empty = false;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0 || strides[i] < 0)
+      throw std::invalid_argument("from_external: negative size or stride in shape " +
+                                  shape_str(shape) + ", strides " + shape_str(strides));
+    if (shape[i] == 0) empty = true;
+    extent += (shape[i] - 1) * strides[i];
+  }
+  const auto bytes = static_cast<size_t>((empty ? 0 : extent) * dtype_size(dtype));
+  auto storage = std::make_shared<Storage>(data, bytes, device, std::move(owner));
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = std::move(shape);
+  impl->strides = std::move(strides);
+  impl->dtype = dtype;
+  impl->device = device;
+  impl->storage = std::move(storage);
+  return Tensor(std::move(impl));
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {

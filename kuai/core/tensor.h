@@ -28,6 +28,9 @@ struct Storage {
   Storage(size_t nbytes, Device device);
   // Memory the storage does not own (kernel scratch): it must outlive every tensor over it.
   Storage(void* borrowed, size_t nbytes, Device device);
+  // Memory another library owns (a NumPy array, a DLPack tensor): `owner` keeps it alive and is
+  // released with the storage, so the bytes live as long as any tensor over them.
+  Storage(void* external, size_t nbytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -35,6 +38,7 @@ struct Storage {
   size_t nbytes = 0;
   Device device;
   bool owned = true;
+  std::shared_ptr<void> owner;  // external memory's keeper (null otherwise)
 };
 
 namespace autograd {
@@ -78,6 +82,11 @@ class Tensor {
   static Tensor borrow(void* data, Shape shape, DType dtype, Device device = kCPU);
   static Tensor in_storage(std::shared_ptr<Storage> storage, Shape shape, DType dtype,
                            int64_t offset);
+  // A view over memory another library owns (zero-copy interchange: NumPy, DLPack): `data` is
+  // element 0, strides are in elements and must be >= 0; `owner` is kept until the last tensor
+  // over the bytes is gone. Throws std::invalid_argument on a negative dimension or stride.
+  static Tensor from_external(void* data, Shape shape, Shape strides, DType dtype, Device device,
+                              std::shared_ptr<void> owner);
 
   bool defined() const { return impl_ != nullptr; }
   const Shape& shape() const { return impl_->shape; }

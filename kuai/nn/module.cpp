@@ -11,8 +11,18 @@ namespace kuai::nn {
 
 Tensor& Module::register_parameter(const std::string& name, Tensor t) {
   t.requires_grad_(true);
+  for (auto& [n, p] : params_)
+    if (n == name) {
+      p = std::move(t);
+      return p;
+    }
   params_.emplace_back(name, std::move(t));
   return params_.back().second;
+}
+
+void Module::unregister(const std::string& name) {
+  std::erase_if(params_, [&](const auto& e) { return e.first == name; });
+  std::erase_if(children_, [&](const auto& e) { return e.first == name; });
 }
 
 void Module::collect(const std::string& prefix,

@@ -41,13 +41,24 @@ class Module {
 
   void zero_grad();  // sets every parameter's .grad to none
 
- protected:
+  // Registration (public, as PyTorch's register_parameter and register_module: what a module
+  // defined in Python calls when a parameter or module is assigned to one of its attributes).
+  // The parameter is made to require grad. Registering a name again replaces the entry in place
+  // (its position in the order is kept).
   Tensor& register_parameter(const std::string& name, Tensor t);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
+    for (auto& [n, child] : children_)
+      if (n == name) {
+        child = m;
+        return m;
+      }
     children_.emplace_back(name, m);
     return m;
   }
+  // Removes a parameter or child module of this name, if there is one (a Python attribute
+  // assigned something else, or deleted).
+  void unregister(const std::string& name);
 
  private:
   void collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;

@@ -42,6 +42,7 @@
 #include "kuai/nn/optimize.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
+#include "kuai/optim/schedule.h"
 #include "kuai/train/checkpoint.h"
 
 namespace kuai::train {
@@ -67,13 +68,7 @@ double current_rss_mib() {
 }
 
 double learning_rate(const TrainConfig& cfg, int64_t step) {
-  if (cfg.warmup_steps > 0 && step < cfg.warmup_steps)
-    return cfg.lr * static_cast<double>(step + 1) / static_cast<double>(cfg.warmup_steps);
-  const int64_t decay_steps = std::max<int64_t>(1, cfg.steps - cfg.warmup_steps);
-  const double progress = std::min(
-      1.0, static_cast<double>(step - cfg.warmup_steps) / static_cast<double>(decay_steps));
-  const double min_lr = cfg.lr * cfg.min_lr_ratio;
-  return min_lr + 0.5 * (cfg.lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+  return optim::warmup_cosine_lr(cfg.lr, cfg.warmup_steps, cfg.steps, cfg.min_lr_ratio, step);
 }
 
 int64_t step_peak_bytes(const TrainResult& r) {
