@@ -37,6 +37,8 @@ packages=(
   clang-14 libclang-rt-14-dev   # libFuzzer targets (make test runs them briefly)
   libgtest-dev libbenchmark-dev
   bible-kjv                # the default corpus
+  python3-dev pybind11-dev   # the Python module (python/: kuai._kuai)
+  python3-numpy python3-pytest python3-torch   # its tests (NumPy and DLPack interchange with torch)
 )
 
 missing=()
