@@ -586,14 +586,11 @@ void bind_tensor(py::module_& m) {
           py::gil_scoped_release nogil;
           autograd::NoGradGuard no_grad;
           out = clone(data.cast<Tensor>().detach());
+          if (!dtype.is_none()) out = out.to(dtype.cast<DType>());
         } else {
           out = tensor_from_array(
               py::array(py::module_::import("numpy").attr("asarray")(data)),
               dtype.is_none() ? std::nullopt : std::optional(dtype.cast<DType>()));
-        }
-        if (!dtype.is_none() && out.dtype() != dtype.cast<DType>()) {
-          autograd::NoGradGuard no_grad;
-          out = cast(out, dtype.cast<DType>());
         }
         if (requires_grad) out.requires_grad_(true);
         return out;

@@ -21,7 +21,6 @@ using data::BatchSource;
 // The loader with the batch it handed out last: a batch's tensors view a slot buffer that the
 // next call refills, so unless buffers are reused on purpose each batch is copied out.
 struct PyLoader {
-  std::shared_ptr<const BatchSource> source;
   std::unique_ptr<data::DataLoader> loader;
   bool reuse_buffers = false;
   py::tuple next() {
@@ -122,7 +121,6 @@ void bind_train(py::module_& top) {
       .def(py::init([](std::shared_ptr<BatchSource> source, int num_workers, int prefetch_factor,
                        int64_t start_index, bool reuse_buffers) {
              auto l = std::make_unique<PyLoader>();
-             l->source = source;
              data::LoaderOptions o;
              o.workers = num_workers;
              o.prefetch_factor = prefetch_factor;
