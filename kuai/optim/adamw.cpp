@@ -97,6 +97,11 @@ void AdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   }
 }
 
+std::vector<Optimizer::NamedState> AdamW::named_state() {
+  ensure_state();
+  return {{"exp_avg", &m_}, {"exp_avg_sq", &v_}};
+}
+
 std::optional<std::vector<Tensor>> AdamW::capture_state() {
   ensure_state();
   std::vector<Tensor> t = {step_, lr_tensor_};

@@ -24,6 +24,7 @@ class AdamW : public Optimizer {
   void ensure_state();
   // The step count, the learning rate and the moments (ensured).
   std::optional<std::vector<Tensor>> capture_state() override;
+  std::vector<NamedState> named_state() override;  // exp_avg, exp_avg_sq (ensured)
 
  protected:
   void update(const Tensor& grad_scale, const Tensor& skip) override;

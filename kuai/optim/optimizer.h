@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kuai/core/tensor.h"
@@ -48,6 +49,14 @@ class Optimizer {
   // now (state made inside a capture would be made anew by each replay). nullopt: this
   // optimizer's steps are not captured (the step runs eager).
   virtual std::optional<std::vector<Tensor>> capture_state() { return std::nullopt; }
+  // The per-parameter state by name, allocated now if the first step has not (AdamW: "exp_avg",
+  // "exp_avg_sq"; SGD with momentum: "momentum_buffer"), each per group and parameter as groups()
+  // holds them: what a state dict saves, and what loading one writes into in place.
+  struct NamedState {
+    std::string name;
+    std::vector<std::vector<Tensor>>* tensors = nullptr;
+  };
+  virtual std::vector<NamedState> named_state() { return {}; }
 
  protected:
   // The step itself: advance the count unless skip, then update every tensor. grad_scale and

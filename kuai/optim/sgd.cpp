@@ -11,12 +11,24 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& options)
   buf_.resize(groups_.size());
 }
 
+void SGD::ensure_state() {
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    if (buf_[gi].empty())
+      for (Tensor& p : groups_[gi].params)
+        buf_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));
+}
+
+std::vector<Optimizer::NamedState> SGD::named_state() {
+  if (opt_.momentum == 0.0f) return {};
+  ensure_state();
+  return {{"momentum_buffer", &buf_}};
+}
+
 void SGD::update(const Tensor& grad_scale, const Tensor& skip) {
   advance_step_(step_, skip);
+  ensure_state();
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
-    if (buf_[gi].empty())
-      for (Tensor& p : group.params) buf_[gi].push_back(zeros(p.shape(), DType::kF32, p.device()));
     for (size_t i = 0; i < group.params.size(); ++i) {
       Tensor& p = group.params[i];
       Tensor g = p.grad();

@@ -16,11 +16,14 @@ struct SGDOptions {
 class SGD : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, const SGDOptions& options);
+  // momentum_buffer (ensured; none without momentum).
+  std::vector<NamedState> named_state() override;
 
  protected:
   void update(const Tensor& grad_scale, const Tensor& skip) override;
 
  private:
+  void ensure_state();
   SGDOptions opt_;
   std::vector<std::vector<Tensor>> buf_;
 };

@@ -44,6 +44,92 @@ std::vector<optim::ParamGroup> param_groups(const py::iterable& params, float we
   return groups;
 }
 
+std::string meta(const Tensor& t) {
+  return shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype()));
+}
+
+// PyTorch's layout: {"state": {index: {name: tensor}}, "param_groups": [{"params": [index...],
+// "weight_decay", "lr"}]} with parameters numbered across groups in order, plus kuai's one step
+// count ("step": PyTorch keeps a step per parameter; kuai's optimizer has one). The tensors are the
+// optimizer's own (as PyTorch's state_dict gives references); kuai.save copies them out.
+py::dict optimizer_state_dict(optim::Optimizer& o) {
+  py::dict state;
+  const auto named = o.named_state();
+  py::list groups;
+  int64_t index = 0;
+  for (size_t gi = 0; gi < o.groups().size(); ++gi) {
+    py::list ids;
+    for (size_t i = 0; i < o.groups()[gi].params.size(); ++i, ++index) {
+      ids.append(index);
+      if (named.empty()) continue;
+      py::dict per;
+      for (const auto& n : named) per[py::str(n.name)] = (*n.tensors)[gi][i];
+      state[py::int_(index)] = per;
+    }
+    py::dict g;
+    g["params"] = ids;
+    g["weight_decay"] = o.groups()[gi].weight_decay;
+    g["lr"] = o.lr();
+    groups.append(g);
+  }
+  py::dict d;
+  d["state"] = state;
+  d["param_groups"] = groups;
+  d["step"] = o.step_count();
+  return d;
+}
+
+// Checks everything (group sizes, every state tensor's presence, shape and dtype) before writing
+// anything, then copies in place and sets the step count and the learning rate.
+void load_optimizer_state_dict(optim::Optimizer& o, const py::dict& d) {
+  for (const char* key : {"state", "param_groups", "step"})
+    if (!d.contains(key))
+      throw py::key_error(std::string("optimizer state_dict without '") + key + "'");
+  const auto groups = d["param_groups"].cast<py::list>();
+  if (groups.size() != o.groups().size())
+    throw py::value_error("optimizer state_dict has " + std::to_string(groups.size()) +
+                          " parameter groups, the optimizer " + std::to_string(o.groups().size()));
+  const auto state = d["state"].cast<py::dict>();
+  const auto named = o.named_state();
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (destination, source)
+  int64_t index = 0;
+  for (size_t gi = 0; gi < o.groups().size(); ++gi) {
+    const auto ids = groups[gi].cast<py::dict>()["params"].cast<py::list>();
+    if (ids.size() != o.groups()[gi].params.size())
+      throw py::value_error("optimizer state_dict: group " + std::to_string(gi) + " has " +
+                            std::to_string(ids.size()) + " parameters, the optimizer's " +
+                            std::to_string(o.groups()[gi].params.size()));
+    for (size_t i = 0; i < o.groups()[gi].params.size(); ++i, ++index) {
+      if (named.empty()) continue;
+      const py::int_ key(index);
+      if (!state.contains(key))
+        throw py::key_error("optimizer state_dict: no state for parameter " +
+                            std::to_string(index));
+      const auto per = state[key].cast<py::dict>();
+      for (const auto& n : named) {
+        if (!per.contains(n.name))
+          throw py::key_error("optimizer state_dict: parameter " + std::to_string(index) +
+                              " has no '" + n.name + "'");
+        const Tensor src = per[py::str(n.name)].cast<Tensor>();
+        const Tensor& dst = (*n.tensors)[gi][i];
+        if (src.shape() != dst.shape() || src.dtype() != dst.dtype())
+          throw py::value_error("optimizer state_dict: parameter " + std::to_string(index) + " '" +
+                                n.name + "' is " + meta(src) + ", the optimizer's " + meta(dst));
+        copies.emplace_back(dst, src);
+      }
+    }
+  }
+  const int64_t step = d["step"].cast<int64_t>();
+  const float lr = groups[0].cast<py::dict>().contains("lr")
+                       ? groups[0].cast<py::dict>()["lr"].cast<float>()
+                       : o.lr();
+  py::gil_scoped_release nogil;
+  autograd::NoGradGuard no_grad;
+  for (auto& [dst, src] : copies) dst.copy_(src);
+  o.set_step_count(step);
+  o.set_lr(lr);
+}
+
 }  // namespace
 
 void bind_optim(py::module_& top) {
@@ -73,6 +159,8 @@ void bind_optim(py::module_& top) {
       .def_property("lr", &optim::Optimizer::lr, &optim::Optimizer::set_lr)
       .def("set_lr", &optim::Optimizer::set_lr)
       .def_property("step_count", &optim::Optimizer::step_count, &optim::Optimizer::set_step_count)
+      .def("state_dict", &optimizer_state_dict)
+      .def("load_state_dict", &load_optimizer_state_dict, py::arg("state_dict"))
       .def_property_readonly("param_groups", [](const optim::Optimizer& o) {
         py::list out;
         for (const auto& g : o.groups()) {

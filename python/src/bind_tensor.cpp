@@ -474,6 +474,13 @@ void bind_tensor(py::module_& m) {
              if (is_floating(x.dtype())) return py::float_(x.item());
              return py::int_(static_cast<int64_t>(x.item()));
            })
+      .def("__float__", [](const py::object& self) { return py::float_(self.attr("item")()); })
+      .def("__int__", [](const py::object& self) { return py::int_(self.attr("item")()); })
+      .def("__bool__",
+           [](const py::object& self) {
+             const py::object v = self.attr("item")();
+             return py::cast<bool>(v.attr("__bool__")());
+           })
       .def("numpy", &to_numpy)
       .def("tolist", [](const Tensor& x) { return to_numpy(x.contiguous()).attr("tolist")(); })
       .def("__array__", [](const Tensor& x) { return to_numpy(x); })

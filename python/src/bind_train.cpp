@@ -4,12 +4,15 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "kuai/amp/autocast.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/host_reads.h"
 #include "kuai/core/ops.h"
 #include "kuai/data/batch_source.h"
 #include "kuai/data/loader.h"
 #include "kuai/data/token_file.h"
+#include "kuai/nn/gpt.h"
+#include "kuai/train/train_step.h"
 
 namespace kuai::python {
 
@@ -46,6 +49,30 @@ py::dict stats_dict(const MemoryStats& s) {
   d["cache_hits"] = s.cache_hits;
   return d;
 }
+
+// kuai.compile(model, optimizer, ...) / kuai.TrainStep: train::TrainStep, holding the Python
+// objects it refers to. The loss is the built-in GPT's own (no Python in the step) or a Python
+// callable (x, y) -> loss, called with the GIL taken; a compiled step calls it only while it
+// captures, and replays without Python after.
+struct PyTrainStep {
+  py::object model, optimizer, scaler_obj, loss_obj, ddp_obj, zero_obj;
+  std::unique_ptr<amp::GradScaler> own_scaler{};
+  std::unique_ptr<train::TrainStep> step{};
+
+  py::object run(const std::function<data::Batch(int64_t)>& batch_at) {
+    train::StepOutputs o;
+    {
+      py::gil_scoped_release nogil;
+      o = step->step(batch_at);
+    }
+    py::dict d;
+    d["loss"] = o.loss;
+    d["grad_norm"] = o.grad_norm;
+    d["skipped"] = o.skipped.defined() ? py::cast(o.skipped) : py::none();
+    d["loss_scale"] = o.loss_scale.defined() ? py::cast(o.loss_scale) : py::none();
+    return d;
+  }
+};
 
 }  // namespace
 
@@ -149,6 +176,99 @@ void bind_train(py::module_& top) {
       .def_property_readonly("last_wait_ms",
                              [](const PyLoader& l) { return l.loader->last_wait_ms(); })
       .def_property_readonly("num_slots", [](const PyLoader& l) { return l.loader->num_slots(); });
+
+  // ---- the training step ----
+  py::class_<PyTrainStep>(top, "TrainStep")
+      .def(
+          py::init([](py::object model, py::object optimizer, py::object loss_fn,
+                      int64_t accumulation_steps, const std::string& precision, float max_grad_norm,
+                      py::object scaler, bool compile, py::object ddp, py::object zero) {
+            auto s = std::make_unique<PyTrainStep>();
+            s->model = model;
+            s->optimizer = optimizer;
+            s->loss_obj = loss_fn;
+            s->ddp_obj = ddp;
+            s->zero_obj = zero;
+            train::StepOptions o;
+            o.accum_steps = accumulation_steps;
+            o.compute = amp::precision_dtype(precision);
+            o.grad_clip = max_grad_norm;
+            o.compile = compile;
+            amp::GradScaler* sc = nullptr;
+            if (!scaler.is_none()) {
+              s->scaler_obj = scaler;
+              sc = &scaler.cast<PyGradScaler&>().scaler;
+            } else {
+              amp::GradScalerOptions so;
+              so.enabled = o.compute == DType::kF16;
+              s->own_scaler = std::make_unique<amp::GradScaler>(so);
+              sc = s->own_scaler.get();
+            }
+            if (o.compute == DType::kF16 && !sc->enabled())
+              throw py::value_error("TrainStep: precision \"fp16\" needs an enabled GradScaler");
+            nn::Module& m = model.cast<nn::Module&>();
+            train::TrainStep::LossFn loss;
+            if (!loss_fn.is_none()) {
+              py::object fn = loss_fn;
+              loss = [fn](const Tensor& x, const Tensor& y) {
+                py::gil_scoped_acquire gil;
+                return fn(x, y).cast<Tensor>();
+              };
+            } else if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) {
+              loss = [gpt](const Tensor& x, const Tensor& y) { return gpt->loss(x, y); };
+            } else {
+              py::object fn = model;
+              loss = [fn](const Tensor& x, const Tensor& y) {
+                py::gil_scoped_acquire gil;
+                return fn(x, y).cast<Tensor>();
+              };
+            }
+            optim::Optimizer& opt = optimizer.cast<optim::Optimizer&>();
+            s->step = std::make_unique<train::TrainStep>(m, std::move(loss), opt, *sc, o);
+            return s;
+          }),
+          py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("loss_fn") = py::none(),
+          py::arg("accumulation_steps") = 1, py::arg("precision") = "fp32",
+          py::arg("max_grad_norm") = 1.0f, py::arg("scaler") = py::none(),
+          py::arg("compile") = false, py::arg("ddp") = py::none(), py::arg("zero") = py::none())
+      .def(
+          "__call__",
+          [](PyTrainStep& s, const Tensor& x, const Tensor& y) {
+            if (s.step->options().accum_steps != 1)
+              throw py::value_error("TrainStep(x, y) takes one batch; with accumulation_steps = " +
+                                    std::to_string(s.step->options().accum_steps) +
+                                    " pass a list of (x, y) or a DataLoader");
+            const data::Batch b{x, y};
+            return s.run([&](int64_t) { return b; });
+          },
+          py::arg("x"), py::arg("y"))
+      .def("__call__",
+           [](PyTrainStep& s, PyLoader& loader) {
+             return s.run([&](int64_t) { return loader.loader->next(); });
+           })
+      .def("__call__",
+           [](PyTrainStep& s, const std::vector<std::pair<Tensor, Tensor>>& batches) {
+             std::vector<data::Batch> bs;
+             for (const auto& [x, y] : batches) bs.push_back({x, y});
+             if (static_cast<int64_t>(bs.size()) != s.step->options().accum_steps)
+               throw py::value_error("TrainStep: got " + std::to_string(bs.size()) +
+                                     " micro-batches, accumulation_steps is " +
+                                     std::to_string(s.step->options().accum_steps));
+             return s.run([&](int64_t i) { return bs[static_cast<size_t>(i)]; });
+           })
+      .def_property_readonly("compiled",
+                             [](const PyTrainStep& s) { return s.step->compiled() != nullptr; })
+      .def_property_readonly("captures",
+                             [](const PyTrainStep& s) {
+                               return s.step->compiled() ? s.step->compiled()->captures()
+                                                         : int64_t{0};
+                             })
+      .def_property_readonly("replays",
+                             [](const PyTrainStep& s) {
+                               return s.step->compiled() ? s.step->compiled()->replays()
+                                                         : int64_t{0};
+                             })
+      .def("release_memory", [](PyTrainStep& s) { s.step->release_memory(); });
 
   // ---- counters ----
   py::module_ mem = top.def_submodule("memory", "the tracking allocator's counters (CPU)");

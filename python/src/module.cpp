@@ -13,4 +13,6 @@ PYBIND11_MODULE(_kuai, m) {
   kuai::python::bind_nn(m);
   kuai::python::bind_optim(m);
   kuai::python::bind_train(m);
+  kuai::python::bind_amp(m);
+  kuai::python::bind_io(m);
 }
