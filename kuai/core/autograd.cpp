@@ -228,7 +228,17 @@ BackwardScope::~BackwardScope() {
 bool backward_in_progress() { return t_backward_depth > 0; }
 bool backward_running() { return g_threads_in_backward.load(std::memory_order_relaxed) > 0; }
 
-void backward(const Tensor& root, const Tensor& grad_output) {
+namespace {
+thread_local std::vector<std::function<void()>> t_callbacks;
+}  // namespace
+
+void queue_callback(std::function<void()> fn) { t_callbacks.push_back(std::move(fn)); }
+size_t queued_callbacks() { return t_callbacks.size(); }
+
+namespace {
+
+// backward() without the queued callbacks.
+void run_backward(const Tensor& root, const Tensor& grad_output) {
   BackwardScope in_backward;
   if (!root.requires_grad())
     throw std::invalid_argument("backward: tensor does not require grad: " + root.str());
@@ -295,6 +305,22 @@ void backward(const Tensor& root, const Tensor& grad_output) {
       if (--deps[e.node.get()] == 0) ready.push(e.node);
     }
   }
+}
+
+}  // namespace
+
+void backward(const Tensor& root, const Tensor& grad_output) {
+  const bool outermost = t_backward_depth == 0;
+  try {
+    run_backward(root, grad_output);
+  } catch (...) {
+    if (outermost) t_callbacks.clear();  // a failed backward runs none of them
+    throw;
+  }
+  if (!outermost) return;  // a backward inside a backward: the outer one runs them
+  std::vector<std::function<void()>> callbacks;
+  callbacks.swap(t_callbacks);
+  for (auto& fn : callbacks) fn();
 }
 
 }  // namespace kuai::autograd

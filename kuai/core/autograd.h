@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -98,6 +99,14 @@ SavedTensorHooks* saved_tensor_hooks();  // this thread's innermost, or null
 // cast runs right after its consumers, as it did in the first one, instead of last (holding every
 // low-precision weight gradient of the backward until its end).
 uint64_t next_sequence();
+
+// Runs fn once, on this thread, when the next outermost backward() this thread runs (or the one
+// it is in) has finished every node and hook: PyTorch's Variable._execution_engine.queue_callback.
+// The Python front end's DDP waits for its gradient buckets there, so `loss.backward()` returns
+// with the gradients averaged. Callbacks run in the order queued; one that throws ends backward()
+// with its exception (the others are dropped), and a backward that fails drops them all.
+void queue_callback(std::function<void()> fn);
+size_t queued_callbacks();  // on this thread, not yet run
 
 // Whether this thread is inside backward() (its grad-ready hooks run there): what the process
 // group reads to count the communication launched while backward still runs (DDP's overlap).

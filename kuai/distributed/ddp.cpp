@@ -325,6 +325,24 @@ void DistributedDataParallel::finish_backward() {
   s.sync = true;
 }
 
+void DistributedDataParallel::restore_grad_views() {
+  State& s = *state_;
+  if (s.sharded()) return;
+  for (size_t i = 0; i < s.params.size(); ++i) {
+    Tensor& p = s.params[i];
+    const Tensor& flat = s.buckets[static_cast<size_t>(s.bucket_of[i])].flat;
+    const Tensor cur = p.grad();
+    if (cur.defined() && cur.has_storage() && cur.storage() == flat.storage() &&
+        cur.offset() == s.offset[i] && cur.shape() == p.shape())
+      continue;
+    s.allocate_view(static_cast<int64_t>(i));
+    if (cur.defined())
+      p.grad().copy_(cur);
+    else
+      fill_(p.grad(), 0.0f);
+  }
+}
+
 void DistributedDataParallel::zero_grad() {
   // A primitive, so a captured step zeroes its buckets on every replay.
   for (Bucket& b : state_->buckets)

@@ -69,6 +69,12 @@ class DistributedDataParallel {
   // Zeroes the bucket memory; the gradients stay views into it (the optimizer's zero_grad would
   // detach them).
   void zero_grad();
+  // Before the first backward of a step, after an optimizer's zero_grad set the gradients to none
+  // (or anything else replaced them): every gradient becomes a view into its bucket again, holding
+  // what it held (zeros for none), so that PyTorch's loop (optimizer.zero_grad()) works with the
+  // buckets. Gradients already in place cost nothing. Not with shard_gradients (there the hooks
+  // place them).
+  void restore_grad_views();
 
   struct Bucket {
     // fp32, the gradients of its parameters back to back, then zeros up to a multiple of the world

@@ -46,6 +46,7 @@ from kuai._kuai import (  # noqa: F401
     ones,
     ones_like,
     optimize,
+    plan,
     permute,
     rand,
     randint,
@@ -69,6 +70,6 @@ from kuai._kuai import (  # noqa: F401
 )
 from kuai._kuai import memory  # noqa: F401
 from kuai._grad_mode import enable_grad, no_grad  # noqa: F401
-from kuai import amp, data, nn, optim  # noqa: F401,E402
+from kuai import amp, data, distributed, nn, optim, utils  # noqa: F401,E402
 from kuai._compile import TrainStep, compile  # noqa: F401,E402
 from kuai.serialization import load, save  # noqa: F401,E402

@@ -19,10 +19,10 @@ class TrainStep(_TrainStep):
     __doc__ = __doc__
 
     def __init__(self, model, optimizer, loss_fn=None, accumulation_steps=1, precision="fp32",
-                 max_grad_norm=1.0, scaler=None, compile=False, ddp=None, zero=None):
+                 max_grad_norm=1.0, scaler=None, compile=False, ddp=None):
         super().__init__(model, optimizer, loss_fn=loss_fn, accumulation_steps=accumulation_steps,
                          precision=precision, max_grad_norm=max_grad_norm, scaler=scaler,
-                         compile=compile, ddp=ddp, zero=zero)
+                         compile=compile, ddp=getattr(ddp, "_reducer", ddp))
 
 
 def compile(model, optimizer=None, *, loss_fn=None, accumulation_steps=1, precision="fp32",

@@ -13,10 +13,6 @@
 
 namespace kuai::python {
 
-namespace {
-
-using release = py::call_guard<py::gil_scoped_release>;
-
 std::vector<optim::ParamGroup> param_groups(const py::iterable& params, float weight_decay) {
   std::vector<optim::ParamGroup> groups;
   optim::ParamGroup plain{{}, weight_decay};
@@ -43,6 +39,10 @@ std::vector<optim::ParamGroup> param_groups(const py::iterable& params, float we
   if (groups.empty()) throw py::value_error("optimizer got an empty parameter list");
   return groups;
 }
+
+namespace {
+
+using release = py::call_guard<py::gil_scoped_release>;
 
 std::string meta(const Tensor& t) {
   return shape_str(t.shape()) + " " + std::string(dtype_name(t.dtype()));

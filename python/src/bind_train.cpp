@@ -55,7 +55,7 @@ py::dict stats_dict(const MemoryStats& s) {
 // callable (x, y) -> loss, called with the GIL taken; a compiled step calls it only while it
 // captures, and replays without Python after.
 struct PyTrainStep {
-  py::object model, optimizer, scaler_obj, loss_obj, ddp_obj, zero_obj;
+  py::object model, optimizer, scaler_obj, loss_obj, ddp_obj;
   std::unique_ptr<amp::GradScaler> own_scaler{};
   std::unique_ptr<train::TrainStep> step{};
 
@@ -182,13 +182,12 @@ void bind_train(py::module_& top) {
       .def(
           py::init([](py::object model, py::object optimizer, py::object loss_fn,
                       int64_t accumulation_steps, const std::string& precision, float max_grad_norm,
-                      py::object scaler, bool compile, py::object ddp, py::object zero) {
+                      py::object scaler, bool compile, py::object ddp) {
             auto s = std::make_unique<PyTrainStep>();
             s->model = model;
             s->optimizer = optimizer;
             s->loss_obj = loss_fn;
             s->ddp_obj = ddp;
-            s->zero_obj = zero;
             train::StepOptions o;
             o.accum_steps = accumulation_steps;
             o.compute = amp::precision_dtype(precision);
@@ -224,13 +223,21 @@ void bind_train(py::module_& top) {
               };
             }
             optim::Optimizer& opt = optimizer.cast<optim::Optimizer&>();
-            s->step = std::make_unique<train::TrainStep>(m, std::move(loss), opt, *sc, o);
+            // DDP's reducer (kuai.nn.parallel.DistributedDataParallel's) and ZeRO's optimizer:
+            // the engine's step drives them itself (no_sync, the wait, the sharded update).
+            dist::DistributedDataParallel* reducer =
+                ddp.is_none() ? nullptr : ddp.cast<PyDDP&>().ddp.get();
+            auto* zero = dynamic_cast<dist::ZeroAdamW*>(&opt);
+            if (zero && zero->stage() == 2 && !reducer)
+              throw py::value_error("TrainStep: ZeRO stage 2 shards DDP's buckets: pass ddp=");
+            s->step = std::make_unique<train::TrainStep>(m, std::move(loss), opt, *sc, o, reducer,
+                                                         zero);
             return s;
           }),
           py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("loss_fn") = py::none(),
           py::arg("accumulation_steps") = 1, py::arg("precision") = "fp32",
           py::arg("max_grad_norm") = 1.0f, py::arg("scaler") = py::none(),
-          py::arg("compile") = false, py::arg("ddp") = py::none(), py::arg("zero") = py::none())
+          py::arg("compile") = false, py::arg("ddp") = py::none())
       .def(
           "__call__",
           [](PyTrainStep& s, const Tensor& x, const Tensor& y) {

@@ -4,10 +4,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <memory>
 #include <optional>
 #include <vector>
 
 #include "kuai/amp/grad_scaler.h"
+#include "kuai/distributed/ddp.h"
 #include "kuai/core/rng.h"
 #include "kuai/core/tensor.h"
 
@@ -21,6 +23,9 @@ void bind_optim(py::module_& m);   // bind_optim.cpp: AdamW, SGD, schedules, cli
 void bind_train(py::module_& m);   // bind_train.cpp: data, the training step, memory counters
 void bind_amp(py::module_& m);     // bind_amp.cpp: autocast, GradScaler
 void bind_io(py::module_& m);      // bind_io.cpp: safetensors files, checksums
+void bind_dist(py::module_& m);    // bind_dist.cpp: process groups, DDP, ZeRO, offload
+void bind_log(py::module_& m);     // bind_log.cpp: the metric ring, TensorBoard and JSONL
+void bind_plan(py::module_& m);    // bind_plan.cpp: kuai.plan on a Python-built model
 
 // The generator Python's kuai.manual_seed() seeds: what layers and random tensors draw from when
 // no generator is given (torch's default generator).
@@ -42,6 +47,18 @@ struct PyGradScaler {
   std::optional<Tensor> found_inf{};
   void unscale(optim::Optimizer& opt);  // throws when called twice before update()
 };
+
+// The reducer with the module it reduces kept alive. queue_finish() asks autograd to wait for the
+// buckets at the end of the coming backward, so `loss.backward()` returns with averaged gradients.
+// (kuai.nn.parallel.DistributedDataParallel holds one.)
+struct PyDDP {
+  py::object module;
+  std::shared_ptr<dist::DistributedDataParallel> ddp;
+  bool finish_queued = false;
+};
+
+// PyTorch's parameter groups (a list of tensors, or of dicts with "params" and "weight_decay").
+std::vector<optim::ParamGroup> param_groups(const py::iterable& params, float weight_decay);
 
 // Every parameter of the optimizer's groups, in order.
 std::vector<Tensor> optimizer_params(const optim::Optimizer& opt);

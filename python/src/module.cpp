@@ -15,4 +15,7 @@ PYBIND11_MODULE(_kuai, m) {
   kuai::python::bind_train(m);
   kuai::python::bind_amp(m);
   kuai::python::bind_io(m);
+  kuai::python::bind_dist(m);
+  kuai::python::bind_log(m);
+  kuai::python::bind_plan(m);
 }

@@ -3,6 +3,8 @@
 // final gradient, and the order hooks fire in (reverse of use, which DDP buckets rely on).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "kuai/core/allocator.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/ops.h"
@@ -68,6 +70,34 @@ TEST(Autograd, HooksFireOnceWithFinalGradientInReverseUseOrder) {
   ASSERT_EQ(order.size(), 2u);
   EXPECT_EQ(order[0], "w2");
   EXPECT_EQ(order[1], "w1");
+}
+
+TEST(Autograd, QueuedCallbacksRunOnceAfterEveryHookOfTheNextBackward) {
+  Tensor w = full({4}, 1.0f);
+  w.requires_grad_();
+  std::vector<std::string> order;
+  w.register_hook([&](const Tensor&) { order.push_back("hook"); });
+  autograd::queue_callback([&] {
+    order.push_back("first");
+    EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>(4, 3.0f)));  // final by then
+  });
+  autograd::queue_callback([&] { order.push_back("second"); });
+  EXPECT_EQ(autograd::queued_callbacks(), 2u);
+  sum(scale(w, 3.0f)).backward();
+  EXPECT_EQ(order, (std::vector<std::string>{"hook", "first", "second"}));
+  EXPECT_EQ(autograd::queued_callbacks(), 0u);
+  sum(w).backward();  // run once: not again
+  EXPECT_EQ(order.size(), 4u);
+  EXPECT_EQ(order.back(), "hook");
+
+  // A backward that fails drops what was queued; one that throws from a callback ends with it.
+  autograd::queue_callback([&] { order.push_back("dropped"); });
+  Tensor plain = full({2}, 1.0f);
+  EXPECT_THROW(plain.backward(), std::invalid_argument);
+  EXPECT_EQ(autograd::queued_callbacks(), 0u);
+  autograd::queue_callback([] { throw std::runtime_error("bucket wait failed"); });
+  EXPECT_THROW(sum(w).backward(), std::runtime_error);
+  EXPECT_EQ(std::count(order.begin(), order.end(), "dropped"), 0);
 }
 
 TEST(Autograd, SavedTensorsAreFreedAsNodesRun) {

@@ -25,6 +25,7 @@ from kuai._kuai.nn import (  # noqa: F401
 )
 from kuai.nn import functional, utils  # noqa: F401,E402
 from kuai.nn.containers import ModuleList, Sequential  # noqa: F401,E402
+from kuai.nn import parallel  # noqa: F401,E402
 
 
 def Parameter(data, requires_grad=True):
