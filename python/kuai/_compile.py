@@ -22,7 +22,8 @@ class TrainStep(_TrainStep):
                  max_grad_norm=1.0, scaler=None, compile=False, ddp=None):
         super().__init__(model, optimizer, loss_fn=loss_fn, accumulation_steps=accumulation_steps,
                          precision=precision, max_grad_norm=max_grad_norm, scaler=scaler,
-                         compile=compile, ddp=getattr(ddp, "_reducer", ddp))
+                         compile=compile,
+                         ddp=ddp._build_reducer() if hasattr(ddp, "_build_reducer") else ddp)
 
 
 def compile(model, optimizer=None, *, loss_fn=None, accumulation_steps=1, precision="fp32",
