@@ -91,3 +91,33 @@ def test_python_ddp_loop_equals_the_engines_step(corpus, tmp_path):
     r = run_case("loop_equals_trainstep", corpus, tmp_path)
     assert r["loop"] == r["step"]
     assert r["loop_first"] == r["step_first"]
+
+
+# ---- the article's multi-rank examples (examples/02, 07, 08), run as written on 2 ranks ----
+
+EXAMPLES = HERE.parents[1] / "examples"
+
+
+def run_example(name, corpus, *extra):
+    r = mpirun([EXAMPLES / name, "--steps", "3", "--data", corpus, *extra])
+    line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return dict(kv.split("=", 1) for kv in line.split()[1:])
+
+
+def test_example_ddp(corpus):
+    r = run_example("02_ddp.py", corpus)
+    assert r["world"] == "2" and float(r["last_loss"]) < float(r["first_loss"])
+    assert float(r["overlap"]) > 0  # buckets launched while backward ran
+
+
+def test_example_compression_halves_the_wire(corpus):
+    r = run_example("07_compression.py", corpus)
+    assert int(r["bytes_per_sync"]) * 2 == int(r["bytes_per_sync_fp32"])
+    assert float(r["wire_ratio"]) == 0.5
+    assert abs(float(r["last_loss"]) - float(r["last_loss_fp32"])) < 1e-2
+
+
+def test_example_zero_shards_and_offload(corpus):
+    r = run_example("08_zero_offload.py", corpus)
+    assert r["world"] == "2" and float(r["zero_state_ratio"]) <= 0.51
+    assert r["zero_equals_adamw"] == "True" and r["offload_equals_adamw"] == "True"

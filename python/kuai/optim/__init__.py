@@ -8,6 +8,7 @@ groups do), so a schedule computes its rates from the same double the CLI's trai
 from kuai._kuai.optim import Optimizer, warmup_cosine_lr  # noqa: F401
 from kuai._kuai.optim import SGD as _SGD
 from kuai._kuai.optim import AdamW as _AdamW
+from kuai._kuai.optim import OffloadedAdamW as _OffloadedAdamW
 from kuai._kuai.optim import lr_scheduler as _lr_scheduler
 
 
@@ -26,6 +27,18 @@ class SGD(_SGD):
                  nesterov=False):
         super().__init__(params, lr=lr, momentum=momentum, dampening=dampening,
                          weight_decay=weight_decay, nesterov=nesterov)
+        self.initial_lr = float(lr)
+
+
+class OffloadedAdamW(_OffloadedAdamW):
+    """AdamW with its two moments in files under ``dir`` (offload, technique 8's other half),
+    streamed through the update in ``chunk_mb`` chunks with io_uring: only the chunk buffers stay
+    in memory (``buffer_bytes``), and the parameters equal in-memory AdamW's bit for bit."""
+
+    def __init__(self, params, dir, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 chunk_mb=64):
+        super().__init__(params, dir, lr=lr, betas=tuple(betas), eps=eps,
+                         weight_decay=weight_decay, chunk_mb=chunk_mb)
         self.initial_lr = float(lr)
 
 
