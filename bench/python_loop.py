@@ -21,8 +21,8 @@ cli and python arms should agree (same floats), pyblock as well (same ops).
 
 One difference stays by default: the Python loop clips with nn.utils.clip_grad_norm_, which
 scales every gradient in a pass of its own, where the CLI folds the clip factor into the AdamW
-update. `--clip fused` makes the Python arms do what the CLI does (the factor passed to a disabled
-GradScaler's step), to tell that pass apart from the loop's own cost.
+update. `--clip fused` makes the Python arms do what the CLI does (the factor passed to
+optimizer.step(grad_scale)), to tell that pass apart from the loop's own cost.
 
 Rounds alternate the arms' order (cli, python, pyblock, then pyblock, python, cli: ABBA), and the
 table reports the median of the per-round medians with their min-max. Every arm runs with the same
@@ -164,10 +164,9 @@ def python_arm(arm, spec, steps, attention, clip_mode):
     params = model.parameters()
     clip = tr["grad_clip"]
     # --clip fused: the CLI's way (TrainStep::run): the norm's clip factor is folded into the
-    # AdamW update (a disabled GradScaler's step takes it), with no separate pass that scales
-    # every gradient as clip_grad_norm_ does.
+    # AdamW update (optimizer.step(grad_scale) multiplies the gradients inside its own pass),
+    # with no separate pass that scales every gradient as clip_grad_norm_ does.
     fused = clip_mode == "fused" and clip > 0
-    scaler = kuai.amp.GradScaler(enabled=False) if fused else None
 
     step_ms, losses = [], []
     for _ in range(steps):
@@ -177,8 +176,7 @@ def python_arm(arm, spec, steps, attention, clip_mode):
         loss.backward()
         if fused:
             factor = nn.utils.clip_coefficient(nn.utils.grad_norm(params), clip)
-            scaler.step(opt, grad_scale=factor)
-            scaler.update()
+            opt.step(factor)
         else:
             if clip > 0:
                 nn.utils.clip_grad_norm_(params, clip)
@@ -278,7 +276,7 @@ def main():
     ap.add_argument("--clip", default="python", choices=("python", "fused"),
                     help="the Python arms' clipping: python = nn.utils.clip_grad_norm_ then "
                          "opt.step() (a user's loop); fused = the factor folded into the update, "
-                         "as the CLI does (GradScaler(enabled=False).step(opt, grad_scale=...))")
+                         "as the CLI does (opt.step(grad_scale=clip_coefficient(grad_norm(params), max_norm)))")
     ap.add_argument("--json", default="", help="also write the table as JSON here")
     # Internal: one Python arm in this process.
     ap.add_argument("--arm", choices=("python", "pyblock"), help=argparse.SUPPRESS)

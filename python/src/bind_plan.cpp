@@ -8,6 +8,8 @@
 
 #include <omp.h>
 
+#include <iterator>
+
 #include "bindings.h"
 #include "kuai/amp/autocast.h"
 #include "kuai/nn/gpt.h"
@@ -119,8 +121,14 @@ void bind_plan(py::module_& top) {
         out["budget_bytes"] = p.budget_bytes;
         out["peak_where"] = p.step.peak_where;
         py::dict at_peak, persistent;
+        // Short keys in MemoryUse's order (memory_use_name() says each in words).
+        static const char* const kKeys[] = {"other",       "parameters",  "gradients",
+                                            "optimizer",   "weight_casts", "activations",
+                                            "activation_grads", "comm",   "workspace",
+                                            "data",        "arena",       "captured"};
+        static_assert(std::size(kKeys) == static_cast<size_t>(MemoryUse::kCount));
         for (int u = 0; u < static_cast<int>(MemoryUse::kCount); ++u) {
-          const char* name = memory_use_name(static_cast<MemoryUse>(u));
+          const char* name = kKeys[u];
           at_peak[name] = p.step.at_peak[static_cast<size_t>(u)];
           persistent[name] = p.step.persistent[static_cast<size_t>(u)];
         }
