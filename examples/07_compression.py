@@ -32,7 +32,6 @@ def train(hook):
     if hook is not None:
         model.register_comm_hook(ErrorFeedback() if args.error_feedback else None, hook)
     optimizer = _common.adamw(model, args)
-    sent = dist.collective_stats()["bytes_sent"]
     per_sync = model.bytes_per_sync  # (the reducer is built here: rank 0's weights broadcast)
     sent = dist.collective_stats()["bytes_sent"]
     for step, (data, target) in zip(range(args.steps), _common.make_loader(args)):

@@ -63,9 +63,9 @@ zero_state, zero_w = train("zero")
 with tempfile.TemporaryDirectory() as d:
     off_state, off_w = train("offload", f"{d}/rank{rank}")
 if rank == 0:
+    same = lambda w: bool((w.view(np.uint32) == adamw_w.view(np.uint32)).all())  # noqa: E731
     _common.result(world=world, adamw_state_bytes=adamw_state, zero_state_bytes=zero_state,
                    zero_state_ratio=zero_state / adamw_state,
                    offload_resident_bytes=off_state,
-                   zero_equals_adamw=bool((zero_w.view(np.uint32) == adamw_w.view(np.uint32)).all()),
-                   offload_equals_adamw=bool((off_w.view(np.uint32) == adamw_w.view(np.uint32)).all()))
+                   zero_equals_adamw=same(zero_w), offload_equals_adamw=same(off_w))
 dist.destroy_process_group()

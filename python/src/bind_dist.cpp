@@ -91,7 +91,8 @@ void bind_dist(py::module_& top) {
       "all_gather_into_tensor",
       [](const Tensor& out, const Tensor& in) { group_or_throw().all_gather(in, out)->wait(); },
       py::arg("output"), py::arg("input"), release());
-  m.def("barrier", [] { group_or_throw().barrier(); }, release());
+  m.def(
+      "barrier", [] { group_or_throw().barrier(); }, release());
   m.def(
       "collective_stats", [] { return stats_dict(group_or_throw().total_stats()); },
       "what this rank has launched so far: calls, bytes sent and received (all collectives)");
@@ -105,51 +106,55 @@ void bind_dist(py::module_& top) {
       release(), "the queued collectives complete and MPI is finalised (every rank calls it)");
 
   py::class_<PyDDP>(m, "_Reducer")
-      .def(py::init([](py::object module, double bucket_cap_mb, double first_bucket_mb,
-                       bool overlap, bool find_unused, const std::string& compression,
-                       bool error_feedback) {
-             dist::DDPOptions o;
-             o.bucket_mb = bucket_cap_mb;
-             o.first_bucket_mb = first_bucket_mb;
-             o.overlap = overlap;
-             o.find_unused = find_unused;
-             o.compression = dist::parse_compression(compression);
-             o.error_feedback = error_feedback;
-             nn::Module& mod = module.cast<nn::Module&>();
-             auto r = std::make_unique<PyDDP>();
-             r->module = module;
-             std::shared_ptr<dist::ProcessGroup> g = default_group();
-             if (!g) throw std::runtime_error("DistributedDataParallel: call init_process_group() first");
-             py::gil_scoped_release nogil;
-             r->ddp = std::make_shared<dist::DistributedDataParallel>(mod, g, o);
-             return r;
-           }),
-           py::arg("module"), py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"),
-           py::arg("overlap"), py::arg("find_unused_parameters"), py::arg("compression"),
-           py::arg("error_feedback"))
-      .def("prepare_backward",
-           [](PyDDP& r, bool sync) {
-             r.ddp->restore_grad_views();
-             r.ddp->prepare_backward(sync);
-             // Queued once per synchronising backward (a backward that failed dropped it).
+      .def(
+          py::init([](py::object module, double bucket_cap_mb, double first_bucket_mb, bool overlap,
+                      bool find_unused, const std::string& compression, bool error_feedback) {
+            dist::DDPOptions o;
+            o.bucket_mb = bucket_cap_mb;
+            o.first_bucket_mb = first_bucket_mb;
+            o.overlap = overlap;
+            o.find_unused = find_unused;
+            o.compression = dist::parse_compression(compression);
+            o.error_feedback = error_feedback;
+            nn::Module& mod = module.cast<nn::Module&>();
+            auto r = std::make_unique<PyDDP>();
+            r->module = module;
+            std::shared_ptr<dist::ProcessGroup> g = default_group();
+            if (!g)
+              throw std::runtime_error("DistributedDataParallel: call init_process_group() first");
+            py::gil_scoped_release nogil;
+            r->ddp = std::make_shared<dist::DistributedDataParallel>(mod, g, o);
+            return r;
+          }),
+          py::arg("module"), py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"),
+          py::arg("overlap"), py::arg("find_unused_parameters"), py::arg("compression"),
+          py::arg("error_feedback"))
+      .def(
+          "prepare_backward",
+          [](PyDDP& r, bool sync) {
+            r.ddp->restore_grad_views();
+            r.ddp->prepare_backward(sync);
+            // Queued once per synchronising backward (a backward that failed dropped it).
             if (sync && (!r.finish_queued || autograd::queued_callbacks() == 0)) {
-               r.finish_queued = true;
-               std::weak_ptr<dist::DistributedDataParallel> weak = r.ddp;
-               PyDDP* self = &r;
-               autograd::queue_callback([weak, self] {
-                 if (auto d = weak.lock()) {
-                   self->finish_queued = false;
-                   d->finish_backward();
-                 }
-               });
-             }
-           },
-           release())
-      .def("finish_backward", [](PyDDP& r) { r.ddp->finish_backward(); }, release())
-      .def("zero_grad", [](PyDDP& r) { r.ddp->zero_grad(); }, release())
-      .def_property_readonly("bytes_per_sync", [](const PyDDP& r) { return r.ddp->bytes_per_sync(); })
-      .def_property_readonly("num_buckets",
-                             [](const PyDDP& r) { return r.ddp->buckets().size(); })
+              r.finish_queued = true;
+              std::weak_ptr<dist::DistributedDataParallel> weak = r.ddp;
+              PyDDP* self = &r;
+              autograd::queue_callback([weak, self] {
+                if (auto d = weak.lock()) {
+                  self->finish_queued = false;
+                  d->finish_backward();
+                }
+              });
+            }
+          },
+          release())
+      .def(
+          "finish_backward", [](PyDDP& r) { r.ddp->finish_backward(); }, release())
+      .def(
+          "zero_grad", [](PyDDP& r) { r.ddp->zero_grad(); }, release())
+      .def_property_readonly("bytes_per_sync",
+                             [](const PyDDP& r) { return r.ddp->bytes_per_sync(); })
+      .def_property_readonly("num_buckets", [](const PyDDP& r) { return r.ddp->buckets().size(); })
       .def("bucket_params", [](const PyDDP& r) { return r.ddp->bucket_params(); });
 
   py::class_<dist::ZeroAdamW, optim::Optimizer>(m, "ZeroAdamW")
@@ -162,7 +167,8 @@ void bind_dist(py::module_& top) {
              PyDDP* r = reducer.is_none() ? nullptr : &reducer.cast<PyDDP&>();
              if (r) buckets = r->ddp->bucket_params();
              if (stage == 2 && !r)
-               throw py::value_error("ZeRO stage 2 shards DDP's gradient buckets: pass the DDP model");
+               throw py::value_error(
+                   "ZeRO stage 2 shards DDP's gradient buckets: pass the DDP model");
              std::optional<optim::OffloadOptions> off;
              if (!offload_dir.empty()) off = optim::OffloadOptions{offload_dir};
              auto* z = new dist::ZeroAdamW(param_groups(params, weight_decay),

@@ -16,8 +16,7 @@ namespace kuai::python {
 namespace {
 
 double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 struct PyMetricLog {
@@ -55,8 +54,8 @@ void bind_log(py::module_& top) {
             s.wall_time = wall_time.is_none() ? now_seconds() : wall_time.cast<double>();
             for (const auto& [name, t] : device) {
               if (t.numel() != 1)
-                throw py::value_error("add_scalar(\"" + name + "\"): a scalar needs one element, got " +
-                                      t.str());
+                throw py::value_error("add_scalar(\"" + name +
+                                      "\"): a scalar needs one element, got " + t.str());
               s.device.emplace_back(name, t.detach());  // read later by the logger thread
             }
             s.host = host;
@@ -65,14 +64,16 @@ void bind_log(py::module_& top) {
           },
           py::arg("step"), py::arg("device"), py::arg("host"), py::arg("wall_time") = py::none(),
           "never reads a device value on this thread")
-      .def("flush", [](PyMetricLog& l) { l.ring->flush(); },
-           py::call_guard<py::gil_scoped_release>())
-      .def("close", [](PyMetricLog& l) {
-        if (!l.ring) return;
-        py::gil_scoped_release nogil;
-        l.ring->flush();
-        l.ring.reset();
-      })
+      .def(
+          "flush", [](PyMetricLog& l) { l.ring->flush(); },
+          py::call_guard<py::gil_scoped_release>())
+      .def("close",
+           [](PyMetricLog& l) {
+             if (!l.ring) return;
+             py::gil_scoped_release nogil;
+             l.ring->flush();
+             l.ring.reset();
+           })
       .def_property_readonly("event_file", [](const PyMetricLog& l) { return l.event_file; })
       .def("history", [](const PyMetricLog& l) {
         py::list out;

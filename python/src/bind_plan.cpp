@@ -26,8 +26,9 @@ void bind_plan(py::module_& top) {
          const std::string& precision, int64_t ranks, int zero, double weight_decay,
          const std::string& memory, const std::string& compression, bool quick) {
         if (batch_size < 1 || seq_len < 1 || accumulation_steps < 1 || ranks < 1)
-          throw py::value_error("kuai.plan: batch_size, seq_len, accumulation_steps and ranks "
-                                "must be at least 1");
+          throw py::value_error(
+              "kuai.plan: batch_size, seq_len, accumulation_steps and ranks "
+              "must be at least 1");
         if (zero < 0 || zero > 2)
           throw py::value_error("kuai.plan: zero must be 0, 1 or 2, got " + std::to_string(zero));
         train::StepOptions so;
@@ -122,10 +123,10 @@ void bind_plan(py::module_& top) {
         out["peak_where"] = p.step.peak_where;
         py::dict at_peak, persistent;
         // Short keys in MemoryUse's order (memory_use_name() says each in words).
-        static const char* const kKeys[] = {"other",       "parameters",  "gradients",
-                                            "optimizer",   "weight_casts", "activations",
-                                            "activation_grads", "comm",   "workspace",
-                                            "data",        "arena",       "captured"};
+        static const char* const kKeys[] = {
+            "other",       "parameters",       "gradients", "optimizer", "weight_casts",
+            "activations", "activation_grads", "comm",      "workspace", "data",
+            "arena",       "captured"};
         static_assert(std::size(kKeys) == static_cast<size_t>(MemoryUse::kCount));
         for (int u = 0; u < static_cast<int>(MemoryUse::kCount); ++u) {
           const char* name = kKeys[u];

@@ -179,65 +179,64 @@ void bind_train(py::module_& top) {
 
   // ---- the training step ----
   py::class_<PyTrainStep>(top, "TrainStep")
-      .def(
-          py::init([](py::object model, py::object optimizer, py::object loss_fn,
-                      int64_t accumulation_steps, const std::string& precision, float max_grad_norm,
-                      py::object scaler, bool compile, py::object ddp) {
-            auto s = std::make_unique<PyTrainStep>();
-            s->model = model;
-            s->optimizer = optimizer;
-            s->loss_obj = loss_fn;
-            s->ddp_obj = ddp;
-            train::StepOptions o;
-            o.accum_steps = accumulation_steps;
-            o.compute = amp::precision_dtype(precision);
-            o.grad_clip = max_grad_norm;
-            o.compile = compile;
-            amp::GradScaler* sc = nullptr;
-            if (!scaler.is_none()) {
-              s->scaler_obj = scaler;
-              sc = &scaler.cast<PyGradScaler&>().scaler;
-            } else {
-              amp::GradScalerOptions so;
-              so.enabled = o.compute == DType::kF16;
-              s->own_scaler = std::make_unique<amp::GradScaler>(so);
-              sc = s->own_scaler.get();
-            }
-            if (o.compute == DType::kF16 && !sc->enabled())
-              throw py::value_error("TrainStep: precision \"fp16\" needs an enabled GradScaler");
-            nn::Module& m = model.cast<nn::Module&>();
-            train::TrainStep::LossFn loss;
-            if (!loss_fn.is_none()) {
-              py::object fn = loss_fn;
-              loss = [fn](const Tensor& x, const Tensor& y) {
-                py::gil_scoped_acquire gil;
-                return fn(x, y).cast<Tensor>();
-              };
-            } else if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) {
-              loss = [gpt](const Tensor& x, const Tensor& y) { return gpt->loss(x, y); };
-            } else {
-              py::object fn = model;
-              loss = [fn](const Tensor& x, const Tensor& y) {
-                py::gil_scoped_acquire gil;
-                return fn(x, y).cast<Tensor>();
-              };
-            }
-            optim::Optimizer& opt = optimizer.cast<optim::Optimizer&>();
-            // DDP's reducer (kuai.nn.parallel.DistributedDataParallel's) and ZeRO's optimizer:
-            // the engine's step drives them itself (no_sync, the wait, the sharded update).
-            dist::DistributedDataParallel* reducer =
-                ddp.is_none() ? nullptr : ddp.cast<PyDDP&>().ddp.get();
-            auto* zero = dynamic_cast<dist::ZeroAdamW*>(&opt);
-            if (zero && zero->stage() == 2 && !reducer)
-              throw py::value_error("TrainStep: ZeRO stage 2 shards DDP's buckets: pass ddp=");
-            s->step = std::make_unique<train::TrainStep>(m, std::move(loss), opt, *sc, o, reducer,
-                                                         zero);
-            return s;
-          }),
-          py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("loss_fn") = py::none(),
-          py::arg("accumulation_steps") = 1, py::arg("precision") = "fp32",
-          py::arg("max_grad_norm") = 1.0f, py::arg("scaler") = py::none(),
-          py::arg("compile") = false, py::arg("ddp") = py::none())
+      .def(py::init([](py::object model, py::object optimizer, py::object loss_fn,
+                       int64_t accumulation_steps, const std::string& precision,
+                       float max_grad_norm, py::object scaler, bool compile, py::object ddp) {
+             auto s = std::make_unique<PyTrainStep>();
+             s->model = model;
+             s->optimizer = optimizer;
+             s->loss_obj = loss_fn;
+             s->ddp_obj = ddp;
+             train::StepOptions o;
+             o.accum_steps = accumulation_steps;
+             o.compute = amp::precision_dtype(precision);
+             o.grad_clip = max_grad_norm;
+             o.compile = compile;
+             amp::GradScaler* sc = nullptr;
+             if (!scaler.is_none()) {
+               s->scaler_obj = scaler;
+               sc = &scaler.cast<PyGradScaler&>().scaler;
+             } else {
+               amp::GradScalerOptions so;
+               so.enabled = o.compute == DType::kF16;
+               s->own_scaler = std::make_unique<amp::GradScaler>(so);
+               sc = s->own_scaler.get();
+             }
+             if (o.compute == DType::kF16 && !sc->enabled())
+               throw py::value_error("TrainStep: precision \"fp16\" needs an enabled GradScaler");
+             nn::Module& m = model.cast<nn::Module&>();
+             train::TrainStep::LossFn loss;
+             if (!loss_fn.is_none()) {
+               py::object fn = loss_fn;
+               loss = [fn](const Tensor& x, const Tensor& y) {
+                 py::gil_scoped_acquire gil;
+                 return fn(x, y).cast<Tensor>();
+               };
+             } else if (auto* gpt = dynamic_cast<nn::GPT*>(&m)) {
+               loss = [gpt](const Tensor& x, const Tensor& y) { return gpt->loss(x, y); };
+             } else {
+               py::object fn = model;
+               loss = [fn](const Tensor& x, const Tensor& y) {
+                 py::gil_scoped_acquire gil;
+                 return fn(x, y).cast<Tensor>();
+               };
+             }
+             optim::Optimizer& opt = optimizer.cast<optim::Optimizer&>();
+             // DDP's reducer (kuai.nn.parallel.DistributedDataParallel's) and ZeRO's optimizer:
+             // the engine's step drives them itself (no_sync, the wait, the sharded update).
+             dist::DistributedDataParallel* reducer =
+                 ddp.is_none() ? nullptr : ddp.cast<PyDDP&>().ddp.get();
+             auto* zero = dynamic_cast<dist::ZeroAdamW*>(&opt);
+             if (zero && zero->stage() == 2 && !reducer)
+               throw py::value_error("TrainStep: ZeRO stage 2 shards DDP's buckets: pass ddp=");
+             s->step =
+                 std::make_unique<train::TrainStep>(m, std::move(loss), opt, *sc, o, reducer, zero);
+             return s;
+           }),
+           py::arg("model"), py::arg("optimizer"), py::kw_only(), py::arg("loss_fn") = py::none(),
+           py::arg("accumulation_steps") = 1, py::arg("precision") = "fp32",
+           py::arg("max_grad_norm") = 1.0f, py::arg("scaler") = py::none(),
+           py::arg("compile") = false, py::arg("ddp") = py::none())
       .def(
           "__call__",
           [](PyTrainStep& s, const Tensor& x, const Tensor& y) {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "kuai/amp/grad_scaler.h"
-#include "kuai/distributed/ddp.h"
 #include "kuai/core/rng.h"
 #include "kuai/core/tensor.h"
+#include "kuai/distributed/ddp.h"
 
 namespace kuai::python {
 

@@ -30,8 +30,8 @@ class DistributedDataParallel(Module):
                  broadcast_buffers=True, gradient_as_bucket_view=True):
         super().__init__()
         if not kuai.distributed.is_initialized():
-            raise RuntimeError("DistributedDataParallel: call kuai.distributed.init_process_group() "
-                               "first")
+            raise RuntimeError("DistributedDataParallel: call "
+                               "kuai.distributed.init_process_group() first")
         self.module = module
         for name, value in (("device_ids", device_ids), ("output_device", output_device)):
             if value not in (None, [], [0], 0, "cpu", ["cpu"]):
