@@ -9,8 +9,8 @@ each in its own process so that no allocator or thread-pool state passes between
            source the CLI reads, AdamW with the CLI's parameter groups (decay on the 2-D matmul
            weights only), the warmup-cosine schedule, kuai.nn.utils.clip_grad_norm_ (the loop of
            python/tests/test_train_equivalence.py, which equals the CLI bit for bit).
-  pyblock  the same loop over a GPT written in Python from kuai's layers (PyBlock/PyGPT below,
-           as in that test), loaded with the built-in model's initial weights.
+  pyblock  the same loop over a GPT written in Python from kuai's layers (PyBlock/PyGPT of that
+           test), loaded with the built-in model's initial weights.
 
 What is timed matches the CLI's step_ms (kuai/train/trainer.cpp): from before the batch is taken
 from the loader to after zero_grad and the learning-rate update (the CLI sets the rate at the
@@ -97,39 +97,10 @@ def python_arm(arm, spec, steps, attention, clip_mode):
     import kuai
     import kuai.nn as nn
 
-    class PyBlock(nn.Module):
-        """GPT-2's block written in Python from kuai's layers (pre-LN, residual adds)."""
-
-        def __init__(self, cfg):
-            super().__init__()
-            self.ln_1 = nn.LayerNorm(cfg.d_model)
-            self.attn = nn.CausalSelfAttention(cfg.d_model, cfg.n_head)
-            self.ln_2 = nn.LayerNorm(cfg.d_model)
-            self.mlp = nn.MLP(cfg.d_model)
-
-        def forward(self, x):
-            x = x + self.attn(self.ln_1(x))
-            return x + self.mlp(self.ln_2(x))
-
-    class PyGPT(nn.Module):
-        """GPT-2 written in Python: embeddings, blocks, final LayerNorm, head tied to wte."""
-
-        def __init__(self, cfg):
-            super().__init__()
-            self.cfg = cfg
-            self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-            self.wpe = nn.Embedding(cfg.seq_len, cfg.d_model)
-            self.h = nn.ModuleList([PyBlock(cfg) for _ in range(cfg.n_layer)])
-            self.ln_f = nn.LayerNorm(cfg.d_model)
-
-        def forward(self, idx, targets):
-            B, T = idx.shape
-            x = self.wte(idx) + self.wpe(kuai.arange(T))
-            for block in self.h:
-                x = block(x)
-            logits = nn.functional.linear(self.ln_f(x), self.wte.weight)
-            return nn.functional.cross_entropy(logits.view(-1, self.cfg.vocab_size),
-                                               targets.view(-1))
+    # The GPT written in Python from kuai's layers that python/tests/test_train_equivalence.py
+    # trains to the CLI's losses bit for bit.
+    sys.path.insert(0, os.path.join(ROOT, "python", "tests"))
+    from test_train_equivalence import PyGPT
 
     tr, dt = spec["train"], spec["data"]
     B, T = tr["batch_size"], spec["model"]["seq_len"]

@@ -65,13 +65,8 @@ int run_plan(const std::vector<std::string>& args) {
   if (budget == 0) budget = plan::machine_memory_bytes();
 
   // The link: given, else measured by `kuai bench ddp`, else an assumption said as such.
-  plan::Link link;
-  if (const auto m = plan::measured_link()) link = *m;
-  if (link.bandwidth_gbs <= 0) {
-    link.bandwidth_gbs = 10.0;
-    link.latency_us = 20.0;
-    link.source = "assumed: run `kuai bench ddp` to measure it, or give --bandwidth / --latency";
-  }
+  plan::Link link = plan::measured_or_assumed_link();
+  if (link.source.starts_with("assumed")) link.source += ", or give --bandwidth / --latency";
   if (bandwidth || latency) {
     if (bandwidth) link.bandwidth_gbs = *bandwidth;
     if (latency) link.latency_us = *latency;

@@ -153,6 +153,15 @@ std::optional<Link> measured_link() {
   }
 }
 
+Link measured_or_assumed_link() {
+  if (const auto m = measured_link()) return *m;
+  Link l;
+  l.bandwidth_gbs = 10.0;
+  l.latency_us = 20.0;
+  l.source = "assumed: run `kuai bench ddp` to measure it";
+  return l;
+}
+
 void save_link(const Link& link) {
   save_file_atomically(
       link_file(),

@@ -46,6 +46,9 @@ struct Link {
 // The link `kuai bench ddp` measured on this machine (link_file()), if any.
 std::optional<Link> measured_link();
 std::string link_file();  // ${XDG_CACHE_HOME:-$HOME/.cache}/kuai/link.json
+// The measured link, else an assumption (10 GB/s, 20 us) whose source says so and how to measure
+// it.
+Link measured_or_assumed_link();
 void save_link(const Link& link);
 
 struct TimePrediction {

@@ -148,10 +148,6 @@ void bind_dist(py::module_& top) {
             }
           },
           release())
-      .def(
-          "finish_backward", [](PyDDP& r) { r.ddp->finish_backward(); }, release())
-      .def(
-          "zero_grad", [](PyDDP& r) { r.ddp->zero_grad(); }, release())
       .def_property_readonly("bytes_per_sync",
                              [](const PyDDP& r) { return r.ddp->bytes_per_sync(); })
       .def_property_readonly("num_buckets", [](const PyDDP& r) { return r.ddp->buckets().size(); })

@@ -94,13 +94,7 @@ void bind_plan(py::module_& top) {
         spec.zero = zero;
         spec.compression = compression;
         spec.threads = omp_get_max_threads();
-        plan::Link link;
-        if (const auto l = plan::measured_link()) link = *l;
-        if (link.bandwidth_gbs <= 0) {
-          link.bandwidth_gbs = 10.0;
-          link.latency_us = 20.0;
-          link.source = "assumed: run `kuai bench ddp` to measure it";
-        }
+        const plan::Link link = plan::measured_or_assumed_link();
         plan::MachineCosts costs;
         if (const auto d = plan::measured_disk()) costs.disk = *d;
         const int64_t budget =
