@@ -20,6 +20,17 @@ void Primitive::eval_cuda(std::span<const Tensor>, std::span<Tensor>) const {
 }
 
 void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) {
+  // Bytes given back (a ZeRO-3 parameter outside its unit's forward and backward): an error
+  // naming the op, not a read of freed memory.
+  auto check = [&p](const Tensor& t, const char* role, size_t i) {
+    if (t.defined() && t.has_storage() && t.storage()->released)
+      throw std::runtime_error(fmt::format(
+          "{}: {} {} ({}) is over bytes that were released (a ZeRO-3 parameter is whole only "
+          "while its unit runs forward or backward)",
+          p.name(), role, i, t.str()));
+  };
+  for (size_t i = 0; i < in.size(); ++i) check(in[i], "input", i);
+  for (size_t j = 0; j < out.size(); ++j) check(out[j], "output", j);
   const Device d =
       in.empty() ? (out.empty() ? p.output_device() : out[0].device()) : in[0].device();
   const bool profile = profiler::enabled();

@@ -46,7 +46,19 @@ Storage::Storage(void* borrowed, size_t n, Device d)
 Storage::Storage(void* external, size_t n, Device d, std::shared_ptr<void> keeper)
     : data(external), nbytes(n), device(d), owned(false), owner(std::move(keeper)) {}
 Storage::~Storage() {
-  if (owned) Allocator::get().deallocate(data, nbytes, device);
+  if (owned && !released) Allocator::get().deallocate(data, nbytes, device);
+}
+void Storage::release() {
+  if (!owned) throw std::logic_error("Storage::release: the storage does not own its bytes");
+  if (released) return;
+  Allocator::get().deallocate(data, nbytes, device);
+  data = nullptr;
+  released = true;
+}
+void Storage::materialize() {
+  if (!released) return;
+  data = Allocator::get().allocate(nbytes, device);
+  released = false;
 }
 
 Tensor Tensor::borrow(void* data, Shape shape, DType dtype, Device device) {
@@ -160,6 +172,10 @@ namespace {
 void require_host(const Tensor& t, const char* what) {
   if (!t.defined() || !t.has_storage())
     throw std::logic_error(std::string(what) + ": tensor has no storage: " + t.str());
+  if (t.storage()->released)
+    throw std::runtime_error(std::string(what) + ": " + t.str() +
+                             " is over bytes that were released (a ZeRO-3 parameter is whole "
+                             "only while its unit runs forward or backward)");
   const Device d = t.device();
   if (d.type != DeviceType::kCPU && !backend_for(d).host_accessible())
     throw std::runtime_error(
@@ -188,6 +204,11 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     throw std::invalid_argument(fmt::format("copy_: {} into {}", src.str(), str()));
   if (!is_contiguous())
     throw std::invalid_argument("copy_: the destination must be contiguous, got " + str());
+  for (const Tensor* t : {&src, this})
+    if (t->has_storage() && t->storage()->released)
+      throw std::runtime_error("copy_: " + t->str() +
+                               " is over bytes that were released (a ZeRO-3 parameter is whole "
+                               "only while its unit runs forward or backward)");
   const Tensor c = src.is_contiguous() ? src : kuai::contiguous(src.detach());
   const auto n = static_cast<size_t>(nbytes());
   if (n == 0 || (c.storage() == storage() && c.offset() == offset())) return *this;

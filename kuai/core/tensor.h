@@ -34,10 +34,20 @@ struct Storage {
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
+  // ZeRO-3's gathered parameters (distributed/zero3.h): an owned storage's bytes go back to the
+  // allocator while every tensor over it stays (release), and come again, uninitialised, when
+  // they are needed (materialize), as PyTorch's FSDP resizes a storage to 0 and back. A kernel
+  // handed a tensor over released bytes is an error (dispatch checks), never a read of freed
+  // memory.
+  void release();
+  void materialize();
+  bool resident() const { return !released; }
+
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
   bool owned = true;
+  bool released = false;
   std::shared_ptr<void> owner;  // external memory's keeper (null otherwise)
 };
 

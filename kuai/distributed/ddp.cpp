@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <stdexcept>
 
 #include "kuai/core/backend.h"
@@ -189,7 +190,8 @@ struct DistributedDataParallel::State {
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& model,
                                                  std::shared_ptr<ProcessGroup> group,
-                                                 const DDPOptions& options)
+                                                 const DDPOptions& options,
+                                                 const std::vector<std::vector<Tensor>>& layout)
     : group_(std::move(group)), state_(std::make_shared<State>()) {
   if (options.bucket_mb <= 0 || options.first_bucket_mb <= 0)
     throw std::invalid_argument("DDP: bucket sizes must be positive");
@@ -218,8 +220,29 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
   s.names.resize(static_cast<size_t>(n));
   s.params.resize(static_cast<size_t>(n));
   std::vector<std::vector<int64_t>> members;
+  if (!layout.empty()) {  // the caller's buckets
+    std::map<const TensorImpl*, int64_t> index;
+    for (int64_t i = 0; i < n; ++i) index.emplace(params[i].second.impl(), i);
+    int64_t placed = 0;
+    for (const auto& bucket : layout) {
+      members.emplace_back();
+      for (const Tensor& p : bucket) {
+        auto it = index.find(p.impl());
+        if (it == index.end())
+          throw std::invalid_argument(
+              "DDP: a bucket holds a tensor that is not a trainable parameter of the model, or "
+              "holds one twice");
+        members.back().push_back(it->second);
+        index.erase(it);
+        ++placed;
+      }
+    }
+    if (placed != n)
+      throw std::invalid_argument(fmt::format(
+          "DDP: the buckets hold {} of the model's {} trainable parameters", placed, n));
+  }
   int64_t filled = 0;
-  for (int64_t i = n - 1; i >= 0; --i) {
+  for (int64_t i = n - 1; layout.empty() && i >= 0; --i) {
     const int64_t bytes = params[i].second.numel() * 4;
     const double cap_mb = members.size() <= 1 ? options.first_bucket_mb : options.bucket_mb;
     if (members.empty() ||

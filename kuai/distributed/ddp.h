@@ -53,8 +53,12 @@ struct DDPOptions {
 
 class DistributedDataParallel {
  public:
+  // buckets: the layout, in the order backward finishes them, each parameter that requires grad
+  // exactly once, in the given order inside its bucket (ZeRO-3: one bucket per unit); empty: cut
+  // by size as above.
   DistributedDataParallel(nn::Module& model, std::shared_ptr<ProcessGroup> group,
-                          const DDPOptions& options = {});
+                          const DDPOptions& options = {},
+                          const std::vector<std::vector<Tensor>>& buckets = {});
   ~DistributedDataParallel();
   DistributedDataParallel(const DistributedDataParallel&) = delete;
   DistributedDataParallel& operator=(const DistributedDataParallel&) = delete;

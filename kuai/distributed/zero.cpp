@@ -27,8 +27,8 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
       group_(std::move(group)),
       stage_(stage),
       gather_chunk_(std::max<int64_t>(1, gather_chunk)) {
-  if (stage_ != 1 && stage_ != 2)
-    throw std::invalid_argument(fmt::format("ZeroAdamW: stage must be 1 or 2, got {}", stage_));
+  if (stage_ < 1 || stage_ > 3)
+    throw std::invalid_argument(fmt::format("ZeroAdamW: stage must be 1, 2 or 3, got {}", stage_));
   set_lr(options.lr);
   std::map<const void*, std::pair<size_t, size_t>> where;  // parameter -> (group, index)
   for (size_t gi = 0; gi < groups_.size(); ++gi)
@@ -82,9 +82,18 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     m_ = zeros({std::max<int64_t>(shard_, 1)});
     v_ = zeros({std::max<int64_t>(shard_, 1)});
   }
-  if (stage_ == 2) {
+  if (stage_ >= 2) {
     const MemoryUseScope gradients(MemoryUse::kGradients);
     grad_ = zeros({std::max<int64_t>(shard_, 1)});
+  }
+  if (stage_ == 3) {
+    if (masters_)
+      throw std::invalid_argument(
+          "ZeroAdamW: stage 3 keeps its fp32 masters in the parameter shard; offloading them "
+          "(train.offload_master) is not combined with it");
+    const MemoryUseScope parameters(MemoryUse::kParameters);
+    params_ = zeros({std::max<int64_t>(shard_, 1)});
+    if (shard_ > 0) copy_shard_range(group_->rank(), 0, shard_, params_, 0, /*to_params=*/false);
   }
   if (!masters_) return;
   // This rank's shard of the masters into its file (segments are in shard order), then every
@@ -124,8 +133,23 @@ std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {
   return out;
 }
 
+std::vector<Tensor> ZeroAdamW::parameter_shards() const {
+  if (stage_ != 3)
+    throw std::logic_error("ZeroAdamW::parameter_shards: only stage 3 shards the parameters");
+  std::vector<Tensor> out;
+  for (size_t b = 0; b < part_.size(); ++b)
+    out.push_back(narrow(params_, 0, part_offset_[b], part_[b]));
+  return out;
+}
+
+std::vector<Tensor> ZeroAdamW::bucket(size_t b) const {
+  std::vector<Tensor> out;
+  for (const Member& m : buckets_.at(b)) out.push_back(groups_[m.group].params[m.param]);
+  return out;
+}
+
 std::vector<Tensor> ZeroAdamW::gradient_shards() const {
-  if (stage_ != 2) throw std::logic_error("ZeroAdamW::gradient_shards: stage 1 keeps no shard");
+  if (stage_ < 2) throw std::logic_error("ZeroAdamW::gradient_shards: stage 1 keeps no shard");
   std::vector<Tensor> out;
   for (size_t b = 0; b < part_.size(); ++b)
     out.push_back(narrow(grad_, 0, part_offset_[b], part_[b]));
@@ -155,32 +179,36 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   //    gradient and the moments.
   std::vector<optim::OffloadedAdamWUpdate::Range> ranges;  // offloaded: one update over them all
   std::vector<Tensor> ps, gs;
+  const bool sharded_grads = stage_ >= 2;
   for (const Segment& s : segments()) {
     const Tensor& p = groups_[s.group].params[s.param];
-    if (stage_ != 2 && !p.grad().defined())
+    if (!sharded_grads && !p.grad().defined())
       throw std::runtime_error("ZeroAdamW: a parameter has no gradient");
-    if (offloaded_) {
-      ps.push_back(p);
-      gs.push_back(stage_ == 2 ? grad_ : p.grad().contiguous());
-      ranges.push_back({s.shard_offset, s.begin, stage_ == 2 ? s.shard_offset : s.begin, s.length,
+    if (offloaded_) {  // stage 3: the parameter is the shard's elements
+      ps.push_back(stage_ == 3 ? params_ : p);
+      gs.push_back(sharded_grads ? grad_ : p.grad().contiguous());
+      ranges.push_back({s.shard_offset, stage_ == 3 ? s.shard_offset : s.begin,
+                        sharded_grads ? s.shard_offset : s.begin, s.length,
                         groups_[s.group].weight_decay, master_of_[s.group][s.param]});
       continue;
     }
     const Tensor g =
-        stage_ == 2 ? narrow(grad_, 0, s.shard_offset, s.length)
-                    : narrow(reshape(p.grad().contiguous(), {p.numel()}), 0, s.begin, s.length);
-    adamw_update_(narrow(reshape(p, {p.numel()}), 0, s.begin, s.length), g,
-                  narrow(m_, 0, s.shard_offset, s.length), narrow(v_, 0, s.shard_offset, s.length),
-                  hyper, grad_scale, skip, opt_.beta1, opt_.beta2, opt_.eps,
-                  groups_[s.group].weight_decay);
+        sharded_grads ? narrow(grad_, 0, s.shard_offset, s.length)
+                      : narrow(reshape(p.grad().contiguous(), {p.numel()}), 0, s.begin, s.length);
+    const Tensor target = stage_ == 3 ? narrow(params_, 0, s.shard_offset, s.length)
+                                      : narrow(reshape(p, {p.numel()}), 0, s.begin, s.length);
+    adamw_update_(target, g, narrow(m_, 0, s.shard_offset, s.length),
+                  narrow(v_, 0, s.shard_offset, s.length), hyper, grad_scale, skip, opt_.beta1,
+                  opt_.beta2, opt_.eps, groups_[s.group].weight_decay);
   }
   if (offloaded_)
     optim::offloaded_adamw_update_(offloaded_, std::move(ranges), ps, gs, hyper, grad_scale, skip,
                                    opt_.beta1, opt_.beta2, opt_.eps);
   // 2. Every rank's updated shard to every rank, in chunks of at most gather_chunk_ elements per
   //    rank, so the gather buffers stay small next to the moments they save.
+  //    Stage 3 gathers nothing here: a unit's parameters are gathered when it next runs.
   const int world = group_->size();
-  if (world == 1) return;
+  if (world == 1 || stage_ == 3) return;
   const int64_t chunk = std::min<int64_t>(shard_, gather_chunk_);
   const MemoryUseScope comm(MemoryUse::kComm);
   Tensor send = zeros({chunk}), all = zeros({chunk * world});

@@ -15,8 +15,14 @@
 //            The gradient norm and the fp16 overflow check then run on the shards and are
 //            combined across ranks (grad_norm_tensor, found_inf_across_ranks).
 //
-// Then all_gather brings every rank's updated elements to every rank, 16 MiB per rank at a time.
-// AdamW is elementwise, so the parameters are those of unsharded AdamW bit for bit.
+//   stage 3: the parameters are sharded too (distributed/zero3.h): this rank's elements of every
+//            parameter live in the optimizer's parameter shard (parameter_shard()), the fp32
+//            master the update writes; the parameters themselves are whole only while a unit
+//            runs, gathered from the shards. No all-gather follows the update.
+//
+// Then (stages 1 and 2) all_gather brings every rank's updated elements to every rank, 16 MiB per
+// rank at a time. AdamW is elementwise, so the parameters are those of unsharded AdamW bit for
+// bit.
 //
 // With `offload` (train.offload = disk) the moments of the shard live in files of this rank's and
 // are streamed through the update in chunks (optim/offloaded_moments.h, optim/offload_update.h):
@@ -56,7 +62,17 @@ class ZeroAdamW : public optim::Optimizer {
   // The shard's moments in files (train.offload = disk), or null (in memory).
   optim::OffloadedMoments* offloaded() const { return offloaded_.get(); }
 
-  // Stage 2: per bucket, the s_b elements of the gradient shard that receive this rank's part of
+  // Stage 3: per bucket, this rank's s_b elements of the bucket's parameters (the fp32 masters the
+  // update writes; what distributed/zero3.h gathers), and the whole parameter shard (S).
+  std::vector<Tensor> parameter_shards() const;
+  const Tensor& parameter_shard() const { return params_; }
+  // Elements per rank of bucket b's part (s_b), and the number of buckets.
+  int64_t part(size_t b) const { return part_[b]; }
+  size_t num_buckets() const { return part_.size(); }
+  // Which parameters bucket b holds, in its layout's order.
+  std::vector<Tensor> bucket(size_t b) const;
+
+  // Stages 2 and 3: per bucket, the s_b elements of the gradient shard that receive this rank's part of
   // the bucket's average (hand them to DistributedDataParallel::shard_gradients), and the whole
   // shard (what the fp16 scaler unscales).
   std::vector<Tensor> gradient_shards() const;
@@ -120,7 +136,8 @@ class ZeroAdamW : public optim::Optimizer {
   std::shared_ptr<optim::OffloadedMoments> offloaded_;
   bool masters_ = false;
   std::vector<std::vector<bool>> master_of_;  // per group, per parameter
-  Tensor grad_;                               // (S), stage 2
+  Tensor grad_;                               // (S), stages 2 and 3
+  Tensor params_;                             // (S), stage 3: this rank's fp32 masters
 };
 
 // The rounds of a gather of every rank's masters to rank 0 while the ranks stream their state

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -210,6 +211,7 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
   const int64_t es = dtype_size(options.dtype);
   std::vector<std::vector<std::byte>> buffers(params.size());  // the stored bytes, until written
   std::map<const TensorImpl*, size_t> working_copies;          // filled from their masters, below
+  std::map<const TensorImpl*, size_t> sharded;                 // filled from the ranks' shards
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, param] = params[i];
     if (param.device() != kCPU) {
@@ -217,6 +219,14 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
                              param.device().str()));
     }
     buffers[i].resize(static_cast<size_t>(param.numel() * es));
+    if (param.has_storage() && param.storage()->released) {
+      if (!options.sharded)
+        fail(path, fmt::format("parameter \"{}\" is sharded across the ranks (ZeRO-3) and no "
+                               "reader of its shards was given",
+                               name));
+      sharded[param.impl()] = i;
+      continue;
+    }
     if (param.impl()->master_elsewhere) {
       if (!options.masters)
         fail(path, fmt::format("parameter \"{}\" is a {} working copy whose fp32 master is "
@@ -229,24 +239,29 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
     if (c.numel() > 0) c.copy_to_host(buffers[i].data(), buffers[i].size());
   }
   // Working copies: their fp32 masters, cast piece by piece into the stored bytes as they stream
-  // (no whole fp32 copy is held), each element exactly once.
-  if (!working_copies.empty()) {
+  // (no whole fp32 copy is held), each element exactly once. Sharded parameters the same way,
+  // from the reader that gathers them.
+  for (const auto& [pieces, reader, what] :
+       {std::tuple{&working_copies, &options.masters, "masters"},
+        std::tuple{&sharded, &options.sharded, "shards"}}) {
+    if (pieces->empty()) continue;
     std::vector<int64_t> covered(params.size(), 0);
-    options.masters([&](const Tensor& p, int64_t begin, int64_t count, const float* values) {
-      auto it = working_copies.find(p.impl());
-      if (it == working_copies.end() || begin < 0 || count < 0 || begin + count > p.numel())
-        fail(path, fmt::format("the masters' reader gave elements [{}, {}) of {}, not a piece of "
-                               "a working copy",
-                               begin, begin + count, p.str()));
+    (*reader)([&, pieces = pieces, what = what](const Tensor& p, int64_t begin, int64_t count,
+                                                const float* values) {
+      auto it = pieces->find(p.impl());
+      if (it == pieces->end() || begin < 0 || count < 0 || begin + count > p.numel())
+        fail(path, fmt::format("the {}' reader gave elements [{}, {}) of {}, not a piece of "
+                               "a parameter it covers",
+                               what, begin, begin + count, p.str()));
       const Tensor src = Tensor::borrow(const_cast<float*>(values), {count}, DType::kF32);
       std::vector<Tensor> dst = {
           Tensor::borrow(buffers[it->second].data() + begin * es, {count}, options.dtype)};
       Cast(options.dtype).eval_cpu(std::span<const Tensor>(&src, 1), dst);
       covered[it->second] += count;
     });
-    for (const auto& [impl, i] : working_copies)
+    for (const auto& [impl, i] : *pieces)
       if (covered[i] != params[i].second.numel())
-        fail(path, fmt::format("the masters of \"{}\" gave {} of its {} elements", params[i].first,
+        fail(path, fmt::format("the {} of \"{}\" gave {} of its {} elements", what, params[i].first,
                                covered[i], params[i].second.numel()));
   }
   std::vector<SafetensorsView> views;

@@ -35,6 +35,9 @@ struct ExportOptions {
   int64_t step = 0;
   std::string tokenizer = "byte";
   MasterReader masters{};  // needed when a parameter's master is elsewhere
+  // ZeRO-3: the values of the parameters whose bytes are released (sharded across the ranks),
+  // every element of each once, as masters gives the working copies'.
+  MasterReader sharded{};
 };
 
 // Writes `path` atomically (a good file is never replaced by a partial one).

@@ -162,15 +162,36 @@ Tensor GPT::forward(const Tensor& idx) const {
   if (T > cfg_.seq_len)
     throw std::invalid_argument(
         fmt::format("GPT: sequence length {} exceeds model.seq_len {}", T, cfg_.seq_len));
-  Tensor x = embed(idx, 0);
+  Tensor x;
+  {
+    const UnitScope unit(unit_hooks_, 0);
+    x = embed(idx, 0);
+  }
   const int64_t recomputed = recompute_layers();
   for (size_t i = 0; i < h_.size(); ++i) {
+    const UnitScope unit(unit_hooks_, i + 1);
     const DecoderBlock& block = *h_[i];
     x = static_cast<int64_t>(i) < recomputed
             ? checkpoint([&block](const Tensor& in) { return block.forward(in); }, x, recompute_)
             : block.forward(x);
   }
+  const UnitScope unit(unit_hooks_, h_.size() + 1);
   return head(x);
+}
+
+std::vector<ModelUnit> GPT::units() const {
+  std::vector<ModelUnit> u;
+  u.push_back({"embed", wte_->parameters(), {}});
+  if (wpe_)
+    for (const Tensor& p : wpe_->parameters()) u.back().params.push_back(p);
+  const std::string block = cfg_.is_llama() ? "layers." : "h.";
+  for (size_t i = 0; i < h_.size(); ++i)
+    u.push_back({block + std::to_string(i), h_[i]->parameters(), {}});
+  u.push_back({"head", cfg_.is_llama() ? norm_->parameters() : ln_f_->parameters(), {}});
+  if (lm_head_)
+    for (const Tensor& p : lm_head_->parameters()) u.back().params.push_back(p);
+  if (cfg_.tied()) u.back().uses.push_back(0);
+  return u;
 }
 
 Tensor GPT::loss(const Tensor& idx, const Tensor& targets, int32_t ignore_index) const {
@@ -189,9 +210,17 @@ Tensor GPT::forward_cached(const Tensor& idx, KVCache& cache) const {
                     cfg_.seq_len));
   autograd::NoGradGuard no_grad;
   if (cache.layers.empty()) cache.layers.resize(h_.size());
-  Tensor x = embed(idx, start);  // (B, t, C)
-  for (size_t i = 0; i < h_.size(); ++i) x = h_[i]->forward_cached(x, cache.layers[i]);
+  Tensor x;
+  {
+    const UnitScope unit(unit_hooks_, 0);
+    x = embed(idx, start);  // (B, t, C)
+  }
+  for (size_t i = 0; i < h_.size(); ++i) {
+    const UnitScope unit(unit_hooks_, i + 1);
+    x = h_[i]->forward_cached(x, cache.layers[i]);
+  }
   cache.length += t;
+  const UnitScope unit(unit_hooks_, h_.size() + 1);
   return head(x);
 }
 

@@ -14,6 +14,7 @@
 
 #include "kuai/nn/checkpoint.h"
 #include "kuai/nn/layers.h"
+#include "kuai/nn/units.h"
 
 namespace kuai::nn {
 
@@ -154,6 +155,12 @@ class GPT : public Module {
   void set_recompute(Recompute policy, int64_t layers = -1);
   Recompute recompute() const { return recompute_; }
   int64_t recompute_layers() const;  // how many blocks recompute
+  // ZeRO-3's units (nn/units.h): the embedding, each block, the head; every parameter in one.
+  std::vector<ModelUnit> units() const;
+  // Hooks called around each unit's forward (forward and forward_cached); null: none. The hooks
+  // must outlive the model's forwards.
+  void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
+  UnitHooks* unit_hooks() const { return unit_hooks_; }
 
  private:
   Tensor embed(const Tensor& idx, int64_t start) const;  // (B, t, C) at positions start..
@@ -166,6 +173,7 @@ class GPT : public Module {
   std::shared_ptr<Linear> lm_head_;  // llama, untied: weight (vocab, C)
   Recompute recompute_ = Recompute::kNone;
   int64_t recompute_layers_ = -1;
+  UnitHooks* unit_hooks_ = nullptr;
 };
 
 }  // namespace kuai::nn

@@ -181,7 +181,9 @@ const std::vector<Key>& keys() {
       BOOL_KEY("dist.find_unused", find_unused),
       STRING_KEY("dist.compression", compression, {"none", "fp16", "bf16"}),
       BOOL_KEY("dist.error_feedback", error_feedback),
-      INT_KEY("dist.zero", zero, 0, 2),
+      INT_KEY("dist.zero", zero, 0, 3),
+      BOOL_KEY("dist.reshard_after_forward", reshard_after_forward),
+      INT_KEY("dist.prefetch", prefetch, 0, 64),
       FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;
@@ -264,11 +266,27 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         "config: train.offload_master = true needs train.precision = \"bf16\" or \"fp16\": in "
         "fp32 the parameters are the master weights, there is no second copy to move");
-  if (c.zero == 2 && c.compression != "none")
+  if (c.zero >= 2 && c.compression != "none")
     throw ConfigError(fmt::format(
-        "config: dist.compression = \"{}\" is not combined with dist.zero = 2 (its gradients are "
+        "config: dist.compression = \"{}\" is not combined with dist.zero = {} (its gradients are "
         "reduce-scattered in fp32); use dist.zero = 1 or dist.compression = \"none\"",
-        c.compression));
+        c.compression, c.zero));
+  if (c.zero == 3) {
+    // What ZeRO-3 does not combine with yet, each named (distributed/zero3.h).
+    if (c.recompute != "none")
+      throw ConfigError(fmt::format(
+          "config: train.recompute = \"{}\" is not combined with dist.zero = 3 yet (a replayed "
+          "block would read parameters its unit has released); use train.recompute = \"none\"",
+          c.recompute));
+    if (c.offload_master)
+      throw ConfigError(
+          "config: train.offload_master = true is not combined with dist.zero = 3 (its fp32 "
+          "masters are the parameter shard)");
+    if (c.save_every > 0 || c.export_every > 0)
+      throw ConfigError(
+          "config: dist.zero = 3 writes no checkpoints yet: checkpoint.save_every and "
+          "checkpoint.export_every must be 0 (the final weights are exported)");
+  }
 }
 
 }  // namespace

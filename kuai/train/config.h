@@ -97,7 +97,13 @@ struct TrainConfig {
   bool find_unused = false;
   std::string compression = "none";  // "none" | "fp16" | "bf16" (technique 7)
   bool error_feedback = false;
-  int64_t zero = 0;  // ZeRO stage (technique 8): 1 AdamW state sharded, 2 gradients too
+  // ZeRO stage (technique 8): 1 AdamW state sharded, 2 gradients too, 3 parameters too
+  // (distributed/zero3.h), gathered unit by unit: released after each unit's forward
+  // (reshard_after_forward; false keeps them whole until backward is done) and gathered `prefetch`
+  // units ahead.
+  int64_t zero = 0;
+  bool reshard_after_forward = true;
+  int64_t prefetch = 1;
   double timeout_s = 300.0;
 };
 

@@ -62,8 +62,9 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   aopt.beta1 = static_cast<float>(cfg.beta1);
   aopt.beta2 = static_cast<float>(cfg.beta2);
   // ZeRO (technique 8): the same AdamW with its moments sharded across the ranks over DDP's
-  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards).
-  // Alone there is nothing to shard, and stage 2 runs as stage 1.
+  // buckets (stage 1), and the gradients too (stage 2: DDP reduce-scatters into the shards), and
+  // the parameters too (stage 3: distributed/zero3.h). Alone there is nothing to shard, and stage
+  // 2 runs as stage 1.
   // Offload (technique 8's other half): the moments, or ZeRO's shard of them, in files of this
   // rank's, streamed through the update.
   const auto groups = param_groups(*gpt, static_cast<float>(cfg.weight_decay));
@@ -88,7 +89,10 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     parts->offloaded = std::make_unique<optim::OffloadedAdamW>(groups, aopt, *offload);
   }
   // DDP (README, technique 2): rank 0's weights everywhere, gradients averaged during backward.
-  if (group->size() > 1) {
+  // ZeRO-3 (also on one rank, where it shards over one): one bucket per unit, in backward order,
+  // each reduce-scattered into the gradient shard as soon as its unit's backward is done.
+  const bool zero3 = cfg.zero == 3;
+  if (group->size() > 1 || zero3) {
     dist::DDPOptions dopt;
     dopt.bucket_mb = cfg.bucket_mb;
     dopt.first_bucket_mb = cfg.first_bucket_mb;
@@ -96,14 +100,22 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     dopt.find_unused = cfg.find_unused;
     dopt.compression = dist::parse_compression(cfg.compression);
     dopt.error_feedback = cfg.error_feedback;
-    parts->ddp.emplace(*gpt, group, dopt);
+    parts->ddp.emplace(*gpt, group, dopt,
+                       zero3 ? dist::ShardedParameters::bucket_layout(gpt->units())
+                             : std::vector<std::vector<Tensor>>{});
   }
   if (cfg.zero > 0) {
     parts->zero = std::make_unique<dist::ZeroAdamW>(
         groups, aopt, group,
         parts->ddp ? parts->ddp->bucket_params() : std::vector<std::vector<Tensor>>{},
         parts->ddp ? static_cast<int>(cfg.zero) : 1, int64_t{1} << 22, offload);
-    if (parts->zero->stage() == 2) parts->ddp->shard_gradients(parts->zero->gradient_shards());
+    if (parts->zero->stage() >= 2) parts->ddp->shard_gradients(parts->zero->gradient_shards());
+    if (zero3) {  // the parameters now live in the shards; the model gathers them unit by unit
+      parts->sharded = std::make_unique<dist::ShardedParameters>(
+          gpt->units(), *parts->zero,
+          dist::Zero3Options{cfg.reshard_after_forward, static_cast<int>(cfg.prefetch)});
+      gpt->set_unit_hooks(parts->sharded.get());
+    }
   } else if (offload) {
     if (!parts->offloaded)
       parts->offloaded = std::make_unique<optim::OffloadedAdamW>(groups, aopt, *offload);

@@ -13,6 +13,7 @@
 #include "kuai/amp/grad_scaler.h"
 #include "kuai/distributed/ddp.h"
 #include "kuai/distributed/zero.h"
+#include "kuai/distributed/zero3.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/offload_adamw.h"
@@ -27,6 +28,8 @@ struct StepParts {
   std::unique_ptr<optim::AdamW> adamw;               // or
   std::unique_ptr<optim::OffloadedAdamW> offloaded;  // AdamW over moments on disk, or
   std::unique_ptr<dist::ZeroAdamW> zero;             // ZeRO's sharded AdamW (dist.zero > 0)
+  // ZeRO-3: the parameters sharded over the model's units (the model's unit hooks).
+  std::unique_ptr<dist::ShardedParameters> sharded;
   std::unique_ptr<amp::GradScaler> scaler;
   std::unique_ptr<TrainStep> step;
   optim::Optimizer& optimizer() {

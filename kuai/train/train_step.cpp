@@ -149,9 +149,9 @@ StepOutputs TrainStep::run(const std::function<data::Batch(int64_t)>& batch_at) 
   }
   // fp16: unscale and check every gradient in one pass (after the all-reduce, once DDP is on),
   // skip the step on inf/NaN, adapt the scale. Disabled, these cost nothing.
-  // ZeRO-2 holds only its shard of the averaged gradients: the overflow check and the norm
+  // ZeRO-2 and 3 hold only their shard of the averaged gradients: the overflow check and the norm
   // run there and are combined across ranks, so every rank decides alike.
-  const bool sharded_grads = zero_ && zero_->stage() == 2;
+  const bool sharded_grads = zero_ && zero_->stage() >= 2;
   Tensor found_inf;
   if (!sharded_grads)
     found_inf = scaler_.unscale_(params_);

@@ -285,13 +285,29 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   // A weights-only export (rank 0 writes it), the masters streamed from their files when they are
   // offloaded: under ZeRO a collective, rank 0 gathering every rank's as the others send theirs
   // (and taking part in it even when the export fails before its gather).
+  // ZeRO-3: every rank gathers the units in turn (one whole at a time); rank 0's fn gets each
+  // parameter's values while its unit is whole.
+  dist::ShardedParameters* const sharded = parts->sharded.get();
+  auto gather_units = [&](const io::MasterValues& fn) {
+    sharded->for_each_unit_whole([&](size_t u) {
+      if (!fn) return;
+      for (const Tensor& p : sharded->unit_params(u)) fn(p, 0, p.numel(), p.device_data<float>());
+    });
+  };
   auto export_weights = [&](const std::string& file, int64_t step) {
     const bool zero_masters = zero && zero->has_masters();
     if (result.run_path.empty()) {
       if (options.write_run_dir && zero_masters && rank != 0) zero->gather_masters({});
+      if (options.write_run_dir && sharded && rank != 0) gather_units({});
       return;
     }
     io::ExportOptions o = export_options(cfg, step);
+    bool units_gathered = false;
+    if (sharded)
+      o.sharded = [&](const io::MasterValues& fn) {
+        units_gathered = true;
+        gather_units(fn);
+      };
     bool gathered = false;
     if (parts->offloaded && parts->offloaded->has_masters())
       o.masters = [&](const io::MasterValues& fn) { parts->offloaded->read_masters(fn); };
@@ -309,12 +325,21 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         } catch (...) {
         }
       }
+      if (sharded && !units_gathered && world > 1) {  // the other ranks wait in the gathers
+        try {
+          gather_units({});
+        } catch (...) {
+        }
+      }
       throw;
     }
   };
 
   const bool resuming = !opts.resume.empty();
   data::LoaderState loader_start;
+  if (resuming && sharded)
+    throw std::runtime_error(
+        "kuai train: dist.zero = 3 does not resume from checkpoints yet (it writes none)");
   if (resuming) {
     const Checkpoint c = read_checkpoint(resolve_checkpoint(opts.resume));
     if (c.state.data_seed != static_cast<uint64_t>(cfg.seed))
@@ -358,7 +383,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           "comm_mib_per_step at the end)\n",
           world, group->backend(), B, ddp->buckets().size(),
           static_cast<double>(model.num_parameters()) * 4 / (1 << 20),
-          zero && zero->stage() == 2 ? "reduce-scattered" : "all-reduced",
+          zero && zero->stage() >= 2 ? "reduce-scattered" : "all-reduced",
           cfg.compression == "none" ? "fp32" : cfg.compression + " compression",
           cfg.error_feedback && cfg.compression != "none" ? " + error feedback" : "",
           cfg.overlap ? "on" : "off");
@@ -366,10 +391,24 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       out << fmt::format(
           "ZeRO-{}: AdamW state{} sharded, {:.1f} MiB of moments on this rank (unsharded: "
           "{:.1f}){}\n",
-          zero->stage(), zero->stage() == 2 ? " and gradients" : "",
+          zero->stage(),
+          zero->stage() == 3   ? ", gradients and parameters"
+          : zero->stage() == 2 ? " and gradients"
+                               : "",
           static_cast<double>(zero->state_bytes()) / (1 << 20),
           static_cast<double>(zero->num_elements()) * 8 / (1 << 20),
           cfg.zero == 2 && zero->stage() == 1 ? "; one rank: stage 2 runs as stage 1" : "");
+    if (sharded) {
+      int64_t largest = 0;
+      for (size_t u = 0; u < sharded->num_units(); ++u)
+        largest = std::max(largest, sharded->unit_bytes(u));
+      out << fmt::format(
+          "ZeRO-3: parameters sharded in {} units (largest {:.2f} MiB whole), each gathered {} "
+          "unit{} ahead, {} after its forward\n",
+          sharded->num_units(), static_cast<double>(largest) / (1 << 20), cfg.prefetch,
+          cfg.prefetch == 1 ? "" : "s",
+          cfg.reshard_after_forward ? "released" : "kept for backward");
+    }
     if (cfg.offload == "disk") {
       const optim::OffloadedMoments& om = zero ? *zero->offloaded() : parts->offloaded->moments();
       out << fmt::format(
@@ -406,7 +445,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   std::unique_ptr<Checkpointer> ckpt;
   std::optional<OptimizerShard> shard;
   const bool sharded_ckpt = zero && world > 1;
-  if (options.write_run_dir && (cfg.save_every > 0 || options.stop) &&
+  if (options.write_run_dir && !sharded && (cfg.save_every > 0 || options.stop) &&
       (sharded_ckpt || !result.run_path.empty())) {
     const std::string dir =
         (std::filesystem::path(cfg.run_dir) / cfg.run_name).string();  // result.run_path on rank 0
