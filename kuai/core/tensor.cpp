@@ -168,14 +168,19 @@ bool Tensor::is_contiguous() const {
 
 namespace {
 
+// The tensor's bytes are there: throws naming it when its storage was released.
+void require_resident(const Tensor& t, const char* what) {
+  if (t.has_storage() && t.storage()->released)
+    throw std::runtime_error(std::string(what) + ": " + t.str() +
+                             " is over bytes that were released (a ZeRO-3 parameter is whole "
+                             "only while its unit runs forward or backward)");
+}
+
 // The host may address the tensor's bytes: throws naming the device otherwise.
 void require_host(const Tensor& t, const char* what) {
   if (!t.defined() || !t.has_storage())
     throw std::logic_error(std::string(what) + ": tensor has no storage: " + t.str());
-  if (t.storage()->released)
-    throw std::runtime_error(std::string(what) + ": " + t.str() +
-                             " is over bytes that were released (a ZeRO-3 parameter is whole "
-                             "only while its unit runs forward or backward)");
+  require_resident(t, what);
   const Device d = t.device();
   if (d.type != DeviceType::kCPU && !backend_for(d).host_accessible())
     throw std::runtime_error(
@@ -204,11 +209,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     throw std::invalid_argument(fmt::format("copy_: {} into {}", src.str(), str()));
   if (!is_contiguous())
     throw std::invalid_argument("copy_: the destination must be contiguous, got " + str());
-  for (const Tensor* t : {&src, this})
-    if (t->has_storage() && t->storage()->released)
-      throw std::runtime_error("copy_: " + t->str() +
-                               " is over bytes that were released (a ZeRO-3 parameter is whole "
-                               "only while its unit runs forward or backward)");
+  for (const Tensor* t : {&src, this}) require_resident(*t, "copy_");
   const Tensor c = src.is_contiguous() ? src : kuai::contiguous(src.detach());
   const auto n = static_cast<size_t>(nbytes());
   if (n == 0 || (c.storage() == storage() && c.offset() == offset())) return *this;
@@ -230,6 +231,7 @@ const Tensor& Tensor::copy_from_host(const void* src, size_t n) const {
   if (!has_storage() || !is_contiguous() || n != static_cast<size_t>(nbytes()))
     throw std::invalid_argument(
         fmt::format("copy_from_host: {} bytes into {} (contiguous, {} bytes)", n, str(), nbytes()));
+  require_resident(*this, "copy_from_host");
   backend_for(device()).copy_from_host(device_ptr(), src, n);
   return *this;
 }
@@ -246,6 +248,7 @@ void Tensor::copy_to_host_uncounted(void* dst, size_t n) const {
   if (!has_storage() || !is_contiguous() || n != static_cast<size_t>(nbytes()))
     throw std::invalid_argument(
         fmt::format("copy_to_host: {} (contiguous, {} bytes) into {} bytes", str(), nbytes(), n));
+  require_resident(*this, "copy_to_host");
   backend_for(device()).copy_to_host(dst, device_ptr(), n);
 }
 

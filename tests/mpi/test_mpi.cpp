@@ -1242,8 +1242,13 @@ TEST(MpiPlan, PeakOfARankIsPredictedWithin5Percent) {
 }  // namespace
 }  // namespace kuai::dist
 
+namespace kuai::dist {
+int kill_gather_demo();  // tests/mpi/test_zero3.cpp
+}
+
 int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--kill-gather-demo") == 0) return kuai::dist::kill_gather_demo();
     if (std::strcmp(argv[i], "--timeout-demo") == 0) return kuai::dist::timeout_demo();
     if (std::strcmp(argv[i], "--kill-demo") == 0) return kuai::dist::kill_demo(false);
     if (std::strcmp(argv[i], "--exit-demo") == 0) return kuai::dist::kill_demo(true);

@@ -92,7 +92,7 @@ TEST(Config, ErrorsNameTheKey) {
   EXPECT_NE(error_of("", {"--train.precision=fp8"})
                 .find("train.precision = \"fp8\" is not one of \"fp32\", \"bf16\", \"fp16\""),
             std::string::npos);
-  EXPECT_NE(error_of("", {"--dist.zero=3"}).find("dist.zero = 3 is out of range [0, 2]"),
+  EXPECT_NE(error_of("", {"--dist.zero=4"}).find("dist.zero = 4 is out of range [0, 3]"),
             std::string::npos);
   EXPECT_NE(error_of("", {"--dist.zero=2", "--dist.compression=bf16"})
                 .find("dist.compression = \"bf16\" is not combined with dist.zero = 2"),
