@@ -78,13 +78,20 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> padded;         // per bucket: flat.numel(), a multiple of the world size
   std::vector<Tensor> wire, residual;  // per bucket, with compression
   std::vector<Tensor> shards;          // per bucket, ZeRO-2 (empty otherwise)
-  std::vector<int64_t> bucket_of;      // parameter index -> bucket
-  std::vector<int64_t> offset;         // parameter index -> first element in its bucket
-  std::vector<std::string> names;      // parameter index -> name
-  std::vector<Tensor> params;          // parameter index -> parameter
+  // Sharded, every micro-batch: each backward reduce-scatters; after the step's first, into
+  // temp[b] (a shard's size, held until its collective completes), then added into shards[b].
+  bool every_micro_batch = false;
+  bool accumulating = false;                  // a micro-batch of this step is already in the shards
+  std::vector<Tensor> temp;                   // per bucket
+  std::vector<int64_t> bucket_of;             // parameter index -> bucket
+  std::vector<int64_t> offset;                // parameter index -> first element in its bucket
+  std::vector<std::string> names;             // parameter index -> name
+  std::vector<Tensor> params;                 // parameter index -> parameter
   std::vector<std::vector<int64_t>> members;  // per bucket, parameter indices
   // Per synchronising backward:
-  bool sync = true;
+  bool sync = true;              // the step's last micro-batch
+  bool communicate = true;       // this backward's buckets go out (sync, or every_micro_batch)
+  bool open = false;             // a communicating backward was prepared and not yet finished
   std::vector<int64_t> pending;  // parameters of each bucket not yet ready
   std::vector<char> ready;       // per parameter
   size_t next_launch = 0;        // buckets are launched in order
@@ -128,13 +135,18 @@ struct DistributedDataParallel::State {
         Tensor::view_of(buckets[b].flat, p.shape(), contiguous_strides(p.shape()), offset[param]));
   }
 
-  // ZeRO-2: buckets whose reduce-scatter has completed give their memory back.
+  // ZeRO-2: buckets whose reduce-scatter has completed give their memory back (and a micro-batch
+  // after the step's first adds what it received into the shard).
   void release_completed() {
     for (size_t b = 0; b < works.size(); ++b) {
       if (!buckets[b].flat.defined() || !works[b]->work || !works[b]->work->is_completed())
         continue;
       for (Tensor& p : buckets[b].params) p.set_grad(Tensor());
       buckets[b].flat = Tensor();
+      if (temp[b].defined()) {
+        add_(shards[b], temp[b]);
+        temp[b] = Tensor();
+      }
     }
   }
 
@@ -154,7 +166,12 @@ struct DistributedDataParallel::State {
       auto slot = std::make_shared<WorkSlot>();
       works.push_back(slot);
       if (sharded()) {  // ZeRO-2 (never captured: the trainer runs it eagerly)
-        slot->work = group->reduce_scatter(buckets[i].flat, shards[i], ReduceOp::kAvg);
+        if (accumulating) {
+          const MemoryUseScope gradients(MemoryUse::kGradients);
+          temp[i] = Tensor::empty(shards[i].shape());
+        }
+        slot->work = group->reduce_scatter(buckets[i].flat, accumulating ? temp[i] : shards[i],
+                                           ReduceOp::kAvg);
         continue;
       }
       // Dispatched, so a captured step holds its collectives (collective_ops.h).
@@ -180,7 +197,7 @@ struct DistributedDataParallel::State {
 
   void on_grad(int64_t param, const Tensor& g) {
     if (sharded()) place(param, g);
-    if (!sync || ready[param]) return;
+    if (!communicate || ready[param]) return;
     ready[param] = 1;
     --pending[bucket_of[param]];
     if (options.overlap) launch_ready();
@@ -311,13 +328,23 @@ DistributedDataParallel::~DistributedDataParallel() {
 
 void DistributedDataParallel::prepare_backward(bool sync) {
   State& s = *state_;
+  if (s.open) complete_backward();  // the previous micro-batch's reduce-scatters
   s.sync = sync;
-  if (sync) s.reset_for_backward();
+  s.communicate = sync || (s.sharded() && s.every_micro_batch);
+  s.open = s.communicate;
+  if (s.communicate) s.reset_for_backward();
 }
 
 void DistributedDataParallel::finish_backward() {
   State& s = *state_;
-  if (!s.sync) return;
+  if (!s.communicate) return;  // no_sync: nothing went out
+  complete_backward();
+  s.sync = s.communicate = true;
+}
+
+void DistributedDataParallel::complete_backward() {
+  State& s = *state_;
+  s.open = false;
   std::vector<std::string> missing;
   for (size_t i = 0; i < s.ready.size(); ++i)
     if (!s.ready[i]) missing.push_back(s.names[i]);
@@ -345,7 +372,7 @@ void DistributedDataParallel::finish_backward() {
       dispatch(std::make_shared<CollectiveWait>(s.works[b]), s.all_reduced(b));
   if (s.sharded()) s.release_completed();
   s.works.clear();
-  s.sync = true;
+  s.accumulating = s.sharded() && !s.sync;
 }
 
 void DistributedDataParallel::restore_grad_views() {
@@ -378,7 +405,7 @@ std::vector<std::vector<Tensor>> DistributedDataParallel::bucket_params() const 
   return out;
 }
 
-void DistributedDataParallel::shard_gradients(std::vector<Tensor> shards) {
+void DistributedDataParallel::shard_gradients(std::vector<Tensor> shards, bool every_micro_batch) {
   State& s = *state_;
   if (shards.size() != s.buckets.size())
     throw std::invalid_argument(fmt::format("DDP::shard_gradients: {} shards for {} buckets",
@@ -393,6 +420,8 @@ void DistributedDataParallel::shard_gradients(std::vector<Tensor> shards) {
           fmt::format("DDP::shard_gradients: shard {} must be contiguous fp32 of {} elements", b,
                       s.padded[b] / group_->size()));
   s.shards = std::move(shards);
+  s.every_micro_batch = every_micro_batch;
+  s.temp.assign(s.shards.size(), Tensor());
   // From now on the buckets exist only while a backward fills them.
   for (Bucket& b : s.buckets) {
     for (Tensor& p : b.params) p.set_grad(Tensor());

@@ -12,7 +12,7 @@
 //   - finish_backward() waits for the last bucket.
 // With gradient accumulation only the last micro-batch communicates (prepare_backward(false)
 // before the others: PyTorch's no_sync), so the all-reduce runs once per optimizer step on the
-// summed gradients.
+// summed gradients (sharded, every micro-batch may reduce-scatter instead: shard_gradients).
 //
 // ZeRO-2 (shard_gradients): each bucket is reduce-scattered instead of all-reduced, so a rank
 // receives the average of its own part of the bucket only (see distributed/zero.h for the
@@ -93,12 +93,19 @@ class DistributedDataParallel {
   std::vector<std::vector<Tensor>> bucket_params() const;
   // ZeRO-2: from now on bucket b is reduce-scattered (average) into shards[b], which holds
   // buckets()[b].flat.numel() / world elements: this rank's part. Call before the first backward.
-  void shard_gradients(std::vector<Tensor> shards);
+  // every_micro_batch (ZeRO-3's default, DeepSpeed's way): with accumulation every micro-batch's
+  // backward reduce-scatters too, the first of a step into the shards, the later ones added into
+  // them, so no whole gradient outlives its bucket; false (FSDP's no_sync): the micro-batches
+  // before the last accumulate whole gradients and only the last communicates. Sharding every
+  // micro-batch sends accum_steps times the bytes and sums in another order (the ranks' sum per
+  // micro-batch, then over micro-batches).
+  void shard_gradients(std::vector<Tensor> shards, bool every_micro_batch = false);
   ProcessGroup& group() const { return *group_; }
   int64_t bytes_per_sync() const;  // bytes all-reduced per optimizer step (halved by compression)
 
  private:
   struct State;
+  void complete_backward();  // waits for the open backward's collectives
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<State> state_;
 };

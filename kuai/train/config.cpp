@@ -184,6 +184,7 @@ const std::vector<Key>& keys() {
       INT_KEY("dist.zero", zero, 0, 3),
       BOOL_KEY("dist.reshard_after_forward", reshard_after_forward),
       INT_KEY("dist.prefetch", prefetch, 0, 64),
+      BOOL_KEY("dist.accumulate_sharded", accumulate_sharded),
       FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;

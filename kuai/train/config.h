@@ -100,10 +100,13 @@ struct TrainConfig {
   // ZeRO stage (technique 8): 1 AdamW state sharded, 2 gradients too, 3 parameters too
   // (distributed/zero3.h), gathered unit by unit: released after each unit's forward
   // (reshard_after_forward; false keeps them whole until backward is done) and gathered `prefetch`
-  // units ahead.
+  // units ahead. With accumulation ZeRO-3 reduce-scatters every micro-batch into the sharded
+  // gradient (accumulate_sharded; false: whole gradients accumulate across the micro-batches and
+  // only the last reduce-scatters, fewer bytes sent, a whole gradient held).
   int64_t zero = 0;
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
+  bool accumulate_sharded = true;
   double timeout_s = 300.0;
 };
 

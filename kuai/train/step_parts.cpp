@@ -109,7 +109,8 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
         groups, aopt, group,
         parts->ddp ? parts->ddp->bucket_params() : std::vector<std::vector<Tensor>>{},
         parts->ddp ? static_cast<int>(cfg.zero) : 1, int64_t{1} << 22, offload);
-    if (parts->zero->stage() >= 2) parts->ddp->shard_gradients(parts->zero->gradient_shards());
+    if (parts->zero->stage() >= 2)
+      parts->ddp->shard_gradients(parts->zero->gradient_shards(), zero3 && cfg.accumulate_sharded);
     if (zero3) {  // the parameters now live in the shards; the model gathers them unit by unit
       parts->sharded = std::make_unique<dist::ShardedParameters>(
           gpt->units(), *parts->zero,

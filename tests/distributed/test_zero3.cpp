@@ -210,6 +210,14 @@ TEST(Zero3, TrainerOnOneRankEqualsPlainTraining) {
   const train::TrainResult a = run({}), b = run({"--dist.zero=3"});
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_EQ(a.val_losses, b.val_losses);
+  // Accumulation, either way: on one rank the sharded gradient is the first micro-batch's, then
+  // the second's added to it, the same additions as accumulating whole gradients.
+  const train::TrainResult c = run({"--train.accum_steps=3"});
+  for (const std::string sharded : {"true", "false"}) {
+    const train::TrainResult d =
+        run({"--train.accum_steps=3", "--dist.zero=3", "--dist.accumulate_sharded=" + sharded});
+    EXPECT_EQ(c.losses, d.losses) << "accumulate_sharded " << sharded;
+  }
   for (const std::string bad :
        {"--train.recompute=full", "--checkpoint.save_every=2", "--dist.compression=bf16"}) {
     try {
