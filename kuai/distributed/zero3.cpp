@@ -4,23 +4,44 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <stdexcept>
 
 #include "kuai/core/allocator.h"
+#include "kuai/core/ops.h"
 
 namespace kuai::dist {
 
 struct ShardedParameters::State {
+  // One optimizer bucket of a unit, gathered in one dtype: the unit's parameters in fp32, or (with
+  // a low gather dtype) its products' parameters in it and the others in fp32.
+  struct Part {
+    std::vector<Tensor> params;
+    DType dtype = DType::kF32;
+    std::shared_ptr<Storage> storage;  // the gathered buffer's; released when not whole
+    Tensor flat;                       // (padded) over it, in dtype
+    Tensor shard;                      // this rank's part: the optimizer's fp32 masters
+    Tensor wire;                       // low dtype: the shard cast, until its gather is done
+    std::shared_ptr<Work> pending;     // its all-gather, until waited for
+  };
   struct Unit {
     std::string name;
     std::vector<Tensor> params;
     std::vector<size_t> uses;
-    std::shared_ptr<Storage> storage;  // the gathered buffer's; released when not whole
-    Tensor flat;                       // (padded) fp32 over it
-    Tensor shard;                      // this rank's part: the optimizer's masters
-    std::shared_ptr<Work> pending;     // its all-gather, until waited for
-    int64_t saved = 0;                 // packed saved tensors over it not yet unpacked
-    int whole_guards = 0;              // Whole guards holding it
+    std::vector<Part> parts;
+    int64_t saved = 0;     // packed saved tensors over it not yet unpacked
+    int whole_guards = 0;  // Whole guards holding it
+    bool released() const { return parts.empty() || parts[0].storage->released; }
+    bool pending() const {
+      for (const Part& p : parts)
+        if (p.pending) return true;
+      return false;
+    }
+    int64_t bytes() const {
+      int64_t n = 0;
+      for (const Part& p : parts) n += static_cast<int64_t>(p.storage->nbytes);
+      return n;
+    }
   };
   std::shared_ptr<ProcessGroup> group;
   Zero3Options options;
@@ -30,45 +51,61 @@ struct ShardedParameters::State {
   std::unique_ptr<autograd::SavedTensorHooksGuard> packing;
   Stats stats;
 
-  bool whole(size_t u) const { return !units[u].storage->released; }
+  bool whole(size_t u) const { return !units[u].released(); }
 
   void note_whole() {
     size_t n = 0;
     int64_t bytes = 0;
     for (const Unit& x : units)
-      if (!x.storage->released) {
+      if (!x.released()) {
         ++n;
-        bytes += static_cast<int64_t>(x.storage->nbytes);
+        bytes += x.bytes();
       }
     if (n > stats.max_whole) stats.max_whole = n;
     if (bytes > stats.max_whole_bytes) stats.max_whole_bytes = bytes;
   }
 
   // Issues unit u's all-gather unless it is whole or in flight.
+  // (A low dtype's gather sends the shard cast to it: the cast runs here, on the compute
+  // thread, over 1/N of the unit.)
   void gather(size_t u) {
     Unit& x = units[u];
-    if (!x.storage->released) return;
-    {
-      const MemoryUseScope parameters(MemoryUse::kParameters);
-      x.storage->materialize();
+    if (!x.released()) return;
+    for (Part& part : x.parts) {
+      {
+        const MemoryUseScope parameters(MemoryUse::kParameters);
+        part.storage->materialize();
+      }
+      if (part.dtype != DType::kF32) {
+        const autograd::NoGradGuard no_grad;
+        const MemoryUseScope comm(MemoryUse::kComm);
+        part.wire = cast(part.shard, part.dtype);
+      }
+      part.pending =
+          group->all_gather(part.dtype == DType::kF32 ? part.shard : part.wire, part.flat);
+      stats.gathered_bytes += static_cast<int64_t>(part.storage->nbytes);
     }
-    x.pending = group->all_gather(x.shard, x.flat);
     ++stats.gathers;
-    stats.gathered_bytes += static_cast<int64_t>(x.storage->nbytes);
     if (autograd::backward_in_progress()) ++stats.gathers_in_backward;
     note_whole();
   }
 
   void wait(size_t u) {
     gather(u);
-    if (auto w = std::move(units[u].pending)) w->wait();
+    for (Part& part : units[u].parts) {
+      if (auto w = std::move(part.pending)) w->wait();
+      part.wire = Tensor();
+    }
   }
 
   void release(size_t u) {
     Unit& x = units[u];
-    if (x.storage->released || x.whole_guards > 0) return;
-    if (auto w = std::move(x.pending)) w->wait();  // the collective still writes the bytes
-    x.storage->release();
+    if (x.released() || x.whole_guards > 0) return;
+    for (Part& part : x.parts) {
+      if (auto w = std::move(part.pending)) w->wait();  // the collective still writes the bytes
+      part.wire = Tensor();
+      part.storage->release();
+    }
   }
 
   // The first time unit u is needed in a backward: it and what it reads are whole, the units
@@ -138,15 +175,39 @@ class SavedUnitTensor final : public autograd::SavedTensor {
 
 }  // namespace
 
-std::vector<std::vector<Tensor>> ShardedParameters::bucket_layout(
-    const std::vector<nn::ModelUnit>& units) {
+namespace {
+
+// A unit's parameters split by gather dtype: those in `low` first (if any), then the others (if
+// any); without low parameters, one part of them all.
+std::vector<std::vector<Tensor>> unit_parts(const nn::ModelUnit& unit,
+                                            const std::set<const TensorImpl*>& low) {
+  std::vector<Tensor> in_low, rest;
+  for (const Tensor& p : unit.params) (low.count(p.impl()) ? in_low : rest).push_back(p);
   std::vector<std::vector<Tensor>> out;
-  for (size_t u = units.size(); u-- > 0;) out.push_back(units[u].params);
+  if (!in_low.empty()) out.push_back(std::move(in_low));
+  if (!rest.empty() || out.empty()) out.push_back(std::move(rest));
+  return out;
+}
+
+std::set<const TensorImpl*> impl_set(const std::vector<Tensor>& tensors) {
+  std::set<const TensorImpl*> out;
+  for (const Tensor& t : tensors) out.insert(t.impl());
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<Tensor>> ShardedParameters::bucket_layout(
+    const std::vector<nn::ModelUnit>& units, const std::vector<Tensor>& low) {
+  const std::set<const TensorImpl*> low_set = impl_set(low);
+  std::vector<std::vector<Tensor>> out;
+  for (size_t u = units.size(); u-- > 0;)
+    for (std::vector<Tensor>& part : unit_parts(units[u], low_set)) out.push_back(std::move(part));
   return out;
 }
 
 ShardedParameters::ShardedParameters(std::vector<nn::ModelUnit> units, ZeroAdamW& opt,
-                                     const Zero3Options& options)
+                                     const Zero3Options& options, const std::vector<Tensor>& low)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   s.self = state_;
@@ -158,64 +219,97 @@ ShardedParameters::ShardedParameters(std::vector<nn::ModelUnit> units, ZeroAdamW
   if (options.prefetch < 0)
     throw std::invalid_argument(
         fmt::format("ShardedParameters: prefetch must be >= 0, got {}", options.prefetch));
+  const bool low_dtype = options.gather_dtype != DType::kF32;
+  if (low_dtype && options.gather_dtype != DType::kBF16 && options.gather_dtype != DType::kF16)
+    throw std::invalid_argument(
+        fmt::format("ShardedParameters: gather dtype must be float32, bfloat16 or float16, got {}",
+                    dtype_name(options.gather_dtype)));
+  if (!low_dtype && !low.empty())
+    throw std::invalid_argument(
+        "ShardedParameters: parameters to gather in a low dtype, but the gather dtype is float32");
+  const std::set<const TensorImpl*> low_set = impl_set(low);
   const size_t U = units.size();
-  if (opt.num_buckets() != U)
-    throw std::invalid_argument(fmt::format(
-        "ShardedParameters: the optimizer has {} buckets for {} units", opt.num_buckets(), U));
+  std::vector<std::vector<std::vector<Tensor>>> parts(U);
+  size_t buckets = 0;
+  for (size_t u = 0; u < U; ++u) {
+    parts[u] = unit_parts(units[u], low_set);
+    buckets += parts[u].size();
+  }
+  if (opt.num_buckets() != buckets)
+    throw std::invalid_argument(
+        fmt::format("ShardedParameters: the optimizer has {} buckets for {} units in {} parts: "
+                    "build it on ShardedParameters::bucket_layout(units, low)",
+                    opt.num_buckets(), U, buckets));
   const std::vector<Tensor> shards = opt.parameter_shards();
   const int64_t world = s.group->size();
+  size_t later = buckets;  // buckets of the units after u (bucket_layout: the last unit first)
   for (size_t u = 0; u < U; ++u) {
     nn::ModelUnit& mu = units[u];
-    const size_t b = U - 1 - u;
-    const std::vector<Tensor> bucket = opt.bucket(b);
-    bool same = bucket.size() == mu.params.size();
-    for (size_t i = 0; same && i < bucket.size(); ++i)
-      same = bucket[i].impl() == mu.params[i].impl();
-    if (!same)
-      throw std::invalid_argument(fmt::format(
-          "ShardedParameters: the optimizer's bucket {} is not unit {} ('{}'): build it on "
-          "ShardedParameters::bucket_layout(units)",
-          b, u, mu.name));
     for (size_t v : mu.uses)
       if (v >= U || v == u)
         throw std::invalid_argument(
             fmt::format("ShardedParameters: unit '{}' uses unit {} of {}", mu.name, v, U));
+    later -= parts[u].size();
     State::Unit x;
     x.name = mu.name;
     x.params = mu.params;
     x.uses = mu.uses;
-    const int64_t padded = opt.part(b) * world;
-    const Device device = mu.params.empty() ? kCPU : mu.params[0].device();
-    {
-      const MemoryUseScope parameters(MemoryUse::kParameters);
-      x.storage = std::make_shared<Storage>(static_cast<size_t>(padded) * sizeof(float), device);
+    for (size_t k = 0; k < parts[u].size(); ++k) {
+      const size_t b = later + k;
+      const std::vector<Tensor> bucket = opt.bucket(b);
+      const std::vector<Tensor>& want = parts[u][k];
+      bool same = bucket.size() == want.size();
+      for (size_t i = 0; same && i < bucket.size(); ++i) same = bucket[i].impl() == want[i].impl();
+      if (!same)
+        throw std::invalid_argument(fmt::format(
+            "ShardedParameters: the optimizer's bucket {} is not part {} of unit {} ('{}'): build "
+            "it on ShardedParameters::bucket_layout(units, low)",
+            b, k, u, mu.name));
+      State::Part part;
+      part.params = want;
+      part.dtype =
+          !want.empty() && low_set.count(want[0].impl()) ? options.gather_dtype : DType::kF32;
+      const int64_t padded = opt.part(b) * world;
+      const Device device = want.empty() ? kCPU : want[0].device();
+      {
+        const MemoryUseScope parameters(MemoryUse::kParameters);
+        part.storage =
+            std::make_shared<Storage>(static_cast<size_t>(padded * dtype_size(part.dtype)), device);
+      }
+      part.flat = Tensor::in_storage(part.storage, {padded}, part.dtype, 0);
+      part.shard = shards[b];
+      // Each parameter becomes a view at its place in the buffer (its old bytes go); its values
+      // are in the shards (the optimizer copied them), gathered when the unit runs. One gathered
+      // in a low dtype is a working copy whose fp32 master is the shard: only products read it
+      // (autocast's check), its gradient stays fp32 (TensorImpl::master_elsewhere).
+      int64_t offset = 0;
+      for (const Tensor& p : part.params) {
+        if (p.dtype() != DType::kF32 || !p.is_contiguous() || !p.is_leaf())
+          throw std::invalid_argument(
+              "ShardedParameters: parameters must be contiguous fp32 leaves, got " + p.str());
+        TensorImpl* impl = p.impl();
+        impl->storage = part.storage;
+        impl->offset = offset;
+        impl->dtype = part.dtype;
+        impl->master_elsewhere = part.dtype != DType::kF32;
+        offset += p.numel();
+      }
+      part.storage->release();
+      x.parts.push_back(std::move(part));
     }
-    x.flat = Tensor::in_storage(x.storage, {padded}, DType::kF32, 0);
-    x.shard = shards[b];
-    // Each parameter becomes a view at its place in the buffer (its old bytes go); its values
-    // are in the shards (the optimizer copied them), gathered when the unit runs.
-    int64_t offset = 0;
-    for (Tensor& p : x.params) {
-      if (p.dtype() != DType::kF32 || !p.is_contiguous())
-        throw std::invalid_argument("ShardedParameters: parameters must be contiguous fp32");
-      TensorImpl* impl = p.impl();
-      impl->storage = x.storage;
-      impl->offset = offset;
-      offset += p.numel();
-    }
-    x.storage->release();
     s.units.push_back(std::move(x));
   }
 }
 
 ShardedParameters::~ShardedParameters() {
   // Gathers still in flight write the buffers: let them finish.
-  for (State::Unit& x : state_->units) {
-    try {
-      if (auto w = std::move(x.pending)) w->wait();
-    } catch (const std::exception&) {
+  for (State::Unit& x : state_->units)
+    for (State::Part& part : x.parts) {
+      try {
+        if (auto w = std::move(part.pending)) w->wait();
+      } catch (const std::exception&) {
+      }
     }
-  }
 }
 
 void ShardedParameters::before(size_t u) {
@@ -225,7 +319,7 @@ void ShardedParameters::before(size_t u) {
   // A new forward: units a discarded graph left whole (nothing to unpack any more) go.
   if (u == 0 && !s.in_backward)
     for (size_t v = 1; v < s.units.size(); ++v)
-      if (s.units[v].saved == 0 && !s.units[v].pending) s.release(v);
+      if (s.units[v].saved == 0 && !s.units[v].pending()) s.release(v);
   s.wait(u);
   for (size_t v : s.units[u].uses) s.wait(v);
   for (size_t v = u + 1; v < s.units.size() && v <= u + static_cast<size_t>(s.options.prefetch);
@@ -251,10 +345,11 @@ std::shared_ptr<autograd::SavedTensor> ShardedParameters::pack(const Tensor& sav
   State& s = *state_;
   const Storage* storage = saved.storage().get();
   for (size_t u = 0; u < s.units.size(); ++u)
-    if (s.units[u].storage.get() == storage) {
-      ++s.units[u].saved;
-      return std::make_shared<SavedUnitTensor>(state_, u, saved.detach());
-    }
+    for (const State::Part& part : s.units[u].parts)
+      if (part.storage.get() == storage) {
+        ++s.units[u].saved;
+        return std::make_shared<SavedUnitTensor>(state_, u, saved.detach());
+      }
   return nullptr;
 }
 
@@ -282,14 +377,33 @@ void ShardedParameters::for_each_unit_whole(const std::function<void(size_t)>& f
   }
 }
 
+void ShardedParameters::for_each_unit_values(
+    const std::function<void(const Tensor& param, const float* values)>& fn) {
+  State& s = *state_;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    const Whole whole(*this, {u});
+    for (State::Part& part : s.units[u].parts) {
+      Tensor values = part.flat;
+      if (part.dtype != DType::kF32) {  // the masters, not their working copy
+        const MemoryUseScope comm(MemoryUse::kComm);
+        values = Tensor::empty({part.flat.numel()});
+        s.group->all_gather(part.shard, values)->wait();
+      }
+      const float* v = values.device_data<float>();
+      for (const Tensor& p : part.params) {
+        fn(p, v);
+        v += p.numel();
+      }
+    }
+  }
+}
+
 size_t ShardedParameters::num_units() const { return state_->units.size(); }
 const std::string& ShardedParameters::unit_name(size_t u) const { return state_->units[u].name; }
 const std::vector<Tensor>& ShardedParameters::unit_params(size_t u) const {
   return state_->units[u].params;
 }
-int64_t ShardedParameters::unit_bytes(size_t u) const {
-  return static_cast<int64_t>(state_->units[u].storage->nbytes);
-}
+int64_t ShardedParameters::unit_bytes(size_t u) const { return state_->units[u].bytes(); }
 bool ShardedParameters::is_whole(size_t u) const { return state_->whole(u); }
 const Zero3Options& ShardedParameters::options() const { return state_->options; }
 ShardedParameters::Stats ShardedParameters::stats() const { return state_->stats; }

@@ -47,18 +47,26 @@ namespace kuai::dist {
 struct Zero3Options {
   bool reshard_after_forward = true;  // dist.reshard_after_forward
   int prefetch = 1;                   // dist.prefetch: units gathered ahead (0: on demand)
+  // dist.gather_dtype: bf16 / f16 gathers the parameters given as `low` (the products' weights,
+  // which autocast casts to the compute dtype before every use anyway) in it: half the bytes sent
+  // and held whole, the forward and backward reading the values autocast would have made; the
+  // fp32 shard stays the master. The others (norms, embeddings) are gathered in fp32.
+  DType gather_dtype = DType::kF32;
 };
 
 class ShardedParameters final : public nn::UnitHooks, public autograd::SavedTensorHooks {
  public:
   // The bucket layout DDP and ZeroAdamW are built on: the units in backward order (the last unit
-  // first), each unit's parameters in its own order.
-  static std::vector<std::vector<Tensor>> bucket_layout(const std::vector<nn::ModelUnit>& units);
+  // first), each unit's parameters in its own order; with `low` parameters, a unit's in `low`
+  // make a bucket of their own (gathered in the low dtype) ahead of its others.
+  static std::vector<std::vector<Tensor>> bucket_layout(const std::vector<nn::ModelUnit>& units,
+                                                        const std::vector<Tensor>& low = {});
 
-  // units: the model's, in forward order; opt: stage 3, built on bucket_layout(units) (checked).
-  // The parameters become views into their units' buffers, released until they are gathered.
+  // units: the model's, in forward order; opt: stage 3, built on bucket_layout(units, low)
+  // (checked). The parameters become views into their units' buffers, released until they are
+  // gathered; those in `low` (options.gather_dtype not fp32) are kept in the gather dtype.
   ShardedParameters(std::vector<nn::ModelUnit> units, ZeroAdamW& opt,
-                    const Zero3Options& options = {});
+                    const Zero3Options& options = {}, const std::vector<Tensor>& low = {});
   ~ShardedParameters() override;
   ShardedParameters(const ShardedParameters&) = delete;
   ShardedParameters& operator=(const ShardedParameters&) = delete;
@@ -86,6 +94,12 @@ class ShardedParameters final : public nn::UnitHooks, public autograd::SavedTens
   // Every unit whole in turn (forward order), fn(unit) called while it is, then released: at
   // most one unit whole at a time besides what is whole already. A collective.
   void for_each_unit_whole(const std::function<void(size_t unit)>& fn);
+
+  // Every parameter's fp32 values (the masters: a parameter gathered in a low dtype has them
+  // gathered from the shards in fp32), unit by unit, fn(param, its numel() values) called while
+  // they are held: at most one unit whole at a time besides what is whole already. A collective.
+  void for_each_unit_values(
+      const std::function<void(const Tensor& param, const float* values)>& fn);
 
   size_t num_units() const;
   const std::string& unit_name(size_t unit) const;

@@ -185,6 +185,7 @@ const std::vector<Key>& keys() {
       BOOL_KEY("dist.reshard_after_forward", reshard_after_forward),
       INT_KEY("dist.prefetch", prefetch, 0, 64),
       BOOL_KEY("dist.accumulate_sharded", accumulate_sharded),
+      STRING_KEY("dist.gather_dtype", gather_dtype, {"fp32", "bf16", "fp16"}),
       FLOAT_KEY("dist.timeout_s", timeout_s, 0.1, 1e7),
   };
   return k;
@@ -288,6 +289,12 @@ void validate(const TrainConfig& c) {
           "config: dist.zero = 3 writes no checkpoints yet: checkpoint.save_every and "
           "checkpoint.export_every must be 0 (the final weights are exported)");
   }
+  if (c.gather_dtype != "fp32" && (c.zero != 3 || c.gather_dtype != c.precision))
+    throw ConfigError(fmt::format(
+        "config: dist.gather_dtype = \"{}\" gathers ZeRO-3's parameters in the compute dtype: it "
+        "needs dist.zero = 3 and train.precision = \"{}\" (got dist.zero = {}, train.precision "
+        "= \"{}\")",
+        c.gather_dtype, c.gather_dtype, c.zero, c.precision));
 }
 
 }  // namespace

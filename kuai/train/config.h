@@ -107,6 +107,9 @@ struct TrainConfig {
   bool reshard_after_forward = true;
   int64_t prefetch = 1;
   bool accumulate_sharded = true;
+  // ZeRO-3 with autocast: the products' weights gathered in the compute dtype ("bf16" | "fp16",
+  // = train.precision): half the bytes on the wire and whole; the fp32 shard stays the master.
+  std::string gather_dtype = "fp32";
   double timeout_s = 300.0;
 };
 

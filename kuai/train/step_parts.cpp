@@ -92,6 +92,10 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   // ZeRO-3 (also on one rank, where it shards over one): one bucket per unit, in backward order,
   // each reduce-scattered into the gradient shard as soon as its unit's backward is done.
   const bool zero3 = cfg.zero == 3;
+  // dist.gather_dtype: the products' weights gathered in the compute dtype (a bucket of their own
+  // per unit).
+  const std::vector<Tensor> low =
+      zero3 && cfg.gather_dtype != "fp32" ? nn::product_parameters(*gpt) : std::vector<Tensor>{};
   if (group->size() > 1 || zero3) {
     dist::DDPOptions dopt;
     dopt.bucket_mb = cfg.bucket_mb;
@@ -101,7 +105,7 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     dopt.compression = dist::parse_compression(cfg.compression);
     dopt.error_feedback = cfg.error_feedback;
     parts->ddp.emplace(*gpt, group, dopt,
-                       zero3 ? dist::ShardedParameters::bucket_layout(gpt->units())
+                       zero3 ? dist::ShardedParameters::bucket_layout(gpt->units(), low)
                              : std::vector<std::vector<Tensor>>{});
   }
   if (cfg.zero > 0) {
@@ -114,7 +118,9 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     if (zero3) {  // the parameters now live in the shards; the model gathers them unit by unit
       parts->sharded = std::make_unique<dist::ShardedParameters>(
           gpt->units(), *parts->zero,
-          dist::Zero3Options{cfg.reshard_after_forward, static_cast<int>(cfg.prefetch)});
+          dist::Zero3Options{cfg.reshard_after_forward, static_cast<int>(cfg.prefetch),
+                             amp::precision_dtype(cfg.gather_dtype)},
+          low);
       gpt->set_unit_hooks(parts->sharded.get());
     }
   } else if (offload) {

@@ -289,9 +289,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   // parameter's values while its unit is whole.
   dist::ShardedParameters* const sharded = parts->sharded.get();
   auto gather_units = [&](const io::MasterValues& fn) {
-    sharded->for_each_unit_whole([&](size_t u) {
-      if (!fn) return;
-      for (const Tensor& p : sharded->unit_params(u)) fn(p, 0, p.numel(), p.device_data<float>());
+    sharded->for_each_unit_values([&](const Tensor& p, const float* values) {
+      if (fn) fn(p, 0, p.numel(), values);
     });
   };
   auto export_weights = [&](const std::string& file, int64_t step) {
@@ -404,9 +403,10 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         largest = std::max(largest, sharded->unit_bytes(u));
       out << fmt::format(
           "ZeRO-3: parameters sharded in {} units (largest {:.2f} MiB whole), each gathered {} "
-          "unit{} ahead, {} after its forward\n",
+          "unit{} ahead{}, {} after its forward\n",
           sharded->num_units(), static_cast<double>(largest) / (1 << 20), cfg.prefetch,
           cfg.prefetch == 1 ? "" : "s",
+          cfg.gather_dtype == "fp32" ? "" : " (the products' weights in " + cfg.gather_dtype + ")",
           cfg.reshard_after_forward ? "released" : "kept for backward");
     }
     if (cfg.offload == "disk") {

@@ -218,8 +218,17 @@ TEST(Zero3, TrainerOnOneRankEqualsPlainTraining) {
         run({"--train.accum_steps=3", "--dist.zero=3", "--dist.accumulate_sharded=" + sharded});
     EXPECT_EQ(c.losses, d.losses) << "accumulate_sharded " << sharded;
   }
-  for (const std::string bad :
-       {"--train.recompute=full", "--checkpoint.save_every=2", "--dist.compression=bf16"}) {
+  // bf16: the products' weights gathered in bf16 are the values autocast casts them to, so the
+  // losses are those of plain bf16 training too.
+  const train::TrainResult e = run({"--train.precision=bf16"});
+  for (const std::string gather : {"fp32", "bf16"}) {
+    const train::TrainResult f =
+        run({"--train.precision=bf16", "--dist.zero=3", "--dist.gather_dtype=" + gather});
+    EXPECT_EQ(e.losses, f.losses) << "bf16, gathers in " << gather;
+    EXPECT_EQ(e.val_losses, f.val_losses) << "bf16, gathers in " << gather;
+  }
+  for (const std::string bad : {"--train.recompute=full", "--checkpoint.save_every=2",
+                                "--dist.compression=bf16", "--dist.gather_dtype=bf16"}) {
     try {
       (void)train::load_config("", {"--dist.zero=3", bad});
       ADD_FAILURE() << bad << " was accepted with dist.zero = 3";

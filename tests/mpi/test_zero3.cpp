@@ -4,8 +4,9 @@
 //     10 steps on KJV: the losses and the exported weights bit for bit (for 2 ranks a
 //     reduce-scatter adds the same two numbers as the all-reduce, the update is elementwise and
 //     the clipping norm is the same sum of squares in float64), for GPT-2 (tied) and LLaMA
-//     (untied), with every gather option, and with 2 micro-batches (whole gradients across them
-//     bit for bit; each reduce-scattered into the shard within 1e-6 relative);
+//     (untied), with every gather option, in bf16 with bf16 gathers, and with 2 micro-batches
+//     (whole gradients across them bit for bit; each reduce-scattered into the shard within 1e-6
+//     relative);
 //   - the per-rank allocator peak of a model whose parameters dominate, against ZeRO-2's.
 // --kill-gather-demo (a ctest case of its own): rank 1 dies before a step's first all-gather;
 // rank 0 names it and the run ends.
@@ -135,6 +136,14 @@ TEST(MpiZero3, EqualsDdpBitForBitOnKjv) {
       EXPECT_EQ(z.losses, ddp.losses) << what;
       if (pg_rank() == 0) EXPECT_TRUE(z.weights == ddp.weights) << what << ": exports differ";
     }
+    // bf16 autocast, the products' weights gathered in bf16: the values autocast casts them to.
+    std::vector<std::string> bf16 = model;
+    bf16.push_back("--train.precision=bf16");
+    const Outcome ddp_bf16 = train_run(family + "_ddp_bf16", bf16);
+    bf16.insert(bf16.end(), {"--dist.zero=3", "--dist.gather_dtype=bf16"});
+    const Outcome zb = train_run(family + "_zero3_bf16", bf16);
+    EXPECT_EQ(zb.losses, ddp_bf16.losses) << family << ", bf16 gathers";
+    if (pg_rank() == 0) EXPECT_TRUE(zb.weights == ddp_bf16.weights) << family << ", bf16 gathers";
     // Whole gradients across the micro-batches (FSDP's no_sync): DDP's additions, bit for bit.
     accum.push_back("--dist.zero=3");
     accum.push_back("--dist.accumulate_sharded=false");
