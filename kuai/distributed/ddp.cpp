@@ -277,7 +277,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     const int64_t padded = (numel + world - 1) / world * world;
     Bucket b{[&] {
                const MemoryUseScope gradients(MemoryUse::kGradients);
-               return zeros({padded});
+               return options.sharded ? Tensor() : zeros({padded});
              }(),
              numel,
              {},
@@ -302,7 +302,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     s.buckets.push_back(std::move(b));
   }
   s.members = members;
-  for (size_t b = 0; b < s.buckets.size(); ++b)
+  for (size_t b = 0; b < s.buckets.size() && !options.sharded; ++b)
     for (int64_t i : members[b]) s.allocate_view(i);
   s.ready.assign(static_cast<size_t>(n), 0);
   s.reset_for_backward();
@@ -328,6 +328,8 @@ DistributedDataParallel::~DistributedDataParallel() {
 
 void DistributedDataParallel::prepare_backward(bool sync) {
   State& s = *state_;
+  if (s.options.sharded && !s.sharded())
+    throw std::logic_error("DDP: built for sharded gradients, and shard_gradients was not called");
   if (s.open) complete_backward();  // the previous micro-batch's reduce-scatters
   s.sync = sync;
   s.communicate = sync || (s.sharded() && s.every_micro_batch);

@@ -49,6 +49,10 @@ struct DDPOptions {
   bool find_unused = false;
   Compression compression = Compression::kNone;
   bool error_feedback = false;  // with compression only
+  // ZeRO-2/3: no bucket memory at construction (shard_gradients follows before the first
+  // backward, and a bucket exists only while a backward fills it), so the whole gradients are
+  // never allocated, not even once.
+  bool sharded = false;
 };
 
 class DistributedDataParallel {

@@ -77,10 +77,8 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
   }
   if (offload) {
     offloaded_ = std::make_shared<optim::OffloadedMoments>(*offload, shard_, masters_);
-  } else {
-    const MemoryUseScope state(MemoryUse::kOptimizer);
-    m_ = zeros({std::max<int64_t>(shard_, 1)});
-    v_ = zeros({std::max<int64_t>(shard_, 1)});
+  } else if (stage_ < 3) {
+    make_moments();
   }
   if (stage_ >= 2) {
     const MemoryUseScope gradients(MemoryUse::kGradients);
@@ -171,7 +169,15 @@ Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
   return reshape(t, {});
 }
 
+void ZeroAdamW::make_moments() {
+  if (offloaded_ || m_.defined()) return;
+  const MemoryUseScope state(MemoryUse::kOptimizer);
+  m_ = zeros({std::max<int64_t>(shard_, 1)});
+  v_ = zeros({std::max<int64_t>(shard_, 1)});
+}
+
 void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
+  make_moments();
   advance_step_(step_, skip);
   const Tensor hyper = adamw_hyper(step_, lr_tensor_, opt_.beta1, opt_.beta2);
   // 1. Update this rank's shard, from the full averaged gradients (stage 1) or the shard of them

@@ -72,9 +72,9 @@ class ZeroAdamW : public optim::Optimizer {
   // Which parameters bucket b holds, in its layout's order.
   std::vector<Tensor> bucket(size_t b) const;
 
-  // Stages 2 and 3: per bucket, the s_b elements of the gradient shard that receive this rank's part of
-  // the bucket's average (hand them to DistributedDataParallel::shard_gradients), and the whole
-  // shard (what the fp16 scaler unscales).
+  // Stages 2 and 3: per bucket, the s_b elements of the gradient shard that receive this rank's
+  // part of the bucket's average (hand them to DistributedDataParallel::shard_gradients), and the
+  // whole shard (what the fp16 scaler unscales).
   std::vector<Tensor> gradient_shards() const;
   const Tensor& gradient_shard() const { return grad_; }
   // Stage 2: the L2 norm of the whole averaged gradient from the shards (a collective: every
@@ -108,11 +108,20 @@ class ZeroAdamW : public optim::Optimizer {
   bool is_master(size_t group, size_t param) const { return master_of_[group][param]; }
   // The moments of this rank's shard (S elements each); filled by a checkpoint restore. Undefined
   // when offloaded.
-  Tensor& exp_avg() { return m_; }
-  Tensor& exp_avg_sq() { return v_; }
+  // Stage 3 makes them at the first update (or here), once the whole parameters the model was
+  // built with are gone: the moments and the whole model are never resident together.
+  Tensor& exp_avg() {
+    make_moments();
+    return m_;
+  }
+  Tensor& exp_avg_sq() {
+    make_moments();
+    return v_;
+  }
 
  protected:
   void update(const Tensor& grad_scale, const Tensor& skip) override;
+  void make_moments();  // zero moments, in memory, unless they are (or are offloaded)
 
  private:
   std::vector<Segment> segments_of(int rank) const;  // computed once, into segments_

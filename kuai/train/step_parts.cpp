@@ -104,6 +104,7 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     dopt.find_unused = cfg.find_unused;
     dopt.compression = dist::parse_compression(cfg.compression);
     dopt.error_feedback = cfg.error_feedback;
+    dopt.sharded = (cfg.zero >= 2 && group->size() > 1) || zero3;  // stage 2 runs as 1 alone
     parts->ddp.emplace(*gpt, group, dopt,
                        zero3 ? dist::ShardedParameters::bucket_layout(gpt->units(), low)
                              : std::vector<std::vector<Tensor>>{});
