@@ -370,13 +370,6 @@ ShardedParameters::Whole::~Whole() {
     if (s.units[u].saved == 0) s.release(u);
 }
 
-void ShardedParameters::for_each_unit_whole(const std::function<void(size_t)>& fn) {
-  for (size_t u = 0; u < state_->units.size(); ++u) {
-    const Whole whole(*this, {u});
-    fn(u);
-  }
-}
-
 void ShardedParameters::for_each_unit_values(
     const std::function<void(const Tensor& param, const float* values)>& fn) {
   State& s = *state_;

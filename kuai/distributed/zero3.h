@@ -28,8 +28,9 @@
 //
 // The update writes only the shard (ZeroAdamW stage 3), so nothing is gathered after a step: the
 // next forward gathers what it needs. Reading a parameter outside its unit's forward or backward
-// is an error naming the tensor (its bytes are released), never a read of freed memory; whole()
-// gathers units for the code that must read them there (an export, a checkpoint).
+// is an error naming the tensor (its bytes are released), never a read of freed memory; a Whole
+// guard gathers units for the code that must read them there, and for_each_unit_values gives an
+// export the fp32 values unit by unit.
 #pragma once
 
 #include <cstdint>
@@ -90,10 +91,6 @@ class ShardedParameters final : public nn::UnitHooks, public autograd::SavedTens
     ShardedParameters& owner_;
     std::vector<size_t> units_;
   };
-
-  // Every unit whole in turn (forward order), fn(unit) called while it is, then released: at
-  // most one unit whole at a time besides what is whole already. A collective.
-  void for_each_unit_whole(const std::function<void(size_t unit)>& fn);
 
   // Every parameter's fp32 values (the masters: a parameter gathered in a low dtype has them
   // gathered from the shards in fp32), unit by unit, fn(param, its numel() values) called while

@@ -74,9 +74,8 @@ struct Zero3Model {
 
 std::vector<std::vector<float>> whole_values(Zero3Model& z) {
   std::vector<std::vector<float>> out;
-  z.sharded.for_each_unit_whole([&](size_t u) {
-    for (const Tensor& p : z.sharded.unit_params(u)) out.push_back(p.to_vector<float>());
-  });
+  z.sharded.for_each_unit_values(
+      [&](const Tensor& p, const float* values) { out.emplace_back(values, values + p.numel()); });
   return out;
 }
 

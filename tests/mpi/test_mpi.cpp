@@ -44,6 +44,7 @@
 #include "kuai/train/checkpoint.h"
 #include "kuai/train/step_parts.h"
 #include "kuai/train/trainer.h"
+#include "tests/mpi/expect_close.h"
 
 namespace kuai::dist {
 namespace {
@@ -1142,13 +1143,6 @@ std::vector<float> trainer_losses(const std::string& zero, std::vector<std::stri
   o.write_run_dir = false;
   o.group = group();
   return train::run_training(train::load_config("", args), out, o).losses;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], rel * std::fabs(want[i])) << what << ", step " << i + 1;
 }
 
 TEST(MpiZero, TrainerLossesAreTheSameWithZero1And2) {

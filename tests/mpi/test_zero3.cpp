@@ -32,6 +32,7 @@
 #include "kuai/plan/trace.h"
 #include "kuai/train/step_parts.h"
 #include "kuai/train/trainer.h"
+#include "tests/mpi/expect_close.h"
 
 namespace kuai::dist {
 namespace {
@@ -72,13 +73,6 @@ Outcome train_run(const std::string& name, const std::vector<std::string>& extra
   }
   pg->barrier();
   return run;
-}
-
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, double rel,
-                  const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  for (size_t i = 0; i < got.size(); ++i)
-    EXPECT_NEAR(got[i], want[i], rel * std::fabs(want[i])) << what << ", step " << i + 1;
 }
 
 // Two exports hold the same tensors, each within `rel` of the other in the 2-norm of their
