@@ -92,7 +92,10 @@ class Box final : public autograd::SavedTensor {
 
 struct TapeInput {
   Tensor external;  // made outside the region (parameters, the region's inputs, cached casts)
-  Ref ref;          // or made by an op of the tape (ref.op >= 0)
+  // An external input the saved-tensor hooks around the region packed (ZeRO-3: a parameter's
+  // view, whose bytes are released until its unit is gathered again): the replay unpacks it.
+  std::shared_ptr<autograd::SavedTensor> packed;
+  Ref ref;  // or made by an op of the tape (ref.op >= 0)
 };
 
 struct TapeOutput {
@@ -116,7 +119,9 @@ class Frame final : public DispatchMode,
                     public autograd::SavedTensorHooks,
                     public std::enable_shared_from_this<Frame> {
  public:
-  explicit Frame(Recompute policy) : policy_(policy) {}
+  // outer: the saved-tensor hooks around the region (null: none). What the region did not make
+  // is theirs to pack, for the region's nodes and for its replay alike.
+  Frame(Recompute policy, autograd::SavedTensorHooks* outer) : policy_(policy), outer_(outer) {}
 
   bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override {
     if (p.is_view()) return false;  // views are geometry over an op's output
@@ -135,10 +140,12 @@ class Frame final : public DispatchMode,
     op.prim = p.shared_from_this();
     for (const Tensor& t : in) {
       TapeInput ti;
-      if (std::optional<Ref> r = find(t))
+      if (std::optional<Ref> r = find(t)) {
         ti.ref = std::move(*r);
-      else
+      } else {
         ti.external = t.detach();
+        if (outer_ != nullptr) ti.packed = outer_->pack(t);
+      }
       op.in.push_back(std::move(ti));
     }
     const int k = static_cast<int>(tape_.size());
@@ -160,7 +167,7 @@ class Frame final : public DispatchMode,
 
   std::shared_ptr<autograd::SavedTensor> pack(const Tensor& saved) override {
     std::optional<Ref> r = find(saved);
-    if (!r) return nullptr;  // made outside the region: saved as usual
+    if (!r) return outer_ != nullptr ? outer_->pack(saved) : nullptr;  // made outside the region
     auto box = std::make_shared<Box>(shared_from_this(), saved.detach(), std::move(*r));
     boxes_.push_back(box);
     return box;
@@ -242,7 +249,9 @@ class Frame final : public DispatchMode,
       std::vector<Tensor> in;
       in.reserve(op.in.size());
       for (const TapeInput& ti : op.in)
-        in.push_back(ti.ref.op < 0 ? ti.external : view_over(output(ti.ref).value, ti.ref.g));
+        in.push_back(ti.ref.op >= 0 ? view_over(output(ti.ref).value, ti.ref.g)
+                     : ti.packed    ? ti.packed->unpack()
+                                    : ti.external);
       std::vector<Tensor> out = dispatch(op.prim, std::move(in));
       counters().replayed_ops++;
       for (size_t j = 0; j < out.size() && j < op.out.size(); ++j)
@@ -282,6 +291,7 @@ class Frame final : public DispatchMode,
   void need(int k) { tape_[static_cast<size_t>(k)].needed = true; }
 
   Recompute policy_;
+  autograd::SavedTensorHooks* outer_;
   std::vector<TapeOp> tape_;
   std::unordered_map<const Storage*, std::pair<int, int>> made_;
   std::vector<std::weak_ptr<Box>> boxes_;    // every slot packed, until the region exits
@@ -303,7 +313,7 @@ std::vector<Tensor> checkpoint(const CheckpointFn& fn, const std::vector<Tensor>
                                Recompute policy) {
   if (policy == Recompute::kNone || !autograd::GradMode::enabled() || t_region != nullptr)
     return fn(inputs);
-  auto frame = std::make_shared<Frame>(policy);
+  auto frame = std::make_shared<Frame>(policy, autograd::saved_tensor_hooks());
   std::vector<Tensor> out;
   {
     ModeGuard mode(*frame);

@@ -10,7 +10,10 @@
 // Being an ordinary graph, a region needs nothing from the code around it: autocast (the casts
 // are ops of the region, replayed as they ran), gradient accumulation, DDP's grad-ready hooks and
 // their overlap (the same nodes run in the same order), ZeRO, and compile's capture (the replay's
-// ops are dispatched in backward, where capture records them) all work unchanged.
+// ops are dispatched in backward, where capture records them) all work unchanged. Saved-tensor
+// hooks around a region (ZeRO-3's, which keep a parameter's view without its bytes) pack what the
+// region did not make, both the tensors its nodes save and the inputs its replay will read, so a
+// replayed block's forward gathers its unit again as its nodes would.
 //
 // Policies (Megatron-LM's names):
 //   kFull       keep only the region's inputs (and what outlives the region anyway: its outputs,

@@ -36,6 +36,7 @@ namespace {
 constexpr int kStateVersion = 1;
 constexpr char kModelFile[] = "model.safetensors";
 std::string optim_file(int rank) { return fmt::format("optimizer.rank{}.safetensors", rank); }
+std::string model_shard_file(int rank) { return fmt::format("model.rank{}.safetensors", rank); }
 constexpr char kConfigFile[] = "config.toml";
 constexpr char kStateFile[] = "state.json";
 constexpr char kLatest[] = "latest";
@@ -153,36 +154,11 @@ std::vector<std::vector<std::string>> optimizer_names(const nn::GPT& model,
   return names;
 }
 
-// Copies entry `name` of `file` (F32, `shape`) into `dst` (only checks it when not `copy`), or
-// throws naming the check.
-void load_entry(const io::SafetensorsFile& file, const std::string& name, const Tensor& dst,
-                bool copy = true) {
-  const io::SafetensorsEntry* e = file.find(name);
-  if (!e) throw std::runtime_error(fmt::format("{}: tensor '{}' is missing", file.path(), name));
-  if (e->dtype != "F32")
-    throw std::runtime_error(
-        fmt::format("{}: tensor '{}' has dtype {}, expected F32", file.path(), name, e->dtype));
-  if (e->shape != dst.shape())
-    throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}", file.path(),
-                                         name, shape_str(e->shape), shape_str(dst.shape())));
-  if (!copy) return;
-  if (!dst.is_contiguous())
-    throw std::invalid_argument("checkpoint: destination tensor is not contiguous");
-  const auto bytes = file.data(*e);
-  dst.copy_from_host(bytes.data(), bytes.size());
-}
-
 std::string piece_name(const char* kind, const OptimizerPiece& p) {
   return p.whole ? fmt::format("{}.{}", kind, p.param)
                  : fmt::format("{}.{}@{}", kind, p.param, p.begin);
 }
 
-// Where the stored elements of one moment of one parameter are.
-struct Source {
-  int64_t begin, length;
-  const io::SafetensorsFile* file;
-  const io::SafetensorsEntry* entry;
-};
 
 }  // namespace
 
@@ -220,19 +196,24 @@ OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt) {
     return it->second;
   };
   if (out.masters && opt.process_group()->size() > 1) out.zero_masters = &opt;
+  out.sharded_model = opt.stage() == 3;
   for (const dist::ZeroAdamW::Segment& s : opt.segments()) {
     const Tensor& p = opt.groups()[s.group].params[s.param];
     const std::string name = name_of(s);
     const bool whole = s.begin == 0 && s.length == p.numel();
     const Shape shape = whole ? p.shape() : Shape{s.length};
+    Tensor values;  // ZeRO-3: this piece of the parameter shard
+    if (out.sharded_model)
+      values = reshape(narrow(opt.parameter_shard(), 0, s.shard_offset, s.length), shape);
     if (opt.offloaded()) {
-      out.pieces.push_back(
-          {name, s.begin, whole, shape, {}, {}, s.shard_offset, opt.is_master(s.group, s.param)});
+      out.pieces.push_back({name, s.begin, whole, shape, {}, {}, s.shard_offset,
+                            opt.is_master(s.group, s.param), values});
       continue;
     }
     const Tensor m = narrow(opt.exp_avg(), 0, s.shard_offset, s.length);
     const Tensor v = narrow(opt.exp_avg_sq(), 0, s.shard_offset, s.length);
-    out.pieces.push_back({name, s.begin, whole, shape, reshape(m, shape), reshape(v, shape)});
+    out.pieces.push_back(
+        {name, s.begin, whole, shape, reshape(m, shape), reshape(v, shape), -1, false, values});
   }
   return out;
 }
@@ -244,6 +225,7 @@ struct Checkpointer::Snapshot {
   std::optional<FileRecord> streamed;        // the offloaded optimizer file, already written
   std::optional<FileRecord> streamed_model;  // the model file, streamed with it (masters)
   std::vector<FileRecord> written;           // by this rank, with sizes and checksums
+  bool sharded_model = false;                // `model` holds this rank's model shard
 };
 
 Checkpointer::Checkpointer(std::string run_dir, int64_t keep_last, bool async,
@@ -296,7 +278,15 @@ double Checkpointer::save(const nn::GPT& model, const OptimizerShard& opt,
   snap->state = state;
   snap->optimizer_steps = opt.optimizer->step_count();
   const bool writes_model = !group_ || group_->rank() == 0;
-  if (writes_model && !opt.masters) {
+  snap->sharded_model = opt.sharded_model;
+  if (opt.sharded_model) {  // this rank's pieces of the parameters, from the parameter shard
+    snap->model.resize(opt.pieces.size());
+    for (size_t i = 0; i < opt.pieces.size(); ++i) {
+      const OptimizerPiece& p = opt.pieces[i];
+      copy_into(snap->model[i], p.whole ? p.param : fmt::format("{}@{}", p.param, p.begin),
+                p.values);
+    }
+  } else if (writes_model && !opt.masters) {
     const auto params = model.named_parameters();
     snap->model.resize(params.size());
     for (size_t i = 0; i < params.size(); ++i)
@@ -527,14 +517,20 @@ void Checkpointer::write_files(Snapshot& s) {
   if (!s.streamed) make_tmp_dir(s.state.step);  // else made (and written into) by save()
   std::vector<std::string> files;
   if (!group_ || group_->rank() == 0) {
-    if (s.streamed_model)
+    if (s.streamed_model) {
       s.written.push_back(*s.streamed_model);
-    else
+    } else if (!s.sharded_model) {
       write_blobs(tmp + "/" + kModelFile, s.model, "checkpoint-model");
+      files.push_back(kModelFile);
+    }
     write_file_synced(tmp + "/" + kConfigFile, s.state.config_toml.data(),
                       s.state.config_toml.size());
-    files = {kConfigFile};
-    if (!s.streamed_model) files.insert(files.begin(), kModelFile);
+    files.push_back(kConfigFile);
+  }
+  if (s.sharded_model) {
+    const std::string f = model_shard_file(group_ ? group_->rank() : 0);
+    write_blobs(tmp + "/" + f, s.model, "checkpoint-model-shard");
+    files.push_back(f);
   }
   if (!s.streamed) {
     write_blobs(tmp + "/" + optimizer_file(), s.optim, "checkpoint-optimizer");
@@ -560,7 +556,8 @@ void Checkpointer::put_in_place(const Snapshot& s, const std::vector<FileRecord>
                        {"loader", {{"next_index", s.state.loader.next_index}}},
                        {"data_seed", s.state.data_seed},
                        {"loss_scale", nullptr},  // fp32 and bf16: no scaler
-                       {"world_size", group_ ? group_->size() : 1}};
+                       {"world_size", group_ ? group_->size() : 1},
+                       {"sharded_model", s.sharded_model}};
   if (s.state.loss_scale)
     st["loss_scale"] = {{"scale", s.state.loss_scale->scale},
                         {"growth_tracker", s.state.loss_scale->growth_tracker}};
@@ -627,27 +624,47 @@ void Checkpointer::commit() {
     s = spare_.get();  // the snapshot just written
   }
   const int world = group_->size(), rank = group_->rank();
-  // Every rank's optimizer file: (written, bytes, xxh3). Host tensors: the process group
-  // exchanges them in host memory.
-  Tensor mine = zeros({3}, DType::kI64), all = zeros({3 * world}, DType::kI64);
-  if (own_error.empty() && s != nullptr && !s->written.empty()) {
-    const FileRecord& f = s->written.back();  // the optimizer file comes last
-    mine.data<int64_t>()[0] = 1;
-    mine.data<int64_t>()[1] = static_cast<int64_t>(f.bytes);
-    mine.data<int64_t>()[2] = static_cast<int64_t>(f.xxh3);
+  // Every rank's files of its own: (written, optimizer file's bytes and xxh3, model shard's bytes
+  // and xxh3 (ZeRO-3, else 0)). Host tensors: the process group exchanges them in host memory.
+  constexpr int kRec = 5;
+  Tensor mine = zeros({kRec}, DType::kI64), all = zeros({kRec * world}, DType::kI64);
+  auto record = [&](const std::string& name) -> const FileRecord* {
+    for (const FileRecord& f : s->written)
+      if (f.name == name) return &f;
+    return nullptr;
+  };
+  const bool sharded_model = s != nullptr && s->sharded_model;
+  if (own_error.empty() && s != nullptr) {
+    const FileRecord* o = record(optimizer_file());
+    const FileRecord* m = sharded_model ? record(model_shard_file(rank)) : nullptr;
+    if (o != nullptr && (m != nullptr || !sharded_model)) {
+      int64_t* v = mine.data<int64_t>();
+      v[0] = 1;
+      v[1] = static_cast<int64_t>(o->bytes);
+      v[2] = static_cast<int64_t>(o->xxh3);
+      v[3] = m != nullptr ? static_cast<int64_t>(m->bytes) : 0;
+      v[4] = m != nullptr ? static_cast<int64_t>(m->xxh3) : 0;
+    }
   }
   group_->all_gather(mine, all)->wait();
   const int64_t* rec = all.data<int64_t>();
   int failed = -1;
   for (int r = 0; r < world && failed < 0; ++r)
-    if (rec[3 * r] != 1) failed = r;
+    if (rec[kRec * r] != 1) failed = r;
   Tensor status = zeros({1}, DType::kI64);
   std::string commit_error;
   if (rank == 0 && failed < 0) {
-    std::vector<FileRecord> files(s->written.begin(), s->written.end() - 1);  // model, config
-    for (int r = 0; r < world; ++r)
-      files.push_back({optim_file(r), static_cast<uint64_t>(rec[3 * r + 1]),
-                       static_cast<uint64_t>(rec[3 * r + 2])});
+    std::vector<FileRecord> files;  // rank 0's shared ones (the config, a whole model) first
+    for (const FileRecord& f : s->written)
+      if (f.name != optimizer_file() && f.name != model_shard_file(0)) files.push_back(f);
+    for (int r = 0; r < world; ++r) {
+      const int64_t* v = rec + kRec * r;
+      files.push_back(
+          {optim_file(r), static_cast<uint64_t>(v[1]), static_cast<uint64_t>(v[2])});
+      if (sharded_model)
+        files.push_back(
+            {model_shard_file(r), static_cast<uint64_t>(v[3]), static_cast<uint64_t>(v[4])});
+    }
     try {
       put_in_place(*s, files);
       status.data<int64_t>()[0] = 1;
@@ -662,8 +679,8 @@ void Checkpointer::commit() {
   const int64_t step = s != nullptr ? s->state.step : -1;
   if (failed >= 0)
     throw std::runtime_error(fmt::format(
-        "{}/ckpt-{}: rank {} could not write its optimizer shard (its message says why); the "
-        "previous checkpoint stays in place",
+        "{}/ckpt-{}: rank {} could not write its shard (its message says why); the previous "
+        "checkpoint stays in place",
         run_dir_, step, failed));
   throw std::runtime_error(fmt::format(
       "{}/ckpt-{}: rank 0 could not put the checkpoint in place (its message says why); the "
@@ -742,8 +759,13 @@ Checkpoint read_checkpoint(const std::string& dir) {
     if (c.world_size < 1 || c.world_size > (1 << 20))
       throw std::runtime_error(
           fmt::format("{}: world_size {} is not a number of ranks", state_path, c.world_size));
-    std::vector<std::string> files = {kModelFile, kConfigFile};
-    for (int64_t r = 0; r < c.world_size; ++r) files.push_back(optim_file(static_cast<int>(r)));
+    c.sharded_model = st.contains("sharded_model") && st.at("sharded_model").get<bool>();
+    std::vector<std::string> files = {kConfigFile};
+    if (!c.sharded_model) files.push_back(kModelFile);
+    for (int64_t r = 0; r < c.world_size; ++r) {
+      files.push_back(optim_file(static_cast<int>(r)));
+      if (c.sharded_model) files.push_back(model_shard_file(static_cast<int>(r)));
+    }
     for (const std::string& f : files) {
       const auto& entry = st.at("files").at(f);
       const std::string path = dir + "/" + f;
@@ -773,25 +795,172 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, optim::AdamW& opt) 
 }
 
 namespace {
-// The model file's parameters into `model`; a working copy whose master is offloaded is left to
-// the optimizer's restore (its values go to the masters file) after its entry is checked.
-void load_model(const io::SafetensorsFile& mf, nn::GPT& model) {
-  const auto params = model.named_parameters();
-  if (mf.entries().size() != params.size())
-    throw std::runtime_error(fmt::format("{}: {} tensors, the model has {}", mf.path(),
-                                         mf.entries().size(), params.size()));
-  for (const auto& [name, p] : params) {
-    load_entry(mf, name, p, !p.impl()->master_elsewhere);
-    if (!p.impl()->master_elsewhere) continue;
-    // A working copy: the master's cast, as the update makes it.
-    const auto bytes = mf.data(*mf.find(name));
-    optim::cast_master_into_(reinterpret_cast<const float*>(bytes.data()), p, 0, p.numel());
+
+// Where the stored elements of one parameter's values ("param") or moment ("exp_avg",
+// "exp_avg_sq") are: whole tensors, or 1-D pieces "<...>@<first element>", in any files.
+struct Source {
+  int64_t begin, length;
+  const io::SafetensorsFile* file;
+  const io::SafetensorsEntry* entry;
+};
+struct Stored {
+  std::string dir;                        // the checkpoint, for messages
+  std::vector<io::SafetensorsFile> files;  // kept open: the sources point into them
+  std::map<std::pair<std::string, std::string>, std::vector<Source>> by_key;  // (kind, param)
+};
+
+// Indexes every tensor of `f` (a model file or shard: "<name>[@b]"; an optimizer file:
+// "exp_avg.<name>[@b]", "exp_avg_sq.<name>[@b]"), each checked against the model's parameters.
+void index_file(Stored& st, const io::SafetensorsFile& f, bool model_file,
+                const std::map<std::string, Tensor>& by_name) {
+  for (const io::SafetensorsEntry& e : f.entries()) {
+    std::string kind, rest;
+    if (model_file) {
+      kind = "param";
+      rest = e.name;
+    } else {
+      for (const char* k : {"exp_avg_sq.", "exp_avg."})
+        if (e.name.rfind(k, 0) == 0) {
+          kind = std::string(k, std::strlen(k) - 1);
+          rest = e.name.substr(std::strlen(k));
+          break;
+        }
+    }
+    const size_t at = rest.rfind('@');
+    const std::string param = at == std::string::npos ? rest : rest.substr(0, at);
+    auto it = by_name.find(param);
+    if (kind.empty() || it == by_name.end())
+      throw std::runtime_error(
+          fmt::format("{}: tensor '{}' is not {} of a parameter of this model", f.path(), e.name,
+                      model_file ? "the values" : "the state"));
+    if (e.dtype != "F32")
+      throw std::runtime_error(
+          fmt::format("{}: tensor '{}' has dtype {}, expected F32", f.path(), e.name, e.dtype));
+    const int64_t numel = it->second.numel();
+    Source src{0, numel, &f, &e};
+    if (at == std::string::npos) {
+      if (e.shape != it->second.shape())
+        throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}",
+                                             f.path(), e.name, shape_str(e.shape),
+                                             shape_str(it->second.shape())));
+    } else {
+      const std::string digits = rest.substr(at + 1);
+      const bool number = !digits.empty() && digits.size() <= 15 &&
+                          std::all_of(digits.begin(), digits.end(),
+                                      [](char ch) { return ch >= '0' && ch <= '9'; });
+      src.begin = number ? std::stoll(digits) : -1;
+      src.length = e.shape.size() == 1 ? e.shape[0] : -1;
+      if (src.begin < 0 || src.length < 0 || src.begin + src.length > numel)
+        throw std::runtime_error(
+            fmt::format("{}: tensor '{}' of shape {} is not a piece of {} ({} elements)",
+                        f.path(), e.name, shape_str(e.shape), param, numel));
+    }
+    st.by_key[{kind, param}].push_back(src);
   }
 }
+
+// The model files of checkpoint `c` (the whole one, or every rank's shard) and, with `optimizer`,
+// its optimizer files, indexed; no element stored twice.
+std::unique_ptr<Stored> read_stored(const Checkpoint& c, const nn::GPT& model, bool optimizer) {
+  auto st = std::make_unique<Stored>();
+  st->dir = c.path;
+  const auto params = model.named_parameters();
+  const std::map<std::string, Tensor> by_name(params.begin(), params.end());
+  std::vector<std::pair<std::string, bool>> names;  // (file, holds model values)
+  if (!c.sharded_model) names.emplace_back(kModelFile, true);
+  for (int64_t r = 0; r < c.world_size; ++r) {
+    if (c.sharded_model) names.emplace_back(model_shard_file(static_cast<int>(r)), true);
+    if (optimizer) names.emplace_back(optim_file(static_cast<int>(r)), false);
+  }
+  st->files.reserve(names.size());
+  for (const auto& [name, values] : names) {
+    st->files.push_back(io::SafetensorsFile::open(c.path + "/" + name));
+    index_file(*st, st->files.back(), values, by_name);
+  }
+  for (auto& [key, sources] : st->by_key) {
+    std::sort(sources.begin(), sources.end(),
+              [](const Source& a, const Source& b) { return a.begin < b.begin; });
+    for (size_t i = 1; i < sources.size(); ++i)
+      if (sources[i].begin < sources[i - 1].begin + sources[i - 1].length)
+        throw std::runtime_error(fmt::format("{}: {} of {} is stored twice ({} and {})", c.path,
+                                             key.first, key.second, sources[i - 1].file->path(),
+                                             sources[i].file->path()));
+  }
+  return st;
+}
+
+// Elements [b, e) of one kind of one parameter from whichever stored pieces overlap them:
+// put(lo, hi, bytes) for each stored run; returns how many elements were found.
+int64_t copy_range(const Stored& st, const std::string& kind, const std::string& param, int64_t b,
+                   int64_t e, const std::function<void(int64_t, int64_t, const std::byte*)>& put) {
+  int64_t covered = 0;
+  auto it = st.by_key.find({kind, param});
+  if (it == st.by_key.end()) return 0;
+  for (const Source& src : it->second) {
+    const int64_t lo = std::max(b, src.begin), hi = std::min(e, src.begin + src.length);
+    if (lo >= hi) continue;
+    put(lo, hi,
+        src.file->data(*src.entry).data() + static_cast<size_t>(lo - src.begin) * sizeof(float));
+    covered += hi - lo;
+  }
+  return covered;
+}
+
+std::runtime_error missing_error(const Checkpoint& c, const std::string& kind,
+                                 const std::string& param, int64_t b, int64_t e) {
+  const bool values = kind == "param";
+  const std::string where =
+      values ? (c.sharded_model ? fmt::format("its {} model shard file{}", c.world_size,
+                                              c.world_size > 1 ? "s" : "")
+                                : std::string("its model file"))
+             : fmt::format("its {} optimizer file{}", c.world_size, c.world_size > 1 ? "s" : "");
+  return std::runtime_error(fmt::format("{}: {} of {}, elements [{}, {}), is missing from {}",
+                                        c.path, values ? "the values" : kind, param, b, e, where));
+}
+
+// Elements [b, e) of one kind of one parameter into the fp32 host memory at `dst`, all present.
+void restore_range(const Checkpoint& c, const Stored& st, const std::string& kind,
+                   const std::string& param, int64_t b, int64_t e, float* dst) {
+  const int64_t covered =
+      copy_range(st, kind, param, b, e, [&](int64_t lo, int64_t hi, const std::byte* bytes) {
+        std::memcpy(dst + (lo - b), bytes, static_cast<size_t>(hi - lo) * sizeof(float));
+      });
+  if (covered != e - b) throw missing_error(c, kind, param, b, e);
+}
+
+// Elements [b, e) into the contiguous fp32 tensor `dst` (dst.numel() == e - b).
+void restore_tensor(const Checkpoint& c, const Stored& st, const std::string& kind,
+                    const std::string& param, int64_t b, const Tensor& dst) {
+  if (!dst.is_contiguous() || dst.dtype() != DType::kF32)
+    throw std::invalid_argument("checkpoint: a restored tensor is not contiguous fp32");
+  const int64_t e = b + dst.numel();
+  const int64_t covered =
+      copy_range(st, kind, param, b, e, [&](int64_t lo, int64_t hi, const std::byte* bytes) {
+        Tensor::view_of(dst, {hi - lo}, {1}, dst.offset() + (lo - b))
+            .copy_from_host(bytes, static_cast<size_t>(hi - lo) * sizeof(float));
+      });
+  if (covered != e - b) throw missing_error(c, kind, param, b, e);
+}
+
+// Every parameter of `model` whole from the stored values; a working copy whose master is
+// offloaded gets the master's cast (its fp32 values go to the masters file in the optimizer's
+// restore).
+void load_model(const Checkpoint& c, const Stored& st, nn::GPT& model) {
+  for (const auto& [name, p] : model.named_parameters()) {
+    if (!p.impl()->master_elsewhere) {
+      restore_tensor(c, st, "param", name, 0, p);
+      continue;
+    }
+    std::vector<float> master(static_cast<size_t>(p.numel()));
+    restore_range(c, st, "param", name, 0, p.numel(), master.data());
+    optim::cast_master_into_(master.data(), p, 0, p.numel());
+  }
+}
+
 }  // namespace
 
 void restore_model(const Checkpoint& c, nn::GPT& model) {
-  load_model(io::SafetensorsFile::open(c.path + "/" + kModelFile), model);
+  load_model(c, *read_stored(c, model, false), model);
 }
 
 CommittedModel read_latest_model(const std::string& run_dir, int attempts) {
@@ -814,90 +983,18 @@ CommittedModel read_latest_model(const std::string& run_dir, int attempts) {
 }
 
 void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShard& opt) {
-  const auto params = model.named_parameters();
-  const io::SafetensorsFile model_file = io::SafetensorsFile::open(c.path + "/" + kModelFile);
-  load_model(model_file, model);
-
-  // Every stored piece of every optimizer file, by (moment, parameter), checked against the model.
-  std::map<std::string, Tensor> by_name(params.begin(), params.end());
-  std::vector<io::SafetensorsFile> files;
-  files.reserve(static_cast<size_t>(c.world_size));
-  for (int64_t r = 0; r < c.world_size; ++r)
-    files.push_back(io::SafetensorsFile::open(c.path + "/" + optim_file(static_cast<int>(r))));
-  std::map<std::pair<std::string, std::string>, std::vector<Source>> stored;
-  for (const io::SafetensorsFile& f : files)
-    for (const io::SafetensorsEntry& e : f.entries()) {
-      std::string kind, rest;
-      for (const char* k : {"exp_avg_sq.", "exp_avg."})
-        if (e.name.rfind(k, 0) == 0) {
-          kind = std::string(k, std::strlen(k) - 1);
-          rest = e.name.substr(std::strlen(k));
-          break;
-        }
-      const size_t at = rest.rfind('@');
-      const std::string param = at == std::string::npos ? rest : rest.substr(0, at);
-      auto it = by_name.find(param);
-      if (kind.empty() || it == by_name.end())
-        throw std::runtime_error(fmt::format(
-            "{}: tensor '{}' is not the state of a parameter of this model", f.path(), e.name));
-      if (e.dtype != "F32")
-        throw std::runtime_error(
-            fmt::format("{}: tensor '{}' has dtype {}, expected F32", f.path(), e.name, e.dtype));
-      const int64_t numel = it->second.numel();
-      Source src{0, numel, &f, &e};
-      if (at == std::string::npos) {
-        if (e.shape != it->second.shape())
-          throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}",
-                                               f.path(), e.name, shape_str(e.shape),
-                                               shape_str(it->second.shape())));
-      } else {
-        const std::string digits = rest.substr(at + 1);
-        const bool number = !digits.empty() && digits.size() <= 15 &&
-                            std::all_of(digits.begin(), digits.end(),
-                                        [](char ch) { return ch >= '0' && ch <= '9'; });
-        src.begin = number ? std::stoll(digits) : -1;
-        src.length = e.shape.size() == 1 ? e.shape[0] : -1;
-        if (src.begin < 0 || src.length < 0 || src.begin + src.length > numel)
-          throw std::runtime_error(
-              fmt::format("{}: tensor '{}' of shape {} is not a piece of {} ({} elements)",
-                          f.path(), e.name, shape_str(e.shape), param, numel));
-      }
-      stored[{kind, param}].push_back(src);
-    }
-  for (auto& [key, sources] : stored) {
-    std::sort(sources.begin(), sources.end(),
-              [](const Source& a, const Source& b) { return a.begin < b.begin; });
-    for (size_t i = 1; i < sources.size(); ++i)
-      if (sources[i].begin < sources[i - 1].begin + sources[i - 1].length)
-        throw std::runtime_error(fmt::format("{}: {} of {} is stored twice ({} and {})", c.path,
-                                             key.first, key.second, sources[i - 1].file->path(),
-                                             sources[i].file->path()));
+  const std::unique_ptr<Stored> stored = read_stored(c, model, true);
+  const Stored& st = *stored;
+  // The model: whole parameters, or (sharded) this rank's pieces of them into the shard.
+  if (opt.sharded_model) {
+    for (const OptimizerPiece& piece : opt.pieces)
+      restore_tensor(c, st, "param", piece.param, piece.begin, piece.values);
+  } else {
+    load_model(c, st, model);
   }
-  // Elements [b, e) of one moment of one parameter from whichever stored pieces overlap them:
-  // put(lo, hi, bytes) for each stored run; returns how many elements were found.
-  auto copy_range = [&](const char* kind, const std::string& param, int64_t b, int64_t e,
-                        const std::function<void(int64_t, int64_t, const std::byte*)>& put) {
-    int64_t covered = 0;
-    auto it = stored.find({kind, param});
-    if (it != stored.end())
-      for (const Source& src : it->second) {
-        const int64_t lo = std::max(b, src.begin), hi = std::min(e, src.begin + src.length);
-        if (lo >= hi) continue;
-        put(lo, hi,
-            src.file->data(*src.entry).data() +
-                static_cast<size_t>(lo - src.begin) * sizeof(float));
-        covered += hi - lo;
-      }
-    return covered;
-  };
-  auto missing = [&](const char* kind, const OptimizerPiece& piece, int64_t n) {
-    return std::runtime_error(fmt::format(
-        "{}: {} of {}, elements [{}, {}), is missing from its {} optimizer file{}", c.path, kind,
-        piece.param, piece.begin, piece.begin + n, c.world_size, c.world_size > 1 ? "s" : ""));
-  };
   if (opt.offloaded) {
     // Offloaded: the pieces stream into fresh moment files, chunk by chunk in the flat order.
-    std::vector<int64_t> numel(opt.pieces.size()), found(2 * opt.pieces.size(), 0);
+    std::vector<int64_t> numel(opt.pieces.size());
     for (size_t i = 0; i < opt.pieces.size(); ++i) {
       numel[i] = 1;
       for (int64_t d : opt.pieces[i].shape) numel[i] *= d;
@@ -911,41 +1008,20 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShar
         const int64_t a = std::max(lo, piece.first), b = std::min(hi, piece.first + numel[i]);
         if (a >= b) continue;
         const int64_t pb = piece.begin + (a - piece.first);  // of the parameter
-        if (piece.master) {  // the model file's values (the working copy has their cast)
-          const auto bytes = model_file.data(*model_file.find(piece.param));
-          std::memcpy(ch.master + (a - lo), bytes.data() + static_cast<size_t>(pb) * sizeof(float),
-                      static_cast<size_t>(b - a) * sizeof(float));
-        }
-        for (int k = 0; k < 2; ++k) {
-          float* dst = (k == 0 ? ch.exp_avg : ch.exp_avg_sq) + (a - lo);
-          found[2 * i + k] += copy_range(
-              k == 0 ? "exp_avg" : "exp_avg_sq", piece.param, pb, pb + (b - a),
-              [&](int64_t x, int64_t y, const std::byte* bytes) {
-                std::memcpy(dst + (x - pb), bytes, static_cast<size_t>(y - x) * sizeof(float));
-              });
-        }
+        if (piece.master)  // the model's values (the working copy has their cast)
+          restore_range(c, st, "param", piece.param, pb, pb + (b - a), ch.master + (a - lo));
+        restore_range(c, st, "exp_avg", piece.param, pb, pb + (b - a), ch.exp_avg + (a - lo));
+        restore_range(c, st, "exp_avg_sq", piece.param, pb, pb + (b - a),
+                      ch.exp_avg_sq + (a - lo));
       }
     });
-    for (size_t i = 0; i < numel.size(); ++i)
-      for (int k = 0; k < 2; ++k)
-        if (found[2 * i + k] != numel[i])
-          throw missing(k == 0 ? "exp_avg" : "exp_avg_sq", opt.pieces[i], numel[i]);
+  } else {
+    // In memory: each piece of this optimizer from whichever stored pieces overlap it.
+    for (const OptimizerPiece& piece : opt.pieces) {
+      restore_tensor(c, st, "exp_avg", piece.param, piece.begin, piece.exp_avg);
+      restore_tensor(c, st, "exp_avg_sq", piece.param, piece.begin, piece.exp_avg_sq);
+    }
   }
-  // In memory: each piece of this optimizer from whichever stored pieces overlap it.
-  if (!opt.offloaded)
-    for (const OptimizerPiece& piece : opt.pieces)
-      for (const auto& [kind, dst] :
-           {std::pair{"exp_avg", piece.exp_avg}, std::pair{"exp_avg_sq", piece.exp_avg_sq}}) {
-        if (!dst.is_contiguous() || dst.dtype() != DType::kF32)
-          throw std::invalid_argument("checkpoint: optimizer state is not contiguous fp32");
-        const int64_t b = piece.begin, e = piece.begin + dst.numel();
-        const int64_t covered = copy_range(
-            kind, piece.param, b, e, [&](int64_t lo, int64_t hi, const std::byte* bytes) {
-              Tensor::view_of(dst, {hi - lo}, {1}, dst.offset() + (lo - b))
-                  .copy_from_host(bytes, static_cast<size_t>(hi - lo) * sizeof(float));
-            });
-        if (covered != e - b) throw missing(kind, piece, dst.numel());
-      }
   opt.optimizer->set_step_count(c.optimizer_steps);
 }
 

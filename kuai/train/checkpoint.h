@@ -1,6 +1,9 @@
 // Full, resumable checkpoints (technique 9, the resume half; weights-only export is io/export.h).
 // A checkpoint is a directory <run>/ckpt-<step>/ holding
-//   model.safetensors            the parameters (fp32)
+//   model.safetensors            the parameters (fp32), whole; or, when the parameters are
+//   model.rank<r>.safetensors    sharded (ZeRO-3), one file per rank holding that rank's pieces
+//                                of them ("<name>" whole, "<name>@<first element>" 1-D), so that
+//                                no rank ever holds the whole model to save or restore it
 //   optimizer.rank<r>.safetensors  AdamW's exp_avg / exp_avg_sq by parameter name: one file
 //                                (rank0) with every parameter whole, or with ZeRO one file per
 //                                rank holding that rank's shard (see OptimizerShard)
@@ -18,10 +21,12 @@
 // the file and the check that failed.
 //
 // With ZeRO on several ranks (a Checkpointer given the process group) every rank writes its own
-// optimizer file into ckpt-<step>.tmp/ (rank 0 also the model and config; the run directory must
-// be one filesystem shared by the ranks), then commit() (a collective, run by the trainer one
-// step after the save) gathers every file's size and checksum to rank 0, which writes state.json,
-// renames and moves `latest` as above, and tells every rank whether the checkpoint is in place.
+// optimizer file into ckpt-<step>.tmp/ (and, with ZeRO-3, its model shard; rank 0 also the whole
+// model at stages 1 and 2, and the config; the run directory must be one filesystem shared by the
+// ranks), then commit() (a collective, run by the trainer one step after the save) gathers every
+// file's size and checksum to rank 0, which writes state.json, renames and moves `latest` as
+// above, and tells every rank whether the checkpoint is in place. Any checkpoint restores into any
+// layout: sharded or whole, written by N ranks and read by M (re-sharding on load).
 #pragma once
 
 #include <condition_variable>
@@ -68,6 +73,10 @@ struct OptimizerPiece {
   // Offloaded with its master (train.offload_master): the parameter is a low-precision working
   // copy, and its fp32 values (the model file's) are in the masters file at `first`.
   bool master = false;
+  // ZeRO-3: the piece's fp32 values (a contiguous view of the parameter shard, the master the
+  // update writes); the model's parameter has no bytes between steps. Saved into this rank's
+  // model shard file and restored there.
+  Tensor values;
 };
 // With masters offloaded, a save streams the model file from the masters file too (in the same
 // pass as the optimizer file), and a resume streams the model file's values back into it and
@@ -80,6 +89,8 @@ struct OptimizerShard {
   // ZeRO with masters: rank 0 gathers every rank's masters into the model file as the ranks
   // stream their shards (a collective inside the save, dist::MasterGather).
   dist::ZeroAdamW* zero_masters = nullptr;
+  // ZeRO-3: the model is saved as the pieces' `values`, one model.rank<r> file per rank.
+  bool sharded_model = false;
 };
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt);
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::OffloadedAdamW& opt);
@@ -166,6 +177,7 @@ struct Checkpoint {
   TrainingState state;
   int64_t optimizer_steps = 0;
   int64_t world_size = 1;  // optimizer files: optimizer.rank0 .. rank<world_size - 1>
+  bool sharded_model = false;  // model.rank0 .. rank<world_size - 1>, not model.safetensors
 };
 
 // `path` is a checkpoint directory, or a run directory whose `latest` names one.
@@ -179,7 +191,8 @@ Checkpoint read_checkpoint(const std::string& dir);
 void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, const OptimizerShard& opt);
 void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, optim::AdamW& opt);
 
-// Loads only the model tensors of a verified checkpoint (strict names, shapes, dtypes).
+// Loads only the model tensors of a verified checkpoint (strict names, shapes, dtypes), from the
+// whole model file or from the model shards of every rank.
 void restore_model(const Checkpoint& ckpt, nn::GPT& model);
 
 // For readers that take no lock (kuai sample --run beside a trainer that saves and prunes; see

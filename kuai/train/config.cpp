@@ -275,19 +275,10 @@ void validate(const TrainConfig& c) {
         c.compression, c.zero));
   if (c.zero == 3) {
     // What ZeRO-3 does not combine with yet, each named (distributed/zero3.h).
-    if (c.recompute != "none")
-      throw ConfigError(fmt::format(
-          "config: train.recompute = \"{}\" is not combined with dist.zero = 3 yet (a replayed "
-          "block would read parameters its unit has released); use train.recompute = \"none\"",
-          c.recompute));
     if (c.offload_master)
       throw ConfigError(
           "config: train.offload_master = true is not combined with dist.zero = 3 (its fp32 "
           "masters are the parameter shard)");
-    if (c.save_every > 0 || c.export_every > 0)
-      throw ConfigError(
-          "config: dist.zero = 3 writes no checkpoints yet: checkpoint.save_every and "
-          "checkpoint.export_every must be 0 (the final weights are exported)");
   }
   if (c.gather_dtype != "fp32" && (c.zero != 3 || c.gather_dtype != c.precision))
     throw ConfigError(fmt::format(

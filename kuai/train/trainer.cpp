@@ -336,9 +336,6 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
 
   const bool resuming = !opts.resume.empty();
   data::LoaderState loader_start;
-  if (resuming && sharded)
-    throw std::runtime_error(
-        "kuai train: dist.zero = 3 does not resume from checkpoints yet (it writes none)");
   if (resuming) {
     const Checkpoint c = read_checkpoint(resolve_checkpoint(opts.resume));
     if (c.state.data_seed != static_cast<uint64_t>(cfg.seed))
@@ -440,12 +437,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   data::DataLoader loader(sources.train, lopt, loader_start.next_index);
   log::MetricRing ring(make_sinks(cfg, opts, out, result.run_path, resuming), cfg.log_every);
   // Full checkpoints every save_every steps, and on a stop request.
-  // With ZeRO on several ranks each rank writes its own optimizer shard (every rank has a
-  // Checkpointer on the same shared run directory); otherwise rank 0 writes everything.
+  // With ZeRO on several ranks each rank writes its own optimizer shard, and with ZeRO-3 its model
+  // shard (every rank has a Checkpointer on the same shared run directory); otherwise rank 0
+  // writes everything.
   std::unique_ptr<Checkpointer> ckpt;
   std::optional<OptimizerShard> shard;
   const bool sharded_ckpt = zero && world > 1;
-  if (options.write_run_dir && !sharded && (cfg.save_every > 0 || options.stop) &&
+  if (options.write_run_dir && (cfg.save_every > 0 || options.stop) &&
       (sharded_ckpt || !result.run_path.empty())) {
     const std::string dir =
         (std::filesystem::path(cfg.run_dir) / cfg.run_name).string();  // result.run_path on rank 0

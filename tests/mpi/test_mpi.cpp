@@ -736,6 +736,8 @@ void resume_is_bit_exact(const std::string& zero, const std::vector<std::string>
 
 TEST(MpiTrainer, ResumeOfATwoRankRunIsBitExact) { resume_is_bit_exact("0"); }
 TEST(MpiZero, ResumeOfATwoRankZero2RunIsBitExact) { resume_is_bit_exact("2"); }
+// ZeRO-3: each rank writes its model shard too (no whole model anywhere) and restores it.
+TEST(MpiZero3, ResumeOfATwoRankZero3RunIsBitExact) { resume_is_bit_exact("3"); }
 // Each rank streams its offloaded shard into its optimizer file, and back into fresh files.
 TEST(MpiZero, ResumeOfATwoRankZero2RunWithOffloadIsBitExact) {
   resume_is_bit_exact("2", {"--train.offload=disk"});
@@ -871,7 +873,7 @@ TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, SIG_DFL);
   expect_save_at_4_failed_everywhere(r, *pg, dir / "r",
-                                     "rank 1 could not write its optimizer shard",
+                                     "rank 1 could not write its shard",
                                      "optimizer.rank1.safetensors");
 }
 
