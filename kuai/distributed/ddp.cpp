@@ -40,10 +40,10 @@ Compression parse_compression(const std::string& name) {
 
 namespace {
 
-// The compression hook of one bucket, run on the communication thread around its all-reduce:
-// host loops over the bucket's memory, in chunks of kChunk elements through the backend's
-// conversions. (The CPU device's memory is the host's; a device backend needs these two passes
-// as kernels of its own.)
+// The compression hook of one bucket, run on the communication thread around its all-reduce (or
+// reduce-scatter): host loops over the bucket's memory, in chunks of kChunk elements through the
+// backend's conversions. (The CPU device's memory is the host's; a device backend needs these
+// two passes as kernels of its own.)
 struct Compressor {
   static constexpr int64_t kChunk = 2048;
   float* grad;      // the bucket (fp32)
@@ -78,6 +78,9 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> padded;         // per bucket: flat.numel(), a multiple of the world size
   std::vector<Tensor> wire, residual;  // per bucket, with compression
   std::vector<Tensor> shards;          // per bucket, ZeRO-2 (empty otherwise)
+  // Sharded with compression: per bucket, the wire copies of a reduce-scatter in flight (the
+  // whole bucket, cast, and this rank's part of the sum), held until it completes.
+  std::vector<Tensor> wire_in, wire_out;
   // Sharded, every micro-batch: each backward reduce-scatters; after the step's first, into
   // temp[b] (a shard's size, held until its collective completes), then added into shards[b].
   bool every_micro_batch = false;
@@ -143,6 +146,7 @@ struct DistributedDataParallel::State {
         continue;
       for (Tensor& p : buckets[b].params) p.set_grad(Tensor());
       buckets[b].flat = Tensor();
+      wire_in[b] = wire_out[b] = Tensor();
       if (temp[b].defined()) {
         add_(shards[b], temp[b]);
         temp[b] = Tensor();
@@ -170,8 +174,35 @@ struct DistributedDataParallel::State {
           const MemoryUseScope gradients(MemoryUse::kGradients);
           temp[i] = Tensor::empty(shards[i].shape());
         }
-        slot->work = group->reduce_scatter(buckets[i].flat, accumulating ? temp[i] : shards[i],
-                                           ReduceOp::kAvg);
+        const Tensor& dst = accumulating ? temp[i] : shards[i];
+        if (options.compression == Compression::kNone) {
+          slot->work = group->reduce_scatter(buckets[i].flat, dst, ReduceOp::kAvg);
+          continue;
+        }
+        // Compressed: the bucket (divided by the world size, plus the error feedback's residual)
+        // is cast into a wire copy on the communication thread, reduce-scattered in the wire
+        // dtype (each sum in fp32, rounded once, as the all-reduce does), and this rank's part
+        // widened into the shard: the numbers DDP's compressed all-reduce gives this rank.
+        const DType wt = options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16;
+        {
+          const MemoryUseScope comm(MemoryUse::kComm);
+          wire_in[i] = Tensor::empty({padded[i]}, wt);
+          wire_out[i] = Tensor::empty(dst.shape(), wt);
+        }
+        Backend* backend = &backend_for(buckets[i].flat.device());
+        const Compressor c{buckets[i].flat.device_data<float>(),
+                           wire_in[i].device_data<uint16_t>(),
+                           residual.empty() ? nullptr : residual[i].device_data<float>(),
+                           padded[i],
+                           wt,
+                           1.0f / static_cast<float>(group->size()),
+                           backend};
+        const uint16_t* part = wire_out[i].device_data<uint16_t>();
+        float* into = dst.device_data<float>();
+        const int64_t m = dst.numel();
+        slot->work = group->reduce_scatter(
+            wire_in[i], wire_out[i], ReduceOp::kSum, [c] { c.before(); },
+            [=] { backend->convert(part, wt, into, DType::kF32, m); });
         continue;
       }
       // Dispatched, so a captured step holds its collectives (collective_ops.h).
@@ -295,8 +326,11 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
     s.padded.push_back(padded);
     if (options.compression != Compression::kNone) {
       const MemoryUseScope comm(MemoryUse::kComm);
-      s.wire.push_back(
-          zeros({padded}, options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16));
+      // Sharded: wire copies only while a bucket's reduce-scatter is in flight.
+      s.wire.push_back(options.sharded ? Tensor()
+                                       : zeros({padded}, options.compression == Compression::kBf16
+                                                             ? DType::kBF16
+                                                             : DType::kF16));
       if (options.error_feedback) s.residual.push_back(zeros({padded}));
     }
     s.buckets.push_back(std::move(b));
@@ -412,9 +446,6 @@ void DistributedDataParallel::shard_gradients(std::vector<Tensor> shards, bool e
   if (shards.size() != s.buckets.size())
     throw std::invalid_argument(fmt::format("DDP::shard_gradients: {} shards for {} buckets",
                                             shards.size(), s.buckets.size()));
-  if (s.options.compression != Compression::kNone)
-    throw std::invalid_argument(
-        "DDP: gradient compression is not combined with ZeRO-2's reduce-scatter");
   for (size_t b = 0; b < shards.size(); ++b)
     if (shards[b].dtype() != DType::kF32 || !shards[b].is_contiguous() ||
         shards[b].numel() * group_->size() != s.padded[b])
@@ -424,6 +455,8 @@ void DistributedDataParallel::shard_gradients(std::vector<Tensor> shards, bool e
   s.shards = std::move(shards);
   s.every_micro_batch = every_micro_batch;
   s.temp.assign(s.shards.size(), Tensor());
+  s.wire_in.assign(s.shards.size(), Tensor());
+  s.wire_out.assign(s.shards.size(), Tensor());
   // From now on the buckets exist only while a backward fills them.
   for (Bucket& b : s.buckets) {
     for (Tensor& p : b.params) p.set_grad(Tensor());

@@ -35,7 +35,12 @@ namespace kuai::dist {
 // collective. Each bucket is pre-divided by the world size (so fp16 sums cannot overflow where the
 // fp32 average would not), rounded to fp16 or bf16, summed in that dtype on the wire (half the
 // bytes), and widened back. With error feedback the rounding error of each element is kept
-// (fp32, per bucket) and added to the next step's gradient before rounding.
+// (fp32, per bucket) and added to the next step's gradient before rounding. Sharded (ZeRO-2/3),
+// the same cast goes around the reduce-scatter: the whole bucket is rounded into a wire copy,
+// summed in the wire dtype, and this rank's part widened into its shard; the wire copies exist
+// only while the bucket's reduce-scatter is in flight, but the residual of error feedback is a
+// whole bucket's fp32 per rank, held from step to step (4 bytes per parameter that ZeRO-3 does
+// not otherwise hold).
 enum class Compression { kNone, kFp16, kBf16 };
 const char* compression_name(Compression c);             // "none" | "fp16" | "bf16"
 Compression parse_compression(const std::string& name);  // throws naming the choices

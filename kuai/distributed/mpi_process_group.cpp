@@ -141,24 +141,31 @@ class MpiProcessGroup final : public ProcessGroup {
         });
   }
 
-  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op) override {
-    check_reducible(in, "reduce_scatter", false);
-    check_reducible(out, "reduce_scatter", false);
-    if (in.numel() != out.numel() * size_)
-      throw std::invalid_argument(
-          fmt::format("reduce_scatter: in holds {} elements, not size() {} x out's {}", in.numel(),
-                      size_, out.numel()));
+  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
+                                       std::function<void()> before,
+                                       std::function<void()> after) override {
+    check_reducible(in, "reduce_scatter", true);
+    check_reducible(out, "reduce_scatter", true);
+    if (in.numel() != out.numel() * size_ || in.dtype() != out.dtype())
+      throw std::invalid_argument(fmt::format(
+          "reduce_scatter: in holds {} {} elements, not size() {} x out's {} {}", in.numel(),
+          dtype_name(in.dtype()), size_, out.numel(), dtype_name(out.dtype())));
+    const DType dt = out.dtype();
     const int n = count(out.numel(), "reduce_scatter");
-    const float* src = in.device_data<float>();
-    float* dst = out.device_data<float>();
+    const void* src = in.device_ptr();
+    void* dst = out.device_ptr();
+    const MPI_Datatype type = dt == DType::kF32 ? MPI_FLOAT : half_type_;
+    const MPI_Op mop = dt == DType::kF32 ? MPI_SUM : dt == DType::kBF16 ? bf16_sum_ : f16_sum_;
     return enqueue(
-        fmt::format("reduce_scatter of {} fp32", in.numel()),
+        fmt::format("reduce_scatter of {} {}", in.numel(), dtype_name(dt)),
         {Collective::kReduceScatter, in.nbytes(), out.nbytes()},
         [=, this](MPI_Request* r) {
-          return MPI_Ireduce_scatter_block(src, dst, n, MPI_FLOAT, MPI_SUM, comm_, r);
+          if (before) before();
+          return MPI_Ireduce_scatter_block(src, dst, n, type, mop, comm_, r);
         },
         [=, this] {
-          if (op == ReduceOp::kAvg) divide(dst, n);
+          if (op == ReduceOp::kAvg) divide(dst, dt, n);
+          if (after) after();
         });
   }
 
@@ -216,7 +223,6 @@ class MpiProcessGroup final : public ProcessGroup {
     return static_cast<int>(n);
   }
 
-  void divide(float* p, int n) const { divide(p, DType::kF32, n); }
   void divide(void* p, DType dt, int n) const {
     const float inv = 1.0f / static_cast<float>(size_);
     if (dt == DType::kF32) {

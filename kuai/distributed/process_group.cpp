@@ -63,14 +63,19 @@ class SingleProcessGroup final : public ProcessGroup {
     if (after) after();
     return done("all_reduce");
   }
-  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {
-    check_reducible(in, "reduce_scatter", false);
-    check_reducible(out, "reduce_scatter", false);
-    if (in.numel() != out.numel())
-      throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
+  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp,
+                                       std::function<void()> before,
+                                       std::function<void()> after) override {
+    check_reducible(in, "reduce_scatter", true);
+    check_reducible(out, "reduce_scatter", true);
+    if (in.numel() != out.numel() || in.dtype() != out.dtype())
+      throw std::invalid_argument(
+          "reduce_scatter: in must hold size() * out.numel() elements of out's dtype");
     record_launch(Collective::kReduceScatter, in.nbytes(), out.nbytes());
+    if (before) before();
     backend_for(out.device())
         .copy_within(out.device_ptr(), in.device_ptr(), static_cast<size_t>(in.nbytes()));
+    if (after) after();
     return done("reduce_scatter");
   }
   std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override {
@@ -107,11 +112,13 @@ class RecordingProcessGroup final : public ProcessGroup {
     check_reducible(t, "all_reduce", true);
     return note(Collective::kAllReduce, "all_reduce", t, t.nbytes(), t.nbytes());
   }
-  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp) override {
-    check_reducible(in, "reduce_scatter", false);
-    check_reducible(out, "reduce_scatter", false);
-    if (in.numel() != out.numel() * world_)
-      throw std::invalid_argument("reduce_scatter: in must hold size() * out.numel() elements");
+  std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp,
+                                       std::function<void()>, std::function<void()>) override {
+    check_reducible(in, "reduce_scatter", true);
+    check_reducible(out, "reduce_scatter", true);
+    if (in.numel() != out.numel() * world_ || in.dtype() != out.dtype())
+      throw std::invalid_argument(
+          "reduce_scatter: in must hold size() * out.numel() elements of out's dtype");
     return note(Collective::kReduceScatter, "reduce_scatter", in, in.nbytes(), out.nbytes());
   }
   std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) override {

@@ -60,16 +60,18 @@ class ProcessGroup {
   // The tensors must be contiguous and stay alive and untouched until the Work completes.
   // Reductions take fp32, bf16 or f16 tensors (bf16/f16: each pairwise sum in fp32, rounded
   // once: the wire format of gradient compression); all_gather and broadcast any dtype.
-  // In place: t = op over ranks of t. `before` and `after` (optional) run on the communication
-  // thread just before the collective starts and just after it completes (the compression
-  // hooks cast there, off the training thread).
+  // `before` and `after` (optional) of a reduction run on the communication thread just before
+  // the collective starts and just after it completes (the compression hooks cast there, off the
+  // training thread).
+  // In place: t = op over ranks of t.
   virtual std::shared_ptr<Work> all_reduce(const Tensor& t, ReduceOp op,
                                            std::function<void()> before = {},
                                            std::function<void()> after = {}) = 0;
-  // in holds size() * n elements; out (n) receives this rank's part of the reduction:
-  // elements [rank * n, (rank + 1) * n) of op over ranks of in.
-  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out,
-                                               ReduceOp op) = 0;
+  // in holds size() * n elements; out (n, in's dtype) receives this rank's part of the
+  // reduction: elements [rank * n, (rank + 1) * n) of op over ranks of in.
+  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp op,
+                                               std::function<void()> before = {},
+                                               std::function<void()> after = {}) = 0;
   // in (n) of every rank into out (size() * n), rank r's at [r * n, (r + 1) * n).
   virtual std::shared_ptr<Work> all_gather(const Tensor& in, const Tensor& out) = 0;
   // t of rank `root` into t of every rank.

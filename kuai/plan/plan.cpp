@@ -326,8 +326,6 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
           if (attention.empty()) continue;
           for (int64_t zero : {int64_t{0}, int64_t{1}, int64_t{2}}) {
             if (n == 1 && zero > 0) continue;
-            if (zero == 2 && cfg.compression != "none")
-              continue;  // not combined (distributed/ddp.cpp)
             // Offload costs disk time, recomputation compute time: for each of the config's own
             // placement of the optimizer state, disk, and disk with the master weights (mixed
             // precision), the config's own policy first, then selective, then full, each only

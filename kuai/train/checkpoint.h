@@ -76,7 +76,7 @@ struct OptimizerPiece {
   // ZeRO-3: the piece's fp32 values (a contiguous view of the parameter shard, the master the
   // update writes); the model's parameter has no bytes between steps. Saved into this rank's
   // model shard file and restored there.
-  Tensor values;
+  Tensor values = {};
 };
 // With masters offloaded, a save streams the model file from the masters file too (in the same
 // pass as the optimizer file), and a resume streams the model file's values back into it and

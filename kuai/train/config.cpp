@@ -268,11 +268,6 @@ void validate(const TrainConfig& c) {
     throw ConfigError(
         "config: train.offload_master = true needs train.precision = \"bf16\" or \"fp16\": in "
         "fp32 the parameters are the master weights, there is no second copy to move");
-  if (c.zero >= 2 && c.compression != "none")
-    throw ConfigError(fmt::format(
-        "config: dist.compression = \"{}\" is not combined with dist.zero = {} (its gradients are "
-        "reduce-scattered in fp32); use dist.zero = 1 or dist.compression = \"none\"",
-        c.compression, c.zero));
   if (c.zero == 3) {
     // What ZeRO-3 does not combine with yet, each named (distributed/zero3.h).
     if (c.offload_master)
