@@ -2,8 +2,9 @@
 // It runs `kuai train` itself, one process per arm, arms alternating over rounds:
 //   - 1 rank x 1 thread (the baseline),
 //   - 2 ranks x 1 thread under mpirun with overlap on (the default), overlap off, fp16 and bf16
-//     compression, ZeRO-1 (AdamW state sharded) and ZeRO-2 (gradients too): compare the peak
-//     live tensor memory and RSS of a rank,
+//     compression, ZeRO-1 (AdamW state sharded), ZeRO-2 (gradients too) and ZeRO-3 (parameters
+//     too, gathered a unit ahead, and on demand): compare the peak live tensor memory and RSS
+//     of a rank, and ZeRO-3's wait for its gathers (what prefetch does not hide),
 // each with the same per-rank batch, so 2 ranks process twice the tokens per step. Scaling
 // efficiency = tokens/s of 2 ranks / (2 x tokens/s of 1 rank). Reported: median step time and
 // tokens/s over rounds with their spread (min-max), each 2-rank arm against the default 2-rank
@@ -38,6 +39,7 @@ struct Arm {
   std::vector<double> tokens_per_s, step_ms, rss_mib, live_mib;
   double comm_mib = 0;
   double overlap = -1;    // the share of reduced bytes launched during backward (measured)
+  std::vector<double> gather_wait_ms;  // ZeRO-3: the step's wait for its gathers (measured)
   double state_mib = -1;  // ZeRO: the AdamW moments this rank holds
   double unsharded_mib = -1;
 };
@@ -82,6 +84,8 @@ bool run_arm(Arm& a, const std::vector<std::string>& base, std::string* err) {
   if (d != std::string::npos) a.comm_mib = std::stod(out.substr(d + 19));
   const size_t ov = out.find(" overlap=", at);
   if (ov != std::string::npos) a.overlap = std::stod(out.substr(ov + 9));
+  const size_t gw = out.find(" gather_wait_ms_per_step=", at);
+  if (gw != std::string::npos) a.gather_wait_ms.push_back(std::stod(out.substr(gw + 25)));
   return true;
 }
 
@@ -113,6 +117,8 @@ int run_ddp_bench(const std::vector<std::string>& args) {
       {"2 ranks, bf16 compression", 2, {"--dist.compression=bf16"}},
       {"2 ranks, ZeRO-1 (all-reduce, all-gather)", 2, {"--dist.zero=1"}},
       {"2 ranks, ZeRO-2 (reduce-scatter, all-gather)", 2, {"--dist.zero=2"}},
+      {"2 ranks, ZeRO-3 (gathers per unit, prefetch 1)", 2, {"--dist.zero=3"}},
+      {"2 ranks, ZeRO-3, prefetch 0 (gathers on demand)", 2, {"--dist.zero=3", "--dist.prefetch=0"}},
   };
   // The link's constants first (all-reduce latency and bandwidth over 2 ranks, bench_link.cpp),
   // saved for `kuai plan`'s communication model.
@@ -147,36 +153,41 @@ int run_ddp_bench(const std::vector<std::string>& args) {
   const Arm& ref = arms[1];  // 2 ranks, overlap on, fp32
   std::cout << "\n| arm | step ms (min-max) | tokens/s | scaling efficiency | step vs 2 ranks "
                "overlap on | MiB sent per step (measured) | overlap (measured) | peak live "
-               "tensors MiB (rank 0) | peak RSS MiB (rank 0) | AdamW state MiB per rank |\n"
-               "|---|---|---|---|---|---|---|---|---|---|\n";
+               "tensors MiB (rank 0) | peak RSS MiB (rank 0) | AdamW state MiB per rank | "
+               "ZeRO-3 gather wait ms per step (measured) |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|\n";
   std::ostringstream js;
   js << "{\n  \"rows\": [\n";
   for (size_t i = 0; i < arms.size(); ++i) {
     const Arm& a = arms[i];
     const double tps = median(a.tokens_per_s);
     const double eff = a.ranks > 1 ? tps / (a.ranks * one) : 1.0;
+    const bool is_zero3 = !a.gather_wait_ms.empty() &&
+                          std::find(a.extra.begin(), a.extra.end(), "--dist.zero=3") != a.extra.end();
     std::string vs = "—";
     if (a.ranks > 1 && i != 1) {
       const bool noise = lo(a.step_ms) <= hi(ref.step_ms) && lo(ref.step_ms) <= hi(a.step_ms);
       vs = noise ? "within noise" : fmt::format("x{:.3f}", median(a.step_ms) / median(ref.step_ms));
     }
     std::cout << fmt::format(
-        "| {} | {:.1f} ({:.1f}-{:.1f}) | {:.0f} | {} | {} | {} | {} | {:.0f} | {:.0f} | {} |\n",
+        "| {} | {:.1f} ({:.1f}-{:.1f}) | {:.0f} | {} | {} | {} | {} | {:.0f} | {:.0f} | {} | {} "
+        "|\n",
         a.label, median(a.step_ms), lo(a.step_ms), hi(a.step_ms), tps,
         a.ranks > 1 ? fmt::format("{:.2f}", eff) : "—", vs,
         a.ranks > 1 ? fmt::format("{:.3f}", a.comm_mib) : "—",
         a.ranks > 1 && a.overlap >= 0 ? fmt::format("{:.3f}", a.overlap) : "—", median(a.live_mib),
         median(a.rss_mib),
         a.state_mib >= 0 ? fmt::format("{:.1f} (unsharded {:.1f})", a.state_mib, a.unsharded_mib)
-                         : "all");
+                         : "all",
+        is_zero3 ? fmt::format("{:.2f}", median(a.gather_wait_ms)) : "—");
     js << fmt::format(
         "    {{\"arm\": \"{}\", \"ranks\": {}, \"step_ms\": {:.2f}, \"step_ms_min\": {:.2f}, "
         "\"step_ms_max\": {:.2f}, \"tokens_per_s\": {:.1f}, \"scaling_efficiency\": {:.3f}, "
         "\"comm_mib_per_step\": {:.3f}, \"overlap\": {:.3f}, \"peak_live_mib\": {:.1f}, "
-        "\"peak_rss_mib\": {:.1f}, \"state_mib\": {:.1f}}}{}\n",
+        "\"peak_rss_mib\": {:.1f}, \"state_mib\": {:.1f}, \"gather_wait_ms\": {:.3f}}}{}\n",
         a.label, a.ranks, median(a.step_ms), lo(a.step_ms), hi(a.step_ms), tps, eff, a.comm_mib,
         a.overlap, median(a.live_mib), median(a.rss_mib), a.state_mib,
-        i + 1 < arms.size() ? "," : "");
+        is_zero3 ? median(a.gather_wait_ms) : 0.0, i + 1 < arms.size() ? "," : "");
   }
   js << "  ]\n}\n";
   const std::filesystem::path p(json);

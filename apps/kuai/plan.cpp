@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <set>
 #include <stdexcept>
 
 #include "bench.h"
@@ -101,21 +102,29 @@ int run_plan(const std::vector<std::string>& args) {
       const std::vector<plan::FitOption> options = plan::fit(cfg, ranks, budget, link, costs);
       if (options.empty()) {
         std::cout << "\n--fit: no combination of fewer micro-batch rows (more accumulation), "
-                     "bf16, flash attention, ZeRO-1/2, activation recomputation, optimizer state "
-                     "offloaded to disk and up to 64x the ranks (the same global batch) fits. "
-                     "What is left per rank is the fp32 parameters and their gradients, "
-                     "autocast's weight copies and one row's activations: a shorter sequence, a "
-                     "smaller model or more memory per rank (kuai has no parameter sharding, "
-                     "ZeRO-3, yet)\n";
+                     "bf16, flash attention, ZeRO-1/2/3, activation recomputation, optimizer "
+                     "state offloaded to disk and up to 64x the ranks (the same global batch) "
+                     "fits. What is left per rank is its shard of the parameters and their "
+                     "gradients, the units whole at once and one row's activations: a shorter "
+                     "sequence, a smaller model or more memory per rank\n";
       } else {
         std::cout << fmt::format(
             "\n--fit: {} change set{} within {} (5% spare); on {} rank{} first, then more ranks "
-            "(the same global batch); fastest first, at most 4 per rank count:\n",
+            "(the same global batch); fastest first, at most 4 per rank count, then the fastest "
+            "of each other ZeRO stage:\n",
             options.size(), options.size() == 1 ? "" : "s",
             fmt::format("{:.1f} MiB", double(budget) / (1 << 20)), ranks, ranks == 1 ? "" : "s");
+        // The ZeRO stage an option runs (its override, else the config's).
+        auto stage_of = [&](const plan::FitOption& f) {
+          for (const std::string& x : f.overrides)
+            if (x.rfind("--dist.zero=", 0) == 0) return std::stoll(x.substr(12));
+          return static_cast<long long>(cfg.zero);
+        };
         std::map<int64_t, int> shown;
+        std::set<std::pair<int64_t, long long>> stage_shown;  // (ranks, stage)
         for (const plan::FitOption& f : options) {
-          if (shown[f.ranks]++ >= 4) continue;
+          const bool top = shown[f.ranks]++ < 4;
+          if (!stage_shown.insert({f.ranks, stage_of(f)}).second && !top) continue;
           std::string o;
           for (const std::string& x : f.overrides) o += (o.empty() ? "" : " ") + x;
           std::cout << fmt::format("  {:>9.1f} MiB {:>9.2f} ms/step {:>10.0f} tok/s  {}\n",

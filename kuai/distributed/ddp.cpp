@@ -172,7 +172,7 @@ struct DistributedDataParallel::State {
       if (sharded()) {  // ZeRO-2 (never captured: the trainer runs it eagerly)
         if (accumulating) {
           const MemoryUseScope gradients(MemoryUse::kGradients);
-          temp[i] = Tensor::empty(shards[i].shape());
+          temp[i] = Tensor::empty(shards[i].shape(), DType::kF32, shards[i].device());
         }
         const Tensor& dst = accumulating ? temp[i] : shards[i];
         if (options.compression == Compression::kNone) {
@@ -186,8 +186,8 @@ struct DistributedDataParallel::State {
         const DType wt = options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16;
         {
           const MemoryUseScope comm(MemoryUse::kComm);
-          wire_in[i] = Tensor::empty({padded[i]}, wt);
-          wire_out[i] = Tensor::empty(dst.shape(), wt);
+          wire_in[i] = Tensor::empty({padded[i]}, wt, dst.device());
+          wire_out[i] = Tensor::empty(dst.shape(), wt, dst.device());
         }
         Backend* backend = &backend_for(buckets[i].flat.device());
         const Compressor c{buckets[i].flat.device_data<float>(),

@@ -141,7 +141,9 @@ class RecordingProcessGroup final : public ProcessGroup {
   std::shared_ptr<Work> note(Collective kind, const char* op, const Tensor& whole, int64_t sent,
                              int64_t received) {
     record_launch(kind, sent, received);
-    if (record_) record_({op, whole.nbytes(), whole.dtype(), autograd::backward_in_progress()});
+    if (record_)
+      record_({op, whole.nbytes(), whole.dtype(), autograd::backward_in_progress(),
+               whole.has_storage() ? static_cast<const void*>(whole.storage().get()) : nullptr});
     return done(op);
   }
   int world_, rank_;

@@ -125,6 +125,9 @@ struct CollectiveRecord {
   int64_t bytes = 0;  // the whole buffer (all_reduce: t; reduce_scatter: in; all_gather: out)
   DType dtype = DType::kF32;
   bool in_backward = false;  // launched while backward was running on the launching thread
+  // The storage the collective fills (all_gather: out; others: their tensor), so that the
+  // planner can find the first op that reads it (where the step waits for it). Identity only.
+  const void* buffer = nullptr;
 };
 // `world` ranks seen from rank `rank`, whose collectives are recorded, not sent: `kuai plan` runs
 // a step on meta tensors through it. Each collective completes at once and leaves its tensors as

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 #include <stdexcept>
 
@@ -93,7 +94,12 @@ struct ShardedParameters::State {
   void wait(size_t u) {
     gather(u);
     for (Part& part : units[u].parts) {
-      if (auto w = std::move(part.pending)) w->wait();
+      if (auto w = std::move(part.pending)) {
+        const auto t0 = std::chrono::steady_clock::now();
+        w->wait();
+        stats.wait_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      }
       part.wire = Tensor();
     }
   }

@@ -111,6 +111,9 @@ class ShardedParameters final : public nn::UnitHooks, public autograd::SavedTens
     int64_t gathers_in_backward = 0;
     size_t max_whole = 0;         // most units whole at once
     int64_t max_whole_bytes = 0;  // and their bytes
+    // Time the training thread spent waiting for gathers to complete: what prefetch did not
+    // hide behind the units before (forward and backward).
+    double wait_seconds = 0;
   };
   Stats stats() const;
   void reset_stats();

@@ -178,6 +178,9 @@ TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const M
   double now = 0, comm_free = 0, pending = 0;  // pending: end of the collectives not waited for
   bool backward = false;
   size_t next = 0;
+  // Gathers waited for where their first reader runs (ZeRO-3's prefetch overlaps them with the
+  // units before): (that op's index, when the gather ends).
+  std::vector<std::pair<size_t, double>> waits;
   auto launch = [&](const CollectiveEvent& e) {
     const dist::CollectiveRecord& c = e.collective;
     double d = link.seconds(c.op, double(c.bytes), spec.ranks);
@@ -188,6 +191,10 @@ TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const M
     comm_free = start + d;
     t.comm_s += d;
     if (c.bytes <= 64) return;  // a scalar: never waited for within the step
+    if (e.needed_at != CollectiveEvent::kNever) {
+      waits.emplace_back(e.needed_at, comm_free);
+      return;
+    }
     if (c.in_backward)
       pending = std::max(pending, comm_free);
     else
@@ -197,6 +204,13 @@ TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const M
     const OpRecord& op = step.ops[i];
     while (next < step.collectives.size() && step.collectives[next].at <= i)
       launch(step.collectives[next++]);
+    for (auto w = waits.begin(); w != waits.end();)
+      if (w->first <= i) {
+        now = std::max(now, w->second);
+        w = waits.erase(w);
+      } else {
+        ++w;
+      }
     if (backward && !op.backward) now = std::max(now, pending);  // backward over: wait
     backward = op.backward;
     const double k = op_seconds(op, costs);
@@ -214,6 +228,7 @@ TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const M
   }
   while (next < step.collectives.size()) launch(step.collectives[next++]);
   now = std::max(now, pending);
+  for (const auto& w : waits) now = std::max(now, w.second);
   t.step_s = now;
   t.comm_exposed_s =
       std::max(0.0, now - (t.products_s + t.attention_s + t.memory_s + t.disk_s + t.overhead_s));
@@ -324,8 +339,11 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
         for (const std::string& attention :
              std::vector<std::string>{cfg.attention, flash_already ? "" : "flash"}) {
           if (attention.empty()) continue;
-          for (int64_t zero : {int64_t{0}, int64_t{1}, int64_t{2}}) {
+          for (int64_t zero : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{3}}) {
             if (n == 1 && zero > 0) continue;
+            // ZeRO-3 gathers the products' weights in the compute dtype (half the bytes on the
+            // wire and whole; the losses are those of DDP in that dtype).
+            const std::string gather = zero == 3 && precision != "fp32" ? precision : "fp32";
             // Offload costs disk time, recomputation compute time: for each of the config's own
             // placement of the optimizer state, disk, and disk with the master weights (mixed
             // precision), the config's own policy first, then selective, then full, each only
@@ -336,6 +354,7 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
                      masters_possible || own != "master" ? own : "", own == "none" ? "disk" : "",
                      own != "master" && masters_possible ? "master" : ""}) {
               if (offload.empty()) continue;
+              if (zero == 3 && offload == "master") continue;  // its masters are the shard
               for (const std::string& recompute : recompute_ladder(cfg.recompute)) {
                 train::TrainConfig c = cfg;
                 c.batch_size = rows;
@@ -346,12 +365,15 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
                 c.recompute = recompute;
                 c.offload = offload == "master" ? "disk" : offload;
                 c.offload_master = offload == "master";
+                c.gather_dtype = zero == 3 ? gather : "fp32";
                 std::vector<std::string> o;
                 if (rows != B) o.push_back(fmt::format("--train.batch_size={}", rows));
                 if (accum != k) o.push_back(fmt::format("--train.accum_steps={}", accum));
                 if (precision != cfg.precision) o.push_back("--train.precision=" + precision);
                 if (attention != cfg.attention) o.push_back("--model.attention=" + attention);
                 if (zero != cfg.zero && n > 1) o.push_back(fmt::format("--dist.zero={}", zero));
+                if (c.gather_dtype != cfg.gather_dtype && n > 1)
+                  o.push_back("--dist.gather_dtype=" + c.gather_dtype);
                 if (recompute != cfg.recompute) o.push_back("--train.recompute=" + recompute);
                 if (c.offload != cfg.offload) o.push_back("--train.offload=" + c.offload);
                 if (c.offload_master != cfg.offload_master)

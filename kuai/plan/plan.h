@@ -58,7 +58,7 @@ struct TimePrediction {
   double disk_s = 0;          // the offloaded update, streaming its files (at the disk's rate)
   double overhead_s = 0;      // dispatching the step's ops
   double comm_s = 0;          // the collectives, end to end
-  double comm_exposed_s = 0;  // what the step waits for them (bucketed all-reduce overlap)
+  double comm_exposed_s = 0;  // what the step waits for them (what overlap does not hide)
   double step_s = 0;
   double tokens_per_s = 0;  // over all ranks
   double flops = 0;         // per rank and step
@@ -81,9 +81,11 @@ Prediction predict_target(const TraceTarget& target, const StepSpec& spec, int64
                           const Link& link, MachineCosts& costs);
 // Replays the trace's ops in order at their measured times plus the dispatch cost of each, with
 // the collectives on one communication thread in launch order: one launched during backward
-// runs while the step goes on and is waited for when backward ends; one launched outside it
-// (DDP without overlap, ZeRO's gathers) is waited for at once; scalars (the loss, the stop flag)
-// are never waited for within the step.
+// runs while the step goes on and is waited for when backward ends; an all_gather is waited for
+// by the first op that reads what it fills (ZeRO-3's units prefetched while the units before them
+// compute, forward and backward; ZeRO-1/2's updated shards at once, by the copy into the
+// parameters); another one launched outside backward (DDP without overlap) is waited for at once;
+// scalars (the loss, the stop flag) are never waited for within the step.
 TimePrediction predict_time(const StepSpec& spec, const StepTrace& step, const MachineCosts& costs,
                             const Link& link);
 

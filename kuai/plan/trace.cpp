@@ -38,11 +38,15 @@ class Recorder final : public DispatchMode, public AllocationObserver {
   void begin_step(int64_t step, int64_t steps, bool record) {
     step_ = step;
     steps_ = steps;
+    gathering_.clear();
     micro_ = 0;
     recording_ = record;
   }
   void collective(const dist::CollectiveRecord& c) {
-    if (recording_) trace.collectives.push_back({c, trace.ops.size()});
+    if (!recording_) return;
+    trace.collectives.push_back({c, trace.ops.size()});
+    if (c.op == "all_gather" && c.buffer != nullptr)
+      gathering_[c.buffer] = trace.collectives.size() - 1;
   }
   UseBytes live_by_use() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -58,6 +62,14 @@ class Recorder final : public DispatchMode, public AllocationObserver {
     // account; the replay that follows evaluates the graph itself (its memory is observed).
     for (const DispatchMode* m : active_modes())
       if (m->dry()) return false;
+    // The first op reading what an all_gather fills is where the step waits for it.
+    if (recording_ && !gathering_.empty())
+      for (const Tensor& t : in)
+        if (t.defined() && t.has_storage())
+          if (auto it = gathering_.find(t.storage().get()); it != gathering_.end()) {
+            trace.collectives[it->second].needed_at = trace.ops.size();
+            gathering_.erase(it);
+          }
     const bool backward = autograd::backward_in_progress();
     phase(backward);
     OpRecord r;
@@ -232,6 +244,7 @@ class Recorder final : public DispatchMode, public AllocationObserver {
   }
 
   const TraceTarget& target_;
+  std::unordered_map<const void*, size_t> gathering_;  // storage -> its all_gather in flight
   std::mutex mu_;
   std::unordered_map<void*, Block> live_;
   UseBytes current_{};

@@ -59,6 +59,10 @@ struct OpRecord {
 struct CollectiveEvent {
   dist::CollectiveRecord collective;
   size_t at = 0;  // ops of the step dispatched before it was launched
+  // An all_gather (ZeRO-3's units, ZeRO-1/2's updated shards): the index of the first op that
+  // reads what it fills, where the step waits for it; none (kNever): waited for as it launches.
+  static constexpr size_t kNever = static_cast<size_t>(-1);
+  size_t needed_at = kNever;
 };
 
 // A row of the table of tensors saved for backward: one primitive's saved input or output.

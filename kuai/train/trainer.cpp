@@ -80,11 +80,11 @@ std::string result_line(const TrainResult& r) {
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
       "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
       "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f} overlap_time={:.3f} "
-      "comm_ms_per_step={:.2f} step_peak_mib={:.1f}",
+      "comm_ms_per_step={:.2f} step_peak_mib={:.1f} gather_wait_ms_per_step={:.2f}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
       r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
       static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time, r.comm_ms_per_step,
-      static_cast<double>(step_peak_bytes(r)) / (1 << 20));
+      static_cast<double>(step_peak_bytes(r)) / (1 << 20), r.gather_wait_ms_per_step);
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
@@ -500,6 +500,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   // The measured counters of the steps (TrainResult::host_reads_per_step, ...).
   using Collective = dist::ProcessGroup::Collective;
   int64_t steps_counted = 0, reads_in_steps = 0, sent_in_steps = 0;
+  double gather_wait_s = 0;  // ZeRO-3: over the counted steps
   int64_t reduced_in_steps = 0, reduced_in_backward = 0;
   // The communication thread's time on all-reduces and reduce-scatters over the run (read at its
   // end, when every collective has completed).
@@ -555,6 +556,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     const dist::ProcessGroup::CollectiveStats all0 = group->total_stats(),
                                               ar0 = group->stats(Collective::kAllReduce),
                                               rs0 = group->stats(Collective::kReduceScatter);
+    const double gather_wait0 = sharded ? sharded->stats().wait_seconds : 0.0;
     const double lr = learning_rate(cfg, step);
     opt.set_lr(static_cast<float>(lr));
     double wait_ms = 0.0, data_ms = 0.0;
@@ -586,6 +588,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       const auto ar = group->stats(Collective::kAllReduce);
       const auto rs = group->stats(Collective::kReduceScatter);
       ++steps_counted;
+      if (sharded) gather_wait_s += sharded->stats().wait_seconds - gather_wait0;
       reads_in_steps += host_reads_this_thread() - reads0;
       sent_in_steps += group->total_stats().bytes_sent - all0.bytes_sent;
       reduced_in_steps += ar.bytes_sent - ar0.bytes_sent + rs.bytes_sent - rs0.bytes_sent;
@@ -667,6 +670,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         ar.seconds_in_backward + rs.seconds_in_backward - reduce_seconds_in_backward0;
     result.overlap_time = secs > 0 ? secs_bw / secs : 0.0;
     result.comm_ms_per_step = secs / n * 1e3;
+    result.gather_wait_ms_per_step = gather_wait_s / n * 1e3;
   }
   if (ckpt) {
     try {

@@ -60,6 +60,9 @@ struct TrainResult {
   double overlap_time = 0;
   // That time per step, in milliseconds: the collectives' time from launch to completion.
   double comm_ms_per_step = 0;
+  // ZeRO-3: milliseconds per step the training thread waited for its units' gathers (what
+  // prefetch did not hide); 0 otherwise.
+  double gather_wait_ms_per_step = 0;
   // train.compile: captures made (re-captures after a guard failed included), whether the step
   // fell back to eager, the graph's arena and node count.
   int64_t compile_captures = 0;

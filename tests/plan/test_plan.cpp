@@ -9,7 +9,8 @@
 //     on the CPU within 5%, and its step's FLOPs are its products' textbook count;
 //   - an op is timed beside other ranks' copies of it, and they leave nothing allocated;
 //   - the time model's arithmetic (ring all-reduce, a bucket launched during backward against
-//     one launched after it, a scalar never waited for);
+//     one launched after it, a scalar never waited for, a gather waited for by its reader);
+//   - ZeRO-3's gathers are waited for where their units run, ahead of them with prefetch;
 //   - --fit on a config predicted 2x over a budget returns change sets, and the fastest
 //     single-process one, run for 3 steps, peaks within the budget;
 //   - the command-line units are parsed or refused by name.
@@ -254,6 +255,55 @@ TEST(Plan, RingAllReduceAndBucketOverlap) {
   EXPECT_NEAR(off.comm_exposed_s, d, 1e-9);
   EXPECT_NEAR(off.step_s - on.step_s, 0.010, 1e-9);
   EXPECT_NEAR(off.tokens_per_s, 400 / off.step_s, 1e-6);
+
+  // An all_gather is waited for by the first op reading what it fills: a 15 ms gather launched
+  // before two 10 ms forward ops and read by the second is hidden behind the first but 5 ms;
+  // read by the third op (the update), it is hidden entirely.
+  step.ops = {op("f1", false, 0.010), op("f2", false, 0.010), op("update", false, 0.001)};
+  const double g = l.seconds("all_gather", 4e7, 4);  // 15 ms
+  plan::CollectiveEvent gather{{"all_gather", int64_t(4e7), DType::kF32, false}, 0};
+  gather.needed_at = 1;
+  step.collectives = {gather};
+  EXPECT_NEAR(plan::predict_time(spec, step, costs, l).comm_exposed_s, g - 0.010, 1e-9);
+  step.collectives[0].needed_at = 2;
+  EXPECT_NEAR(plan::predict_time(spec, step, costs, l).comm_exposed_s, 0.0, 1e-9);
+  step.collectives[0].needed_at = plan::CollectiveEvent::kNever;  // waited for as it launches
+  EXPECT_NEAR(plan::predict_time(spec, step, costs, l).comm_exposed_s, g, 1e-9);
+}
+
+// ZeRO-3 traced on 2 ranks: every unit's all_gather is waited for by an op that reads the unit's
+// parameters, at or after its launch. Prefetched (dist.prefetch = 1), gathers are launched a
+// unit's ops ahead of their reader, forward and backward; on demand (0), right before it. Over a
+// slow link the prediction exposes less communication with prefetch than without.
+TEST(Plan, Zero3GathersAreWaitedForWhereTheirUnitsRun) {
+  plan::set_quick_measurements(true);
+  plan::Link slow = test_link();
+  slow.bandwidth_gbs = 0.05;
+  double exposed[2] = {0, 0};
+  for (int prefetch : {0, 1}) {
+    const train::TrainConfig cfg = train::load_config(
+        "", small({"--model.n_layer=4", "--model.tie_embeddings=false", "--dist.zero=3",
+                   "--dist.prefetch=" + std::to_string(prefetch)}));
+    plan::MachineCosts costs;
+    const plan::Prediction p = plan::predict(cfg, 2, int64_t{1} << 40, slow, costs);
+    size_t gathers = 0, ahead = 0;
+    for (const plan::CollectiveEvent& e : p.step.collectives) {
+      if (e.collective.op != "all_gather") continue;
+      ++gathers;
+      ASSERT_NE(e.needed_at, plan::CollectiveEvent::kNever) << "prefetch " << prefetch;
+      EXPECT_GE(e.needed_at, e.at);
+      if (e.needed_at > e.at + 3) ++ahead;
+    }
+    EXPECT_GE(gathers, 6u) << "prefetch " << prefetch;  // 6 units forward, again in backward
+    if (prefetch == 0) {
+      EXPECT_EQ(ahead, 0u);
+    } else {
+      EXPECT_GE(ahead, gathers / 2);
+    }
+    exposed[prefetch] = p.time.comm_exposed_s;
+  }
+  EXPECT_LT(exposed[1], exposed[0]);
+  plan::set_quick_measurements(false);
 }
 
 // A GPT the planner was not written for: each block adds attention and a SiLU MLP computed side
