@@ -169,7 +169,7 @@ std::unique_ptr<kuai::nn::GPT> load_run_model(std::string run, std::string weigh
 }
 
 int export_command(const std::vector<std::string>& args) {
-  std::string run = "runs/kjv", weights, hf, dtype = "f32", tokenizer;
+  std::string run = "runs/kjv", weights, hf, dtype = "f32";
   for (size_t i = 0; i < args.size(); ++i) {
     std::string v;
     if (take_option(args, i, "run", v))
@@ -186,10 +186,46 @@ int export_command(const std::vector<std::string>& args) {
   if (hf.empty()) throw std::invalid_argument("--hf OUT_DIR is required (where to write)");
   if (dtype != "f32" && dtype != "bf16")
     throw std::invalid_argument("--dtype = '" + dtype + "' is not one of f32, bf16");
-  const auto model = load_run_model(run, weights, "export", &tokenizer);
-  kuai::io::export_hf(hf, *model, dtype == "bf16" ? kuai::DType::kBF16 : kuai::DType::kF32);
+  const kuai::DType stored = dtype == "bf16" ? kuai::DType::kBF16 : kuai::DType::kF32;
+  // Streamed parameter by parameter from the files (the model is never whole in memory): the
+  // run's export, or while it has none, the committed checkpoint `latest` names (its whole model
+  // file or every rank's ZeRO-3 shard).
+  if (weights.empty()) {
+    if (!std::filesystem::is_directory(run) && std::filesystem::is_directory("runs/" + run))
+      run = "runs/" + run;
+    weights = run + "/model.safetensors";
+  }
+  kuai::nn::GPTConfig cfg;
+  const bool from_checkpoint = !std::filesystem::is_regular_file(weights) &&
+                               weights == run + "/model.safetensors";
+  if (from_checkpoint && !std::filesystem::is_regular_file(run + "/latest"))
+    throw std::invalid_argument(fmt::format(
+        "{}: no trained model here (no model.safetensors and no checkpoint; run `kuai train` "
+        "first)",
+        run));
+  if (!from_checkpoint) {
+    cfg = kuai::io::read_weights_info(weights).model;  // names the file when there is none
+    kuai::io::export_hf(
+        hf, cfg, [&](const auto& fn) { (void)kuai::io::read_weights_stream(weights, fn); }, stored);
+  } else {
+    for (int attempt = 1;; ++attempt) {
+      const std::string dir = kuai::train::resolve_checkpoint(run);
+      try {
+        const kuai::train::Checkpoint c = kuai::train::read_checkpoint(dir);
+        cfg = kuai::train::load_config_text(c.state.config_toml, dir + "/config.toml").model;
+        std::cerr << fmt::format("kuai export: {} has no model.safetensors yet; using {} (step {})\n",
+                                 run, dir, c.state.step);
+        kuai::io::export_hf(
+            hf, cfg, [&](const auto& fn) { kuai::train::read_model_stream(c, cfg, fn); }, stored);
+        break;
+      } catch (const std::exception&) {
+        // Pruned under us by a trainer that saved a newer one: read `latest` again.
+        if (std::filesystem::exists(dir) || attempt >= 100) throw;
+      }
+    }
+  }
   std::cout << fmt::format("{}: model.safetensors and config.json ({}, {})\n", hf,
-                           kuai::nn::describe(model->config()), dtype);
+                           kuai::nn::describe(cfg), dtype);
   return 0;
 }
 

@@ -8,7 +8,9 @@
 
 #include <charconv>
 #include <cstring>
+#include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -16,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "kuai/core/device.h"
 #include "kuai/core/primitives.h"
 #include "kuai/core/version.h"
 #include "kuai/io/checksum.h"
@@ -199,7 +202,8 @@ WeightsInfo parse_info(const SafetensorsFile& file) {
 
 }  // namespace
 
-void export_weights(const std::string& path, const nn::GPT& model, const ExportOptions& options) {
+ExportStats export_weights(const std::string& path, const nn::GPT& model,
+                           const ExportOptions& options) {
   if (options.dtype != DType::kF32 && options.dtype != DType::kBF16) {
     fail(path, fmt::format("cannot export as {}: the export dtype is f32 or bf16",
                            dtype_name(options.dtype)));
@@ -209,43 +213,78 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
 
   const auto params = model.named_parameters();
   const int64_t es = dtype_size(options.dtype);
-  std::vector<std::vector<std::byte>> buffers(params.size());  // the stored bytes, until written
-  std::map<const TensorImpl*, size_t> working_copies;          // filled from their masters, below
-  std::map<const TensorImpl*, size_t> sharded;                 // filled from the ranks' shards
+  auto stored_bytes = [&](size_t i) { return static_cast<size_t>(params[i].second.numel() * es); };
+  std::map<const TensorImpl*, size_t> working_copies;  // filled from their masters, below
+  std::map<const TensorImpl*, size_t> sharded;         // filled from the ranks' shards
+  std::vector<size_t> whole;                           // held here, whole
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& [name, param] = params[i];
     if (param.device() != kCPU) {
       fail(path, fmt::format("parameter \"{}\" is on {}; export reads CPU tensors", name,
                              param.device().str()));
     }
-    buffers[i].resize(static_cast<size_t>(param.numel() * es));
     if (param.has_storage() && param.storage()->released) {
       if (!options.sharded)
         fail(path, fmt::format("parameter \"{}\" is sharded across the ranks (ZeRO-3) and no "
                                "reader of its shards was given",
                                name));
       sharded[param.impl()] = i;
-      continue;
-    }
-    if (param.impl()->master_elsewhere) {
+    } else if (param.impl()->master_elsewhere) {
       if (!options.masters)
         fail(path, fmt::format("parameter \"{}\" is a {} working copy whose fp32 master is "
                                "elsewhere, and no reader of the masters was given",
                                name, dtype_name(param.dtype())));
       working_copies[param.impl()] = i;
-      continue;
+    } else {
+      whole.push_back(i);
     }
-    const Tensor c = param.detach().to(options.dtype).contiguous();  // the Cast op, if any
-    if (c.numel() > 0) c.copy_to_host(buffers[i].data(), buffers[i].size());
+  }
+
+  // The file is streamed: its header first, with placeholders of the checksums' width (they are
+  // known once each tensor's bytes are), then each tensor as it becomes whole, then the header
+  // again with the checksums. At most the tensors still being assembled are held here.
+  std::vector<SafetensorsView> views;
+  const std::string placeholder(xxh3_hex(nullptr, 0).size(), '0');
+  Json checksums = Json::object();
+  for (size_t i = 0; i < params.size(); ++i) {
+    views.push_back({params[i].first, safetensors_dtype(options.dtype), params[i].second.shape(),
+                     nullptr, static_cast<uint64_t>(stored_bytes(i))});
+    checksums[params[i].first] = placeholder;
+  }
+  auto metadata = [&]() -> std::map<std::string, std::string> {
+    return {
+        {kFormatKey, kWeightsFormat},
+        {kVersionKey, kKuaiVersion},
+        {kModelKey, model_json(model.config()).dump()},
+        {kStepKey, std::to_string(options.step)},
+        {kTokenizerKey, options.tokenizer},
+        {kDtypeKey, export_dtype_name(options.dtype)},
+        {kChecksumsKey, checksums.dump()},
+    };
+  };
+  SafetensorsWriter file(path, views, metadata());
+  ExportStats stats;
+  int64_t held = 0;
+  auto put = [&](size_t i, const std::vector<std::byte>& bytes) {
+    if (!bytes.empty()) file.write(i, 0, bytes.data(), bytes.size());
+    checksums[params[i].first] = xxh3_hex(bytes.data(), bytes.size());
+  };
+  for (size_t i : whole) {
+    std::vector<std::byte> bytes(stored_bytes(i));
+    stats.max_held_bytes = std::max<int64_t>(stats.max_held_bytes, int64_t(bytes.size()));
+    const Tensor c = params[i].second.detach().to(options.dtype).contiguous();  // the Cast op
+    if (c.numel() > 0) c.copy_to_host(bytes.data(), bytes.size());
+    put(i, bytes);
   }
   // Working copies: their fp32 masters, cast piece by piece into the stored bytes as they stream
   // (no whole fp32 copy is held), each element exactly once. Sharded parameters the same way,
-  // from the reader that gathers them.
+  // from the reader that gathers them. A parameter is written once all its pieces are in.
   for (const auto& [pieces, reader, what] :
        {std::tuple{&working_copies, &options.masters, "masters"},
         std::tuple{&sharded, &options.sharded, "shards"}}) {
     if (pieces->empty()) continue;
     std::vector<int64_t> covered(params.size(), 0);
+    std::map<size_t, std::vector<std::byte>> open;  // parameters being assembled
     (*reader)([&, pieces = pieces, what = what](const Tensor& p, int64_t begin, int64_t count,
                                                 const float* values) {
       auto it = pieces->find(p.impl());
@@ -253,46 +292,49 @@ void export_weights(const std::string& path, const nn::GPT& model, const ExportO
         fail(path, fmt::format("the {}' reader gave elements [{}, {}) of {}, not a piece of "
                                "a parameter it covers",
                                what, begin, begin + count, p.str()));
+      const size_t i = it->second;
+      auto [at, fresh] = open.try_emplace(i);
+      if (fresh) {
+        at->second.resize(stored_bytes(i));
+        held += static_cast<int64_t>(stored_bytes(i));
+        stats.max_held_bytes = std::max(stats.max_held_bytes, held);
+      }
       const Tensor src = Tensor::borrow(const_cast<float*>(values), {count}, DType::kF32);
-      std::vector<Tensor> dst = {
-          Tensor::borrow(buffers[it->second].data() + begin * es, {count}, options.dtype)};
+      std::vector<Tensor> dst = {Tensor::borrow(at->second.data() + begin * es, {count},
+                                                options.dtype)};
       Cast(options.dtype).eval_cpu(std::span<const Tensor>(&src, 1), dst);
-      covered[it->second] += count;
+      covered[i] += count;
+      if (covered[i] > params[i].second.numel())
+        fail(path, fmt::format("the {} of \"{}\" gave {} elements, more than its {}", what,
+                               params[i].first, covered[i], params[i].second.numel()));
+      if (covered[i] == params[i].second.numel()) {
+        put(i, at->second);
+        held -= static_cast<int64_t>(stored_bytes(i));
+        open.erase(at);
+      }
     });
     for (const auto& [impl, i] : *pieces)
       if (covered[i] != params[i].second.numel())
         fail(path, fmt::format("the {} of \"{}\" gave {} of its {} elements", what, params[i].first,
                                covered[i], params[i].second.numel()));
   }
-  std::vector<SafetensorsView> views;
-  Json checksums = Json::object();
-  for (size_t i = 0; i < params.size(); ++i) {
-    const std::vector<std::byte>& bytes = buffers[i];
-    checksums[params[i].first] = xxh3_hex(bytes.data(), bytes.size());
-    views.push_back({params[i].first, safetensors_dtype(options.dtype), params[i].second.shape(),
-                     bytes.data(), static_cast<uint64_t>(bytes.size())});
-  }
-
-  const std::map<std::string, std::string> metadata = {
-      {kFormatKey, kWeightsFormat},
-      {kVersionKey, kKuaiVersion},
-      {kModelKey, model_json(model.config()).dump()},
-      {kStepKey, std::to_string(options.step)},
-      {kTokenizerKey, options.tokenizer},
-      {kDtypeKey, export_dtype_name(options.dtype)},
-      {kChecksumsKey, checksums.dump()},
-  };
-  write_safetensors(path, views, metadata);
+  file.set_metadata(metadata());
+  file.finish();  // fsync, rename into place
+  return stats;
 }
 
 WeightsInfo read_weights_info(const std::string& path) {
   return parse_info(SafetensorsFile::open(path));
 }
 
-void load_weights(const std::string& path, nn::GPT& model) {
-  const SafetensorsFile file = SafetensorsFile::open(path);
-  const WeightsInfo info = parse_info(file);
+namespace {
 
+// Every parameter of `model` (its names and shapes; a meta model will do) from the export `file`,
+// checked (config, names, dtype, shape, checksum) and widened to the parameter's dtype, one at a
+// time: fn(name, value). Every check of a tensor runs before fn sees it.
+void for_each_weight(const std::string& path, const SafetensorsFile& file, const WeightsInfo& info,
+                     const nn::GPT& model,
+                     const std::function<void(const std::string&, const Tensor&)>& fn) {
   if (!(info.model == model.config())) {
     const OrderedJson file_json = model_json(info.model), model_fields = model_json(model.config());
     std::vector<std::string> mismatches;
@@ -326,7 +368,6 @@ void load_weights(const std::string& path, nn::GPT& model) {
   }
 
   const std::string stored_dtype = safetensors_dtype(info.dtype);
-  std::map<std::string, Tensor> state;  // verified values, in the parameters' dtypes
   for (const auto& [name, param] : params) {
     const SafetensorsEntry* entry = file.find(name);
     if (entry == nullptr) fail(path, fmt::format("missing tensor \"{}\"", name));
@@ -349,16 +390,39 @@ void load_weights(const std::string& path, nn::GPT& model) {
                              expected->get<std::string>(), actual));
     }
     // Copy out of the mapping first: the data section has no alignment guarantee.
-    Tensor stored = Tensor::empty(entry->shape, info.dtype);
+    Tensor stored = Tensor::empty(entry->shape, info.dtype, kCPU);
     if (!bytes.empty()) stored.copy_from_host(bytes.data(), bytes.size());
-    Tensor value = stored.to(param.dtype());  // the Cast op where the dtypes differ
-    state.emplace(name, std::move(value));
+    fn(name, stored.to(param.dtype()));  // the Cast op where the dtypes differ
   }
+}
+
+}  // namespace
+
+void load_weights(const std::string& path, nn::GPT& model) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  const WeightsInfo info = parse_info(file);
+  std::map<std::string, Tensor> state;  // verified values, in the parameters' dtypes
+  for_each_weight(path, file, info, model,
+                  [&](const std::string& name, const Tensor& value) { state.emplace(name, value); });
   try {
     model.load_state_dict(state);
   } catch (const std::exception& e) {
     fail(path, e.what());
   }
+}
+
+WeightsInfo read_weights_stream(const std::string& path,
+                                const std::function<void(const std::string& name,
+                                                         const Tensor& value)>& fn) {
+  const SafetensorsFile file = SafetensorsFile::open(path);
+  const WeightsInfo info = parse_info(file);
+  std::unique_ptr<nn::GPT> shapes;
+  {
+    const DeviceGuard meta(kMeta);  // names and shapes, no bytes
+    shapes = std::make_unique<nn::GPT>(info.model, 0);
+  }
+  for_each_weight(path, file, info, *shapes, fn);
+  return info;
 }
 
 }  // namespace kuai::io

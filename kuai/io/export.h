@@ -40,8 +40,18 @@ struct ExportOptions {
   MasterReader sharded{};
 };
 
-// Writes `path` atomically (a good file is never replaced by a partial one).
-void export_weights(const std::string& path, const nn::GPT& model, const ExportOptions& options);
+// What an export held in memory besides the model: the stored bytes of the tensors being
+// assembled at once (a whole parameter's while it is cast and written, the pieces of the ones a
+// reader is still giving), at most.
+struct ExportStats {
+  int64_t max_held_bytes = 0;
+};
+
+// Writes `path` atomically (a good file is never replaced by a partial one), streaming: each
+// tensor is written as soon as its bytes are complete, so a ZeRO-3 export (the units gathered one
+// at a time) never holds the whole model.
+ExportStats export_weights(const std::string& path, const nn::GPT& model,
+                           const ExportOptions& options);
 
 // What an export's metadata says about it.
 struct WeightsInfo {
@@ -62,5 +72,12 @@ WeightsInfo read_weights_info(const std::string& path);
 // Everything is checked before the first parameter is written, so a failed load leaves the
 // model as it was.
 void load_weights(const std::string& path, nn::GPT& model);
+
+// An export's parameters one at a time, with load_weights' checks (each tensor's before it is
+// given), widened to fp32: fn(name, value) for each, without building the model (its shapes come
+// from a model on meta). Returns the file's metadata. What `kuai export --hf` streams from.
+WeightsInfo read_weights_stream(
+    const std::string& path,
+    const std::function<void(const std::string& name, const Tensor& value)>& fn);
 
 }  // namespace kuai::io

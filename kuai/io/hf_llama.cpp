@@ -7,13 +7,16 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
 
+#include "kuai/core/device.h"
 #include "kuai/core/ops.h"
+#include "kuai/io/safetensors.h"
 #include "kuai/io/tensor_io.h"
 
 namespace kuai::io {
@@ -265,19 +268,70 @@ nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path) 
 }
 
 void export_hf(const std::string& dir, const nn::GPT& model, DType stored) {
-  const nn::GPTConfig& cfg = model.config();
+  export_hf(dir, model.config(),
+            [&](const std::function<void(const std::string&, const Tensor&)>& fn) {
+              for (const auto& [name, p] : model.named_parameters()) fn(name, p);
+            },
+            stored);
+}
+
+void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const ParameterStream& params,
+               DType stored) {
   require_llama(cfg, "export_hf");
   if (stored != DType::kF32 && stored != DType::kBF16)
     throw std::invalid_argument("export_hf: stored dtype must be f32 or bf16");
+  const std::string path = dir + "/model.safetensors";
+  // The tensors the config has (a tied model has no lm_head), by their shapes on meta.
+  std::set<std::string> present;
+  {
+    const DeviceGuard meta(kMeta);
+    const nn::GPT shapes(cfg, 0);
+    for (const auto& [name, p] : shapes.named_parameters()) present.insert(name);
+  }
+  // The file's layout up front, in HF's order (each fused weight's row blocks in turn); each
+  // parameter's blocks are written as it comes, so one parameter at a time is held here.
+  std::vector<SafetensorsView> views;
+  std::map<std::string, std::pair<const Mapping*, size_t>> first_view;  // kuai name -> its blocks
+  const std::vector<Mapping> maps = mappings(cfg);
+  for (const Mapping& m : maps) {
+    if (!present.count(m.kuai)) continue;
+    first_view[m.kuai] = {&m, views.size()};
+    for (const auto& [name, rows] : m.hf) {
+      const Shape shape = hf_shape(m, rows);
+      views.push_back({name, safetensors_dtype(stored), shape, nullptr,
+                       static_cast<uint64_t>(rows * m.cols * dtype_size(stored))});
+    }
+  }
   std::filesystem::create_directories(dir);
-  std::vector<std::pair<std::string, Tensor>> tensors =
-      to_hf_tensors(cfg, model.named_parameters());
-  if (stored != DType::kF32)
-    for (auto& [name, t] : tensors) t = cast(t, stored);
   // An older config.json goes first and the new one comes last, so a failure in between leaves
   // weights without a config (refused by read_hf), never a config describing other weights.
   std::filesystem::remove(dir + "/config.json");
-  save_safetensors(dir + "/model.safetensors", tensors, {{"format", "pt"}});
+  SafetensorsWriter file(path, views, {{"format", "pt"}});
+  std::set<std::string> done;
+  params([&](const std::string& name, const Tensor& t) {
+    const auto it = first_view.find(name);
+    if (it == first_view.end())
+      fail(path, fmt::format("parameter \"{}\" is not a weight of this config", name));
+    if (!done.insert(name).second)
+      fail(path, fmt::format("parameter \"{}\" was given twice", name));
+    const auto [m, v0] = it->second;
+    int64_t at = 0;
+    size_t v = v0;
+    for (const auto& [hf_name, rows] : m->hf) {
+      const Tensor block = contiguous(cast(narrow(t.detach(), 0, at, rows), stored));
+      if (block.shape() != views[v].shape)
+        fail(path, fmt::format("\"{}\" has shape {}, expected {}", hf_name,
+                               shape_str(block.shape()), shape_str(views[v].shape)));
+      std::vector<std::byte> bytes(static_cast<size_t>(block.nbytes()));
+      if (!bytes.empty()) block.copy_to_host(bytes.data(), bytes.size());
+      file.write(v, 0, bytes.data(), bytes.size());
+      at += rows;
+      ++v;
+    }
+  });
+  for (const auto& [name, unused] : first_view)
+    if (!done.count(name)) fail(path, fmt::format("parameter \"{}\" was never given", name));
+  file.finish();
   write_text_atomically(dir + "/config.json", hf_config_json(cfg, stored));
 }
 

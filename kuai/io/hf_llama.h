@@ -12,6 +12,7 @@
 // positions use HF's rotate-half layout on both sides, so no permutation of q and k is needed.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -45,6 +46,14 @@ nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path);
 // Writes dir/model.safetensors and dir/config.json (each atomically, config.json last and an older
 // one removed first; dir is created). `stored` is F32 or BF16.
 void export_hf(const std::string& dir, const nn::GPT& model, DType stored = DType::kF32);
+// The same from a stream of the model's parameters under kuai's names (each once, fp32 or any
+// dtype, in any order): each is split and written as it comes, so at most one parameter is held
+// here, and a model read from its files (io::read_weights_stream, a checkpoint's shards) is
+// exported without ever being whole in memory. The file is byte for byte the one above.
+using ParameterStream =
+    std::function<void(const std::function<void(const std::string& name, const Tensor& t)>&)>;
+void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const ParameterStream& params,
+               DType stored = DType::kF32);
 
 struct HfCheckpoint {
   nn::GPTConfig config;                 // resolved

@@ -508,6 +508,29 @@ void SafetensorsWriter::write(size_t tensor, uint64_t offset, const void* data, 
   }
 }
 
+void SafetensorsWriter::set_metadata(const std::map<std::string, std::string>& metadata) {
+  if (fd_ < 0) fail(path_, "metadata set after the file was finished or abandoned");
+  const std::string header_text = header_of(path_, tensors_, metadata, false, nullptr);
+  const uint64_t header_length = header_text.size();
+  if (sizeof header_length + header_length != data_start_)
+    fail(path_, "new metadata makes a header of " + std::to_string(header_length) +
+                    " bytes where " + std::to_string(data_start_ - sizeof header_length) +
+                    " were written");
+  const char* p = header_text.data();
+  uint64_t n = header_length, at = sizeof header_length;
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(at));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      if (w == 0) errno = EIO;
+      abandon("cannot rewrite the header of " + tmp_path_);
+    }
+    p += w;
+    at += static_cast<uint64_t>(w);
+    n -= static_cast<uint64_t>(w);
+  }
+}
+
 void SafetensorsWriter::finish() {
   if (fd_ < 0) fail(path_, "finish after the file was finished or abandoned");
   if (::fsync(fd_) != 0) abandon("cannot fsync " + tmp_path_);

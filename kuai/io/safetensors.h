@@ -107,6 +107,10 @@ class SafetensorsWriter {
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
   // Bytes [offset, offset + n) of tensor `tensor` (an index into the constructor's views).
   void write(size_t tensor, uint64_t offset, const void* data, uint64_t n);
+  // Rewrites the header with other metadata of the same serialized length (values known only
+  // once the tensors are written, such as their checksums, given as placeholders of their width
+  // to the constructor); a header of another length is an error naming the file.
+  void set_metadata(const std::map<std::string, std::string>& metadata);
   void finish();
 
  private:

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "kuai/core/device.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
 #include "kuai/core/version.h"
@@ -961,6 +962,21 @@ void load_model(const Checkpoint& c, const Stored& st, nn::GPT& model) {
 
 void restore_model(const Checkpoint& c, nn::GPT& model) {
   load_model(c, *read_stored(c, model, false), model);
+}
+
+void read_model_stream(const Checkpoint& c, const nn::GPTConfig& cfg,
+                       const std::function<void(const std::string&, const Tensor&)>& fn) {
+  std::unique_ptr<nn::GPT> shapes;
+  {
+    const DeviceGuard meta(kMeta);  // names and shapes, no bytes
+    shapes = std::make_unique<nn::GPT>(cfg, 0);
+  }
+  const std::unique_ptr<Stored> st = read_stored(c, *shapes, false);
+  for (const auto& [name, p] : shapes->named_parameters()) {
+    Tensor value = Tensor::empty(p.shape(), DType::kF32, kCPU);
+    restore_tensor(c, *st, "param", name, 0, value);
+    fn(name, value);
+  }
 }
 
 CommittedModel read_latest_model(const std::string& run_dir, int attempts) {

@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -194,6 +195,11 @@ void restore_checkpoint(const Checkpoint& ckpt, nn::GPT& model, optim::AdamW& op
 // Loads only the model tensors of a verified checkpoint (strict names, shapes, dtypes), from the
 // whole model file or from the model shards of every rank.
 void restore_model(const Checkpoint& ckpt, nn::GPT& model);
+// The model of a verified checkpoint one parameter at a time (fp32, assembled from the whole
+// model file or the ranks' shards), without building it: fn(name, value) for each parameter of
+// `cfg`'s model. At most one parameter is held (what `kuai export --hf` streams from).
+void read_model_stream(const Checkpoint& ckpt, const nn::GPTConfig& cfg,
+                       const std::function<void(const std::string& name, const Tensor& value)>& fn);
 
 // For readers that take no lock (kuai sample --run beside a trainer that saves and prunes; see
 // run_lock.h): the model of the newest committed checkpoint of `run_dir`, verified and loaded.

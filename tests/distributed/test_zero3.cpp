@@ -14,6 +14,7 @@
 #include "kuai/distributed/ddp.h"
 #include "kuai/distributed/zero.h"
 #include "kuai/distributed/zero3.h"
+#include "kuai/io/export.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/optim/adamw.h"
 #include "kuai/train/step_parts.h"
@@ -188,6 +189,38 @@ TEST(Zero3, GathersAndUnitsWholeAtOnceAreBounded) {
     EXPECT_EQ(keep.sharded.stats().gathers, static_cast<int64_t>(keep.sharded.num_units()));
     EXPECT_EQ(keep.sharded.stats().gathers_in_backward, 0);
   }
+}
+
+// The weights-only export of a ZeRO-3 model streams: each parameter is written as its unit is
+// gathered, so what it holds besides the model is at most the largest unit's stored bytes (here a
+// block's, a sixth of the model), never the model; the file loads into a plain model with the
+// shards' values.
+TEST(Zero3, TheExportStreamsUnitByUnit) {
+  optim::AdamWOptions ao;
+  nn::GPTConfig cfg = small("llama");
+  cfg.n_layer = 6;
+  Zero3Model z(cfg, 6, ao);
+  z.step(batch(1));
+  const std::string path = ::testing::TempDir() + "kuai_zero3_export.safetensors";
+  io::ExportOptions o;
+  o.sharded = [&](const io::MasterValues& fn) {
+    z.sharded.for_each_unit_values(
+        [&](const Tensor& p, const float* values) { fn(p, 0, p.numel(), values); });
+  };
+  const io::ExportStats stats = io::export_weights(path, z.model, o);
+  int64_t largest = 0, total = 0;
+  for (size_t u = 0; u < z.sharded.num_units(); ++u) {
+    int64_t n = 0;
+    for (const Tensor& p : z.sharded.unit_params(u)) n += p.numel() * 4;
+    largest = std::max(largest, n);
+    total += n;
+  }
+  EXPECT_GT(stats.max_held_bytes, 0);
+  EXPECT_LE(stats.max_held_bytes, largest) << "of " << total << " bytes in all";
+  EXPECT_LT(largest * 4, total);
+  nn::GPT reloaded(cfg, 99);
+  io::load_weights(path, reloaded);
+  EXPECT_EQ(whole_values(z), unit_order_values(reloaded));
 }
 
 // The trainer with dist.zero = 3 on one rank: the losses and the exported weights of plain
