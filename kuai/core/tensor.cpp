@@ -45,6 +45,7 @@ Storage::Storage(void* borrowed, size_t n, Device d)
     : data(borrowed), nbytes(n), device(d), owned(false) {}
 Storage::Storage(void* external, size_t n, Device d, std::shared_ptr<void> keeper)
     : data(external), nbytes(n), device(d), owned(false), owner(std::move(keeper)) {}
+Storage::Storage(Released, size_t n, Device d) : nbytes(n), device(d), released(true) {}
 Storage::~Storage() {
   if (owned && !released) Allocator::get().deallocate(data, nbytes, device);
 }

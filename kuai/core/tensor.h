@@ -31,6 +31,10 @@ struct Storage {
   // Memory another library owns (a NumPy array, a DLPack tensor): `owner` keeps it alive and is
   // released with the storage, so the bytes live as long as any tensor over them.
   Storage(void* external, size_t nbytes, Device device, std::shared_ptr<void> owner);
+  // Owned bytes that start released (materialize() allocates them): a ZeRO-3 unit's buffer,
+  // never allocated before its first gather.
+  struct Released {};
+  Storage(Released, size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;

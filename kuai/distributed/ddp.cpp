@@ -255,7 +255,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& model,
       throw std::invalid_argument("DDP: parameter " + name + " is not contiguous fp32");
 
   // The same weights on every rank: rank 0's.
-  if (group_->size() > 1) {
+  if (group_->size() > 1 && options.broadcast) {
     std::vector<std::shared_ptr<Work>> works;
     for (auto& [name, p] : params) works.push_back(group_->broadcast(p, 0));
     for (auto& w : works) w->wait();

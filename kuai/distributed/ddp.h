@@ -58,6 +58,9 @@ struct DDPOptions {
   // backward, and a bucket exists only while a backward fills it), so the whole gradients are
   // never allocated, not even once.
   bool sharded = false;
+  // Rank 0's parameters broadcast to every rank at construction; off when every rank made the
+  // same ones itself (ZeRO-3's model built on meta, its shards filled from the seed).
+  bool broadcast = true;
 };
 
 class DistributedDataParallel {

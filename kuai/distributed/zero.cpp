@@ -91,7 +91,13 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
           "(train.offload_master) is not combined with it");
     const MemoryUseScope parameters(MemoryUse::kParameters);
     params_ = zeros({std::max<int64_t>(shard_, 1)});
-    if (shard_ > 0) copy_shard_range(group_->rank(), 0, shard_, params_, 0, /*to_params=*/false);
+    // Parameters without values here (built on meta): fill_parameter_shard makes the shard.
+    bool valued = true;
+    for (const optim::ParamGroup& g : groups_)
+      for (const Tensor& p : g.params)
+        valued = valued && (p.device().type != DeviceType::kMeta || params_.device() == p.device());
+    if (shard_ > 0 && valued)
+      copy_shard_range(group_->rank(), 0, shard_, params_, 0, /*to_params=*/false);
   }
   if (!masters_) return;
   // This rank's shard of the masters into its file (segments are in shard order), then every
@@ -115,6 +121,14 @@ ZeroAdamW::ZeroAdamW(std::vector<optim::ParamGroup> groups, const optim::AdamWOp
     for (size_t i = 0; i < groups_[gi].params.size(); ++i)
       if (master_of_[gi][i])
         optim::keep_as_working_copy_(groups_[gi].params[i], offload->master_dtype);
+}
+
+void ZeroAdamW::fill_parameter_shard(
+    const std::function<void(const Tensor& param, int64_t begin, const Tensor& dst)>& fill) {
+  if (stage_ != 3)
+    throw std::logic_error("ZeroAdamW::fill_parameter_shard: only stage 3 shards the parameters");
+  for (const Segment& s : segments())
+    fill(groups_[s.group].params[s.param], s.begin, narrow(params_, 0, s.shard_offset, s.length));
 }
 
 std::vector<ZeroAdamW::Segment> ZeroAdamW::segments_of(int rank) const {

@@ -66,6 +66,12 @@ class ZeroAdamW : public optim::Optimizer {
   // update writes; what distributed/zero3.h gathers), and the whole parameter shard (S).
   std::vector<Tensor> parameter_shards() const;
   const Tensor& parameter_shard() const { return params_; }
+  // Stage 3 over parameters that have no values here (a model built on meta): the constructor
+  // leaves the shard zero, and this fills it, fill(param, first element, dst) writing each of
+  // this rank's segments (dst: its place in the shard, contiguous fp32) from wherever the values
+  // are made (nn::GPT::initial_values).
+  void fill_parameter_shard(
+      const std::function<void(const Tensor& param, int64_t begin, const Tensor& dst)>& fill);
   // Elements per rank of bucket b's part (s_b), and the number of buckets.
   int64_t part(size_t b) const { return part_[b]; }
   size_t num_buckets() const { return part_.size(); }

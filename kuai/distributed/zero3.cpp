@@ -276,11 +276,12 @@ ShardedParameters::ShardedParameters(std::vector<nn::ModelUnit> units, ZeroAdamW
       part.dtype =
           !want.empty() && low_set.count(want[0].impl()) ? options.gather_dtype : DType::kF32;
       const int64_t padded = opt.part(b) * world;
-      const Device device = want.empty() ? kCPU : want[0].device();
+      // Where the shard is (the parameters may have been built on meta, without values).
+      const Device device = shards[b].device();
       {
         const MemoryUseScope parameters(MemoryUse::kParameters);
-        part.storage =
-            std::make_shared<Storage>(static_cast<size_t>(padded * dtype_size(part.dtype)), device);
+        part.storage = std::make_shared<Storage>(
+            Storage::Released{}, static_cast<size_t>(padded * dtype_size(part.dtype)), device);
       }
       part.flat = Tensor::in_storage(part.storage, {padded}, part.dtype, 0);
       part.shard = shards[b];
@@ -295,12 +296,12 @@ ShardedParameters::ShardedParameters(std::vector<nn::ModelUnit> units, ZeroAdamW
               "ShardedParameters: parameters must be contiguous fp32 leaves, got " + p.str());
         TensorImpl* impl = p.impl();
         impl->storage = part.storage;
+        impl->device = device;
         impl->offset = offset;
         impl->dtype = part.dtype;
         impl->master_elsewhere = part.dtype != DType::kF32;
         offset += p.numel();
       }
-      part.storage->release();
       x.parts.push_back(std::move(part));
     }
     s.units.push_back(std::move(x));

@@ -106,7 +106,7 @@ GPTConfig validated(const GPTConfig& c) {
 }
 }  // namespace
 
-GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(validated(config)) {
+GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(validated(config)), seed_(seed) {
   const GPTConfig& cfg = cfg_;
   Generator gen(seed, /*stream=*/0);
   if (!cfg.is_llama()) {
@@ -128,7 +128,8 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(validated(config)) {
                                  std::make_shared<Linear>(cfg.d_model, cfg.vocab_size, false, gen));
   }
 
-  // The family's initialisation, in parameter order from one stream.
+  // The family's initialisation, in parameter order from one stream (initial_values makes the
+  // same values one parameter at a time).
   Generator init(seed, /*stream=*/1);
   const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg.n_layer));
   for (auto& [name, p] : named_parameters()) {
@@ -139,6 +140,30 @@ GPT::GPT(const GPTConfig& config, uint64_t seed) : cfg_(validated(config)) {
     const float std = !cfg.is_llama() && name.ends_with("c_proj.weight") ? proj_std : 0.02f;
     init.normal_(p, 0.0f, std);
   }
+}
+
+void GPT::initial_values(const std::string& name, const Tensor& dst) const {
+  Generator init(seed_, /*stream=*/1);
+  const float proj_std = 0.02f / std::sqrt(2.0f * static_cast<float>(cfg_.n_layer));
+  for (const auto& [n, p] : named_parameters()) {
+    if (n != name) {  // the stream moves past it as the constructor's did
+      if (p.dim() != 1) init.set_offset(init.offset() + static_cast<uint64_t>((p.numel() + 3) / 4));
+      continue;
+    }
+    if (dst.shape() != p.shape() || dst.dtype() != DType::kF32 || !dst.is_contiguous())
+      throw std::invalid_argument(fmt::format("GPT::initial_values: {} needs a contiguous float32 "
+                                              "{}, got {}",
+                                              name, shape_str(p.shape()), dst.str()));
+    const autograd::NoGradGuard no_grad;
+    if (p.dim() == 1) {
+      fill_(dst, name.ends_with(".bias") ? 0.0f : 1.0f);
+      return;
+    }
+    const float std = !cfg_.is_llama() && name.ends_with("c_proj.weight") ? proj_std : 0.02f;
+    init.normal_(dst, 0.0f, std);
+    return;
+  }
+  throw std::invalid_argument("GPT::initial_values: no parameter named " + name);
 }
 
 Tensor GPT::embed(const Tensor& idx, int64_t start) const {

@@ -157,6 +157,11 @@ class GPT : public Module {
   int64_t recompute_layers() const;  // how many blocks recompute
   // ZeRO-3's units (nn/units.h): the embedding, each block, the head; every parameter in one.
   std::vector<ModelUnit> units() const;
+  // The initial values of parameter `name` (what the constructor gave it from its seed) into the
+  // contiguous fp32 tensor `dst` of its shape: one parameter made without the others, so that a
+  // model built on meta (ZeRO-3) fills its shards without ever being whole. Throws on an unknown
+  // name or a wrong shape.
+  void initial_values(const std::string& name, const Tensor& dst) const;
   // Hooks called around each unit's forward (forward and forward_cached); null: none. The hooks
   // must outlive the model's forwards.
   void set_unit_hooks(UnitHooks* hooks) { unit_hooks_ = hooks; }
@@ -166,6 +171,7 @@ class GPT : public Module {
   Tensor embed(const Tensor& idx, int64_t start) const;  // (B, t, C) at positions start..
   Tensor head(const Tensor& x) const;                    // final norm, then logits
   GPTConfig cfg_;
+  uint64_t seed_ = 0;
   std::shared_ptr<Embedding> wte_, wpe_;  // gpt2: wte, wpe; llama: embed_tokens
   std::vector<std::shared_ptr<DecoderBlock>> h_;
   std::shared_ptr<LayerNorm> ln_f_;  // gpt2

@@ -4,8 +4,13 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <map>
+#include <optional>
 
 #include "kuai/amp/autocast.h"
+#include "kuai/core/autograd.h"
+#include "kuai/core/device.h"
+#include "kuai/core/ops.h"
 #include "kuai/nn/layers.h"
 #include "kuai/nn/optimize.h"
 
@@ -49,8 +54,15 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
                                             const std::function<void(nn::GPT&)>& loaded) {
   auto parts = std::make_unique<StepParts>();
   std::shared_ptr<nn::GPT> gpt;
+  // ZeRO-3 builds the model on meta (shapes, no bytes): each rank fills its shards from the seed
+  // one parameter at a time (nn::GPT::initial_values), so no rank ever holds the whole model, not
+  // even at the start. Fine-tuning from Hugging Face's files (model.init_hf) reads them whole.
+  const bool zero3 = cfg.zero == 3;
+  const bool on_meta = zero3 && cfg.init_hf.empty() && default_device().type != DeviceType::kMeta;
   {
     const MemoryUseScope params(MemoryUse::kParameters);
+    std::optional<DeviceGuard> meta;
+    if (on_meta) meta.emplace(kMeta);
     gpt = std::make_shared<nn::GPT>(cfg.model, static_cast<uint64_t>(cfg.seed));
   }
   parts->model = gpt;
@@ -91,7 +103,6 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
   // DDP (README, technique 2): rank 0's weights everywhere, gradients averaged during backward.
   // ZeRO-3 (also on one rank, where it shards over one): one bucket per unit, in backward order,
   // each reduce-scattered into the gradient shard as soon as its unit's backward is done.
-  const bool zero3 = cfg.zero == 3;
   // dist.gather_dtype: the products' weights gathered in the compute dtype (a bucket of their own
   // per unit).
   const std::vector<Tensor> low =
@@ -105,6 +116,7 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
     dopt.compression = dist::parse_compression(cfg.compression);
     dopt.error_feedback = cfg.error_feedback;
     dopt.sharded = (cfg.zero >= 2 && group->size() > 1) || zero3;  // stage 2 runs as 1 alone
+    dopt.broadcast = !on_meta;  // every rank makes the same shards from the seed
     parts->ddp.emplace(*gpt, group, dopt,
                        zero3 ? dist::ShardedParameters::bucket_layout(gpt->units(), low)
                              : std::vector<std::vector<Tensor>>{});
@@ -116,6 +128,16 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
         parts->ddp ? static_cast<int>(cfg.zero) : 1, int64_t{1} << 22, offload);
     if (parts->zero->stage() >= 2)
       parts->ddp->shard_gradients(parts->zero->gradient_shards(), zero3 && cfg.accumulate_sharded);
+    if (on_meta) {  // this rank's elements of each parameter, made one parameter at a time
+      std::map<const TensorImpl*, std::string> names;
+      for (const auto& [name, p] : gpt->named_parameters()) names[p.impl()] = name;
+      const autograd::NoGradGuard no_grad;
+      parts->zero->fill_parameter_shard([&](const Tensor& p, int64_t begin, const Tensor& dst) {
+        const Tensor whole = Tensor::empty(p.shape(), DType::kF32, dst.device());
+        gpt->initial_values(names.at(p.impl()), whole);
+        dst.copy_(narrow(reshape(whole, {p.numel()}), 0, begin, dst.numel()));
+      });
+    }
     if (zero3) {  // the parameters now live in the shards; the model gathers them unit by unit
       parts->sharded = std::make_unique<dist::ShardedParameters>(
           gpt->units(), *parts->zero,

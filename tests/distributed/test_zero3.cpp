@@ -100,6 +100,21 @@ TEST(Zero3, UnitsCoverEveryParameterOnceAndATiedHeadUsesTheEmbedding) {
   }
 }
 
+// A parameter made alone (GPT::initial_values, what a ZeRO-3 model built on meta fills its
+// shards from) is the constructor's, bit for bit, for both families, tied and untied.
+TEST(Zero3, InitialValuesOfOneParameterAreTheConstructors) {
+  for (auto [family, tied] :
+       {std::pair{"gpt2", true}, std::pair{"llama", false}, std::pair{"llama", true}}) {
+    const nn::GPT m(small(family, tied), 11);
+    for (const auto& [name, p] : m.named_parameters()) {
+      const Tensor made = Tensor::empty(p.shape());
+      m.initial_values(name, made);
+      EXPECT_EQ(made.to_vector<float>(), p.to_vector<float>()) << family << " " << name;
+    }
+    EXPECT_THROW(m.initial_values("nowhere", Tensor::empty({1})), std::invalid_argument);
+  }
+}
+
 // On one rank ZeRO-3 runs every part of its mechanism; AdamW is elementwise, so the parameters
 // equal plain AdamW's bit for bit, for both families, tied and untied, and whatever the gather
 // options (prefetch, resharding after forward).

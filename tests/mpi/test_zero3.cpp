@@ -10,6 +10,7 @@
 //     relative);
 //   - with gradient compression (bf16; fp16 with error feedback) on the reduce-scatter, ZeRO-2 and
 //     ZeRO-3 equal DDP with the same compression bit for bit;
+//   - no rank holds the whole model while it is built (built on meta, shards filled from the seed);
 //   - the export of a ZeRO-3 run reloads to the trained model's logits bit for bit;
 //   - the per-rank allocator peak of a model whose parameters dominate, against ZeRO-2's and
 //     against kuai plan's prediction.
@@ -293,6 +294,35 @@ TEST(MpiZero3, PeakOfARankIsBelowZero2sAndPlanned) {
   const int64_t predicted = plan::trace_step(plan::target_for(config("3"), 2)).peak_bytes;
   EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(z3), 0.10 * z3)
       << "planned " << predicted << " B, measured " << z3 << " B";
+}
+
+// No rank ever holds the whole model, not even while it is built: ZeRO-3 builds it on meta and
+// each rank fills its shards from the seed one parameter at a time (nn::GPT::initial_values; the
+// losses equal DDP's, which builds the model whole, in EqualsDdpBitForBitOnKjv). What the build
+// allocates is the parameter shard, the gradient shard and one parameter being made: at most
+// (2 S + the largest parameter) floats and 256 KiB of small state; a whole model built first
+// would add all of it.
+TEST(MpiZero3, NoRankEverHoldsTheWholeModel) {
+  const train::TrainConfig cfg = train::load_config(
+      "", {"--model.n_layer=8", "--model.d_model=256", "--model.n_head=4", "--model.seq_len=32",
+           "--data.source=synthetic", "--dist.zero=3"});
+  Allocator::get().empty_cache();
+  Allocator::get().reset_peak();
+  const int64_t before = Allocator::get().stats().current;
+  const std::unique_ptr<train::StepParts> parts =
+      train::build_step_parts(cfg, mpi_process_group(), train::step_options(cfg), {});
+  const int64_t built = Allocator::get().stats().peak - before;
+  int64_t model = 0, largest = 0;
+  for (const Tensor& p : parts->model->parameters()) {
+    model += p.numel() * 4;
+    largest = std::max<int64_t>(largest, p.numel() * 4);
+  }
+  const int64_t shard = parts->zero->shard_size() * 4;
+  RecordProperty("build_peak_over_model", std::to_string(static_cast<double>(built) / model));
+  EXPECT_LE(built, 2 * shard + largest + (256 << 10))  // + small state (the scaler, DDP's)
+      << "model " << model << " B, shard " << shard << " B, largest parameter " << largest << " B";
+  EXPECT_LT(built, model + shard) << "model " << model << " B";
+  mpi_process_group()->barrier();
 }
 
 }  // namespace
