@@ -7,10 +7,13 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "kuai/amp/autocast.h"
 #include "kuai/core/autograd.h"
 #include "kuai/distributed/ddp.h"
 #include "kuai/distributed/process_group.h"
 #include "kuai/distributed/zero.h"
+#include "kuai/distributed/zero3.h"
+#include "kuai/nn/layers.h"
 #include "kuai/nn/module.h"
 #include "kuai/optim/offload_adamw.h"
 
@@ -19,6 +22,11 @@ namespace kuai::python {
 namespace {
 
 using release = py::call_guard<py::gil_scoped_release>;
+
+struct PyWholeUnits {
+  std::shared_ptr<dist::ShardedParameters> sharded;
+  std::unique_ptr<dist::ShardedParameters::Whole> whole;
+};
 
 std::shared_ptr<dist::ProcessGroup>& default_group() {
   static std::shared_ptr<dist::ProcessGroup> g;
@@ -105,10 +113,26 @@ void bind_dist(py::module_& top) {
       },
       release(), "the queued collectives complete and MPI is finalised (every rank calls it)");
 
+  // Every unit gathered while the context lives (FSDP's summon_full_params): a collective.
+  py::class_<PyWholeUnits>(m, "_WholeUnits")
+      .def("__enter__",
+           [](PyWholeUnits& w) {
+             std::vector<size_t> all(w.sharded->num_units());
+             for (size_t u = 0; u < all.size(); ++u) all[u] = u;
+             py::gil_scoped_release nogil;
+             w.whole = std::make_unique<dist::ShardedParameters::Whole>(*w.sharded, all);
+           })
+      .def("__exit__", [](PyWholeUnits& w, py::args) {
+        py::gil_scoped_release nogil;
+        w.whole.reset();
+      });
+
   py::class_<PyDDP>(m, "_Reducer")
       .def(
           py::init([](py::object module, double bucket_cap_mb, double first_bucket_mb, bool overlap,
-                      bool find_unused, const std::string& compression, bool error_feedback) {
+                      bool find_unused, const std::string& compression, bool error_feedback,
+                      bool zero3, bool reshard_after_forward, int prefetch,
+                      const std::string& gather_dtype) {
             dist::DDPOptions o;
             o.bucket_mb = bucket_cap_mb;
             o.first_bucket_mb = first_bucket_mb;
@@ -122,13 +146,40 @@ void bind_dist(py::module_& top) {
             std::shared_ptr<dist::ProcessGroup> g = default_group();
             if (!g)
               throw std::runtime_error("DistributedDataParallel: call init_process_group() first");
+            std::vector<std::vector<Tensor>> layout;
+            if (zero3) {  // one bucket per unit of the GPT, reduce-scattered into the shards
+              r->gpt = dynamic_cast<nn::GPT*>(&mod);
+              if (r->gpt == nullptr)
+                throw py::type_error(
+                    "fully_shard: kuai shards a model by its units (the embedding, each block, "
+                    "the head), which kuai.nn.GPT names; got another module");
+              if (prefetch < 0) throw py::value_error("fully_shard: prefetch must be >= 0");
+              r->zero3 = {reshard_after_forward, prefetch,
+                          gather_dtype == "fp32" ? DType::kF32 : amp::precision_dtype(gather_dtype)};
+              if (r->zero3.gather_dtype != DType::kF32) r->low = nn::product_parameters(*r->gpt);
+              layout = dist::ShardedParameters::bucket_layout(r->gpt->units(), r->low);
+              o.sharded = true;
+            }
             py::gil_scoped_release nogil;
-            r->ddp = std::make_shared<dist::DistributedDataParallel>(mod, g, o);
+            r->ddp = std::make_shared<dist::DistributedDataParallel>(mod, g, o, layout);
             return r;
           }),
           py::arg("module"), py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"),
           py::arg("overlap"), py::arg("find_unused_parameters"), py::arg("compression"),
-          py::arg("error_feedback"))
+          py::arg("error_feedback"), py::arg("zero3") = false,
+          py::arg("reshard_after_forward") = true, py::arg("prefetch") = 1,
+          py::arg("gather_dtype") = "fp32")
+      .def_property_readonly("zero3_ready", [](const PyDDP& r) { return r.sharded != nullptr; })
+      .def(
+          "summon_full_params",
+          [](PyDDP& r) {
+            if (!r.sharded)
+              throw std::runtime_error("summon_full_params: the model's parameters are not sharded");
+            auto w = std::make_unique<PyWholeUnits>();
+            w->sharded = r.sharded;
+            return w;
+          },
+          py::keep_alive<0, 1>())
       .def(
           "prepare_backward",
           [](PyDDP& r, bool sync) {
@@ -165,12 +216,25 @@ void bind_dist(py::module_& top) {
              if (stage == 2 && !r)
                throw py::value_error(
                    "ZeRO stage 2 shards DDP's gradient buckets: pass the DDP model");
+             if (stage == 3 && (r == nullptr || r->gpt == nullptr))
+               throw py::value_error(
+                   "ZeRO stage 3 shards the parameters of a fully_shard model: pass it as ddp=");
+             if (stage != 3 && r != nullptr && r->gpt != nullptr)
+               throw py::value_error("a fully_shard model takes ZeRO stage 3");
+             if (stage == 3 && r->sharded)
+               throw py::value_error("this fully_shard model already has its stage-3 optimizer");
              std::optional<optim::OffloadOptions> off;
              if (!offload_dir.empty()) off = optim::OffloadOptions{offload_dir};
              auto* z = new dist::ZeroAdamW(param_groups(params, weight_decay),
                                            {lr, betas.first, betas.second, eps}, g,
                                            std::move(buckets), stage, int64_t{1} << 22, off);
              if (stage == 2) r->ddp->shard_gradients(z->gradient_shards());
+             if (stage == 3) {  // every micro-batch reduce-scattered; the parameters into units
+               r->ddp->shard_gradients(z->gradient_shards(), true);
+               r->sharded = std::make_shared<dist::ShardedParameters>(r->gpt->units(), *z,
+                                                                      r->zero3, r->low);
+               r->gpt->set_unit_hooks(r->sharded.get());
+             }
              return z;
            }),
            py::arg("params"), py::arg("lr") = 1e-3f,

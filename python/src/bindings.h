@@ -12,6 +12,8 @@
 #include "kuai/core/rng.h"
 #include "kuai/core/tensor.h"
 #include "kuai/distributed/ddp.h"
+#include "kuai/distributed/zero3.h"
+#include "kuai/nn/gpt.h"
 
 namespace kuai::python {
 
@@ -55,6 +57,15 @@ struct PyDDP {
   py::object module;
   std::shared_ptr<dist::DistributedDataParallel> ddp;
   bool finish_queued = false;
+  // ZeRO-3 (kuai.distributed.fsdp.fully_shard): the GPT's units, one bucket each; the sharded
+  // parameters are made with the stage-3 optimizer (ZeroRedundancyOptimizer(stage=3, ddp=...)).
+  nn::GPT* gpt = nullptr;
+  dist::Zero3Options zero3{};
+  std::vector<Tensor> low;  // gathered in zero3.gather_dtype
+  std::shared_ptr<dist::ShardedParameters> sharded;
+  ~PyDDP() {
+    if (gpt != nullptr && sharded) gpt->set_unit_hooks(nullptr);
+  }
 };
 
 // PyTorch's parameter groups (a list of tensors, or of dicts with "params" and "weight_decay").

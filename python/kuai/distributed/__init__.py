@@ -10,6 +10,8 @@ refuses by name rather than pretend to use.
   runs, ``no_sync()`` for accumulation, compression hooks (``algorithms.ddp_comm_hooks``).
 - ``kuai.distributed.optim.ZeroRedundancyOptimizer``: AdamW's state sharded over the ranks
   (ZeRO-1; ``stage=2`` also shards the gradients), optionally with the shard's moments on disk.
+- ``kuai.distributed.fsdp.fully_shard``: ZeRO-3, the parameters sharded too, gathered unit by
+  unit (with ``ZeroRedundancyOptimizer(stage=3)``).
 """
 
 from kuai._kuai.distributed import (  # noqa: F401
@@ -55,4 +57,5 @@ def init_process_group(backend=None, timeout=300.0, **kwargs):
                              f"with {key} {have}")
 
 
-from kuai.distributed import algorithms, optim  # noqa: E402,F401
+from kuai.distributed import algorithms, fsdp, optim  # noqa: E402,F401
+from kuai.distributed.fsdp import fully_shard  # noqa: E402,F401

@@ -7,6 +7,8 @@ It *shards*; it does not offload to the CPU, whatever the well-known advice says
 feature. ``stage=2`` also shards the gradients: DDP reduce-scatters each bucket into the shard
 instead of all-reducing it, so pass the DDP-wrapped model as ``ddp=`` and run the step through
 ``kuai.TrainStep`` (which clips by the norm over the shards), or call ``step()`` without clipping.
+``stage=3`` shards the parameters too: pass a ``kuai.distributed.fsdp.fully_shard`` model as
+``ddp=`` (its units are gathered from the shards this optimizer holds).
 """
 
 from kuai._kuai.distributed import ZeroAdamW as _ZeroAdamW
@@ -25,8 +27,8 @@ class ZeroRedundancyOptimizer(_ZeroAdamW):
         if kwargs:
             raise TypeError("ZeroRedundancyOptimizer() got unexpected keyword arguments: "
                             + ", ".join(sorted(kwargs)))
-        if stage not in (1, 2):
-            raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1 or 2, got {stage}")
+        if stage not in (1, 2, 3):
+            raise ValueError(f"ZeroRedundancyOptimizer: stage must be 1, 2 or 3, got {stage}")
         reducer = None
         if ddp is not None:
             reducer = ddp._build_reducer()

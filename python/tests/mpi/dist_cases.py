@@ -12,6 +12,7 @@ import kuai
 import kuai.distributed as dist
 import kuai.nn as nn
 from kuai.distributed.algorithms.ddp_comm_hooks import ErrorFeedback, default_hooks
+from kuai.distributed.fsdp import fully_shard
 from kuai.distributed.optim import ZeroRedundancyOptimizer
 
 CFG = dict(vocab_size=256, n_layer=2, n_head=2, d_model=64, seq_len=32)
@@ -148,10 +149,14 @@ def case_compression(corpus, rank, world):
 
 def case_zero(corpus, rank, world):
     """ZeroRedundancyOptimizer (the article's call) against AdamW under the same DDP: the same
-    parameters bit for bit, with about 1/world of the optimizer state."""
+    parameters bit for bit, with about 1/world of the optimizer state; stage 3 over a fully_shard
+    model too (its parameters gathered from the shards to be read)."""
     out = {}
-    for name in ("adamw", "zero1", "zero2"):
-        m = nn.parallel.DistributedDataParallel(model())
+    for name in ("adamw", "zero1", "zero2", "zero3"):
+        if name == "zero3":  # fully_shard: the parameters sharded too
+            m = fully_shard(model())
+        else:
+            m = nn.parallel.DistributedDataParallel(model())
         if name == "adamw":
             opt = kuai.optim.AdamW(m.parameters(), lr=1e-2)
         else:
@@ -163,8 +168,13 @@ def case_zero(corpus, rank, world):
             losses.append(mean_over_ranks(step(my_rows(x, rank), my_rows(y, rank))["loss"]))
         state = (opt.state_bytes if name != "adamw"
                  else 8 * sum(p.numel() for p in m.parameters()))
-        out[name] = dict(losses=losses, params=flat(m.module).view(np.uint32).tolist()[:4096],
-                         checksum=int(flat(m.module).view(np.uint32).astype(np.uint64).sum()),
+        if name == "zero3":
+            with m.summon_full_params():
+                params = flat(m.module)
+        else:
+            params = flat(m.module)
+        out[name] = dict(losses=losses, params=params.view(np.uint32).tolist()[:4096],
+                         checksum=int(params.view(np.uint32).astype(np.uint64).sum()),
                          state_bytes=state)
     return out
 
