@@ -38,9 +38,9 @@ struct Arm {
   std::vector<std::string> extra;  // config overrides of the arm
   std::vector<double> tokens_per_s, step_ms, rss_mib, live_mib;
   double comm_mib = 0;
-  double overlap = -1;    // the share of reduced bytes launched during backward (measured)
+  double overlap = -1;  // the share of reduced bytes launched during backward (measured)
   std::vector<double> gather_wait_ms;  // ZeRO-3: the step's wait for its gathers (measured)
-  double state_mib = -1;  // ZeRO: the AdamW moments this rank holds
+  double state_mib = -1;               // ZeRO: the AdamW moments this rank holds
   double unsharded_mib = -1;
 };
 
@@ -118,7 +118,9 @@ int run_ddp_bench(const std::vector<std::string>& args) {
       {"2 ranks, ZeRO-1 (all-reduce, all-gather)", 2, {"--dist.zero=1"}},
       {"2 ranks, ZeRO-2 (reduce-scatter, all-gather)", 2, {"--dist.zero=2"}},
       {"2 ranks, ZeRO-3 (gathers per unit, prefetch 1)", 2, {"--dist.zero=3"}},
-      {"2 ranks, ZeRO-3, prefetch 0 (gathers on demand)", 2, {"--dist.zero=3", "--dist.prefetch=0"}},
+      {"2 ranks, ZeRO-3, prefetch 0 (gathers on demand)",
+       2,
+       {"--dist.zero=3", "--dist.prefetch=0"}},
   };
   // The link's constants first (all-reduce latency and bandwidth over 2 ranks, bench_link.cpp),
   // saved for `kuai plan`'s communication model.
@@ -162,8 +164,8 @@ int run_ddp_bench(const std::vector<std::string>& args) {
     const Arm& a = arms[i];
     const double tps = median(a.tokens_per_s);
     const double eff = a.ranks > 1 ? tps / (a.ranks * one) : 1.0;
-    const bool is_zero3 = !a.gather_wait_ms.empty() &&
-                          std::find(a.extra.begin(), a.extra.end(), "--dist.zero=3") != a.extra.end();
+    const bool is_zero3 = !a.gather_wait_ms.empty() && std::find(a.extra.begin(), a.extra.end(),
+                                                                 "--dist.zero=3") != a.extra.end();
     std::string vs = "—";
     if (a.ranks > 1 && i != 1) {
       const bool noise = lo(a.step_ms) <= hi(ref.step_ms) && lo(ref.step_ms) <= hi(a.step_ms);

@@ -196,8 +196,8 @@ int export_command(const std::vector<std::string>& args) {
     weights = run + "/model.safetensors";
   }
   kuai::nn::GPTConfig cfg;
-  const bool from_checkpoint = !std::filesystem::is_regular_file(weights) &&
-                               weights == run + "/model.safetensors";
+  const bool from_checkpoint =
+      !std::filesystem::is_regular_file(weights) && weights == run + "/model.safetensors";
   if (from_checkpoint && !std::filesystem::is_regular_file(run + "/latest"))
     throw std::invalid_argument(fmt::format(
         "{}: no trained model here (no model.safetensors and no checkpoint; run `kuai train` "
@@ -213,8 +213,9 @@ int export_command(const std::vector<std::string>& args) {
       try {
         const kuai::train::Checkpoint c = kuai::train::read_checkpoint(dir);
         cfg = kuai::train::load_config_text(c.state.config_toml, dir + "/config.toml").model;
-        std::cerr << fmt::format("kuai export: {} has no model.safetensors yet; using {} (step {})\n",
-                                 run, dir, c.state.step);
+        std::cerr << fmt::format(
+            "kuai export: {} has no model.safetensors yet; using {} (step {})\n", run, dir,
+            c.state.step);
         kuai::io::export_hf(
             hf, cfg, [&](const auto& fn) { kuai::train::read_model_stream(c, cfg, fn); }, stored);
         break;

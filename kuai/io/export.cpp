@@ -300,8 +300,8 @@ ExportStats export_weights(const std::string& path, const nn::GPT& model,
         stats.max_held_bytes = std::max(stats.max_held_bytes, held);
       }
       const Tensor src = Tensor::borrow(const_cast<float*>(values), {count}, DType::kF32);
-      std::vector<Tensor> dst = {Tensor::borrow(at->second.data() + begin * es, {count},
-                                                options.dtype)};
+      std::vector<Tensor> dst = {
+          Tensor::borrow(at->second.data() + begin * es, {count}, options.dtype)};
       Cast(options.dtype).eval_cpu(std::span<const Tensor>(&src, 1), dst);
       covered[i] += count;
       if (covered[i] > params[i].second.numel())
@@ -402,8 +402,9 @@ void load_weights(const std::string& path, nn::GPT& model) {
   const SafetensorsFile file = SafetensorsFile::open(path);
   const WeightsInfo info = parse_info(file);
   std::map<std::string, Tensor> state;  // verified values, in the parameters' dtypes
-  for_each_weight(path, file, info, model,
-                  [&](const std::string& name, const Tensor& value) { state.emplace(name, value); });
+  for_each_weight(path, file, info, model, [&](const std::string& name, const Tensor& value) {
+    state.emplace(name, value);
+  });
   try {
     model.load_state_dict(state);
   } catch (const std::exception& e) {
@@ -411,9 +412,9 @@ void load_weights(const std::string& path, nn::GPT& model) {
   }
 }
 
-WeightsInfo read_weights_stream(const std::string& path,
-                                const std::function<void(const std::string& name,
-                                                         const Tensor& value)>& fn) {
+WeightsInfo read_weights_stream(
+    const std::string& path,
+    const std::function<void(const std::string& name, const Tensor& value)>& fn) {
   const SafetensorsFile file = SafetensorsFile::open(path);
   const WeightsInfo info = parse_info(file);
   std::unique_ptr<nn::GPT> shapes;

@@ -268,11 +268,12 @@ nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path) 
 }
 
 void export_hf(const std::string& dir, const nn::GPT& model, DType stored) {
-  export_hf(dir, model.config(),
-            [&](const std::function<void(const std::string&, const Tensor&)>& fn) {
-              for (const auto& [name, p] : model.named_parameters()) fn(name, p);
-            },
-            stored);
+  export_hf(
+      dir, model.config(),
+      [&](const std::function<void(const std::string&, const Tensor&)>& fn) {
+        for (const auto& [name, p] : model.named_parameters()) fn(name, p);
+      },
+      stored);
 }
 
 void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const ParameterStream& params,

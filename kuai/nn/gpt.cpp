@@ -151,9 +151,10 @@ void GPT::initial_values(const std::string& name, const Tensor& dst) const {
       continue;
     }
     if (dst.shape() != p.shape() || dst.dtype() != DType::kF32 || !dst.is_contiguous())
-      throw std::invalid_argument(fmt::format("GPT::initial_values: {} needs a contiguous float32 "
-                                              "{}, got {}",
-                                              name, shape_str(p.shape()), dst.str()));
+      throw std::invalid_argument(
+          fmt::format("GPT::initial_values: {} needs a contiguous float32 "
+                      "{}, got {}",
+                      name, shape_str(p.shape()), dst.str()));
     const autograd::NoGradGuard no_grad;
     if (p.dim() == 1) {
       fill_(dst, name.ends_with(".bias") ? 0.0f : 1.0f);

@@ -160,7 +160,6 @@ std::string piece_name(const char* kind, const OptimizerPiece& p) {
                  : fmt::format("{}.{}@{}", kind, p.param, p.begin);
 }
 
-
 }  // namespace
 
 OptimizerShard optimizer_shard(const nn::GPT& model, optim::AdamW& opt) {
@@ -207,8 +206,15 @@ OptimizerShard optimizer_shard(const nn::GPT& model, dist::ZeroAdamW& opt) {
     if (out.sharded_model)
       values = reshape(narrow(opt.parameter_shard(), 0, s.shard_offset, s.length), shape);
     if (opt.offloaded()) {
-      out.pieces.push_back({name, s.begin, whole, shape, {}, {}, s.shard_offset,
-                            opt.is_master(s.group, s.param), values});
+      out.pieces.push_back({name,
+                            s.begin,
+                            whole,
+                            shape,
+                            {},
+                            {},
+                            s.shard_offset,
+                            opt.is_master(s.group, s.param),
+                            values});
       continue;
     }
     const Tensor m = narrow(opt.exp_avg(), 0, s.shard_offset, s.length);
@@ -660,8 +666,7 @@ void Checkpointer::commit() {
       if (f.name != optimizer_file() && f.name != model_shard_file(0)) files.push_back(f);
     for (int r = 0; r < world; ++r) {
       const int64_t* v = rec + kRec * r;
-      files.push_back(
-          {optim_file(r), static_cast<uint64_t>(v[1]), static_cast<uint64_t>(v[2])});
+      files.push_back({optim_file(r), static_cast<uint64_t>(v[1]), static_cast<uint64_t>(v[2])});
       if (sharded_model)
         files.push_back(
             {model_shard_file(r), static_cast<uint64_t>(v[3]), static_cast<uint64_t>(v[4])});
@@ -805,7 +810,7 @@ struct Source {
   const io::SafetensorsEntry* entry;
 };
 struct Stored {
-  std::string dir;                        // the checkpoint, for messages
+  std::string dir;                         // the checkpoint, for messages
   std::vector<io::SafetensorsFile> files;  // kept open: the sources point into them
   std::map<std::pair<std::string, std::string>, std::vector<Source>> by_key;  // (kind, param)
 };
@@ -831,9 +836,9 @@ void index_file(Stored& st, const io::SafetensorsFile& f, bool model_file,
     const std::string param = at == std::string::npos ? rest : rest.substr(0, at);
     auto it = by_name.find(param);
     if (kind.empty() || it == by_name.end())
-      throw std::runtime_error(
-          fmt::format("{}: tensor '{}' is not {} of a parameter of this model", f.path(), e.name,
-                      model_file ? "the values" : "the state"));
+      throw std::runtime_error(fmt::format("{}: tensor '{}' is not {} of a parameter of this model",
+                                           f.path(), e.name,
+                                           model_file ? "the values" : "the state"));
     if (e.dtype != "F32")
       throw std::runtime_error(
           fmt::format("{}: tensor '{}' has dtype {}, expected F32", f.path(), e.name, e.dtype));
@@ -841,20 +846,20 @@ void index_file(Stored& st, const io::SafetensorsFile& f, bool model_file,
     Source src{0, numel, &f, &e};
     if (at == std::string::npos) {
       if (e.shape != it->second.shape())
-        throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}",
-                                             f.path(), e.name, shape_str(e.shape),
+        throw std::runtime_error(fmt::format("{}: tensor '{}' has shape {}, expected {}", f.path(),
+                                             e.name, shape_str(e.shape),
                                              shape_str(it->second.shape())));
     } else {
       const std::string digits = rest.substr(at + 1);
-      const bool number = !digits.empty() && digits.size() <= 15 &&
-                          std::all_of(digits.begin(), digits.end(),
-                                      [](char ch) { return ch >= '0' && ch <= '9'; });
+      const bool number =
+          !digits.empty() && digits.size() <= 15 &&
+          std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
       src.begin = number ? std::stoll(digits) : -1;
       src.length = e.shape.size() == 1 ? e.shape[0] : -1;
       if (src.begin < 0 || src.length < 0 || src.begin + src.length > numel)
         throw std::runtime_error(
-            fmt::format("{}: tensor '{}' of shape {} is not a piece of {} ({} elements)",
-                        f.path(), e.name, shape_str(e.shape), param, numel));
+            fmt::format("{}: tensor '{}' of shape {} is not a piece of {} ({} elements)", f.path(),
+                        e.name, shape_str(e.shape), param, numel));
     }
     st.by_key[{kind, param}].push_back(src);
   }
@@ -1027,8 +1032,7 @@ void restore_checkpoint(const Checkpoint& c, nn::GPT& model, const OptimizerShar
         if (piece.master)  // the model's values (the working copy has their cast)
           restore_range(c, st, "param", piece.param, pb, pb + (b - a), ch.master + (a - lo));
         restore_range(c, st, "exp_avg", piece.param, pb, pb + (b - a), ch.exp_avg + (a - lo));
-        restore_range(c, st, "exp_avg_sq", piece.param, pb, pb + (b - a),
-                      ch.exp_avg_sq + (a - lo));
+        restore_range(c, st, "exp_avg_sq", piece.param, pb, pb + (b - a), ch.exp_avg_sq + (a - lo));
       }
     });
   } else {

@@ -177,7 +177,7 @@ struct Checkpoint {
   std::string path;  // the ckpt-<step> directory
   TrainingState state;
   int64_t optimizer_steps = 0;
-  int64_t world_size = 1;  // optimizer files: optimizer.rank0 .. rank<world_size - 1>
+  int64_t world_size = 1;      // optimizer files: optimizer.rank0 .. rank<world_size - 1>
   bool sharded_model = false;  // model.rank0 .. rank<world_size - 1>, not model.safetensors
 };
 

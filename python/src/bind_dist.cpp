@@ -128,53 +128,54 @@ void bind_dist(py::module_& top) {
       });
 
   py::class_<PyDDP>(m, "_Reducer")
-      .def(
-          py::init([](py::object module, double bucket_cap_mb, double first_bucket_mb, bool overlap,
-                      bool find_unused, const std::string& compression, bool error_feedback,
-                      bool zero3, bool reshard_after_forward, int prefetch,
-                      const std::string& gather_dtype) {
-            dist::DDPOptions o;
-            o.bucket_mb = bucket_cap_mb;
-            o.first_bucket_mb = first_bucket_mb;
-            o.overlap = overlap;
-            o.find_unused = find_unused;
-            o.compression = dist::parse_compression(compression);
-            o.error_feedback = error_feedback;
-            nn::Module& mod = module.cast<nn::Module&>();
-            auto r = std::make_unique<PyDDP>();
-            r->module = module;
-            std::shared_ptr<dist::ProcessGroup> g = default_group();
-            if (!g)
-              throw std::runtime_error("DistributedDataParallel: call init_process_group() first");
-            std::vector<std::vector<Tensor>> layout;
-            if (zero3) {  // one bucket per unit of the GPT, reduce-scattered into the shards
-              r->gpt = dynamic_cast<nn::GPT*>(&mod);
-              if (r->gpt == nullptr)
-                throw py::type_error(
-                    "fully_shard: kuai shards a model by its units (the embedding, each block, "
-                    "the head), which kuai.nn.GPT names; got another module");
-              if (prefetch < 0) throw py::value_error("fully_shard: prefetch must be >= 0");
-              r->zero3 = {reshard_after_forward, prefetch,
-                          gather_dtype == "fp32" ? DType::kF32 : amp::precision_dtype(gather_dtype)};
-              if (r->zero3.gather_dtype != DType::kF32) r->low = nn::product_parameters(*r->gpt);
-              layout = dist::ShardedParameters::bucket_layout(r->gpt->units(), r->low);
-              o.sharded = true;
-            }
-            py::gil_scoped_release nogil;
-            r->ddp = std::make_shared<dist::DistributedDataParallel>(mod, g, o, layout);
-            return r;
-          }),
-          py::arg("module"), py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"),
-          py::arg("overlap"), py::arg("find_unused_parameters"), py::arg("compression"),
-          py::arg("error_feedback"), py::arg("zero3") = false,
-          py::arg("reshard_after_forward") = true, py::arg("prefetch") = 1,
-          py::arg("gather_dtype") = "fp32")
+      .def(py::init([](py::object module, double bucket_cap_mb, double first_bucket_mb,
+                       bool overlap, bool find_unused, const std::string& compression,
+                       bool error_feedback, bool zero3, bool reshard_after_forward, int prefetch,
+                       const std::string& gather_dtype) {
+             dist::DDPOptions o;
+             o.bucket_mb = bucket_cap_mb;
+             o.first_bucket_mb = first_bucket_mb;
+             o.overlap = overlap;
+             o.find_unused = find_unused;
+             o.compression = dist::parse_compression(compression);
+             o.error_feedback = error_feedback;
+             nn::Module& mod = module.cast<nn::Module&>();
+             auto r = std::make_unique<PyDDP>();
+             r->module = module;
+             std::shared_ptr<dist::ProcessGroup> g = default_group();
+             if (!g)
+               throw std::runtime_error("DistributedDataParallel: call init_process_group() first");
+             std::vector<std::vector<Tensor>> layout;
+             if (zero3) {  // one bucket per unit of the GPT, reduce-scattered into the shards
+               r->gpt = dynamic_cast<nn::GPT*>(&mod);
+               if (r->gpt == nullptr)
+                 throw py::type_error(
+                     "fully_shard: kuai shards a model by its units (the embedding, each block, "
+                     "the head), which kuai.nn.GPT names; got another module");
+               if (prefetch < 0) throw py::value_error("fully_shard: prefetch must be >= 0");
+               r->zero3 = {
+                   reshard_after_forward, prefetch,
+                   gather_dtype == "fp32" ? DType::kF32 : amp::precision_dtype(gather_dtype)};
+               if (r->zero3.gather_dtype != DType::kF32) r->low = nn::product_parameters(*r->gpt);
+               layout = dist::ShardedParameters::bucket_layout(r->gpt->units(), r->low);
+               o.sharded = true;
+             }
+             py::gil_scoped_release nogil;
+             r->ddp = std::make_shared<dist::DistributedDataParallel>(mod, g, o, layout);
+             return r;
+           }),
+           py::arg("module"), py::arg("bucket_cap_mb"), py::arg("first_bucket_mb"),
+           py::arg("overlap"), py::arg("find_unused_parameters"), py::arg("compression"),
+           py::arg("error_feedback"), py::arg("zero3") = false,
+           py::arg("reshard_after_forward") = true, py::arg("prefetch") = 1,
+           py::arg("gather_dtype") = "fp32")
       .def_property_readonly("zero3_ready", [](const PyDDP& r) { return r.sharded != nullptr; })
       .def(
           "summon_full_params",
           [](PyDDP& r) {
             if (!r.sharded)
-              throw std::runtime_error("summon_full_params: the model's parameters are not sharded");
+              throw std::runtime_error(
+                  "summon_full_params: the model's parameters are not sharded");
             auto w = std::make_unique<PyWholeUnits>();
             w->sharded = r.sharded;
             return w;
@@ -231,8 +232,8 @@ void bind_dist(py::module_& top) {
              if (stage == 2) r->ddp->shard_gradients(z->gradient_shards());
              if (stage == 3) {  // every micro-batch reduce-scattered; the parameters into units
                r->ddp->shard_gradients(z->gradient_shards(), true);
-               r->sharded = std::make_shared<dist::ShardedParameters>(r->gpt->units(), *z,
-                                                                      r->zero3, r->low);
+               r->sharded =
+                   std::make_shared<dist::ShardedParameters>(r->gpt->units(), *z, r->zero3, r->low);
                r->gpt->set_unit_hooks(r->sharded.get());
              }
              return z;

@@ -239,7 +239,8 @@ TEST(Zero3, TheExportStreamsUnitByUnit) {
 }
 
 // The trainer with dist.zero = 3 on one rank: the losses and the exported weights of plain
-// training, bit for bit (with accumulation, bf16 gathers, recomputation); what ZeRO-3 does not combine with yet is refused by name.
+// training, bit for bit (with accumulation, bf16 gathers, recomputation); what ZeRO-3 does not
+// combine with yet is refused by name.
 TEST(Zero3, TrainerOnOneRankEqualsPlainTraining) {
   auto run = [](const std::vector<std::string>& extra) {
     std::vector<std::string> args = {
@@ -281,7 +282,7 @@ TEST(Zero3, TrainerOnOneRankEqualsPlainTraining) {
     for (const std::string prefetch : {"0", "1"}) {
       const std::string what = policy + ", prefetch " + prefetch;
       const std::vector<std::string> z3 = {"--dist.zero=3", "--dist.prefetch=" + prefetch,
-                                            "--train.recompute=" + policy};
+                                           "--train.recompute=" + policy};
       EXPECT_EQ(a.losses, run(z3).losses) << what;
       std::vector<std::string> llama = {"--model.family=llama", "--model.tie_embeddings=false"};
       const train::TrainResult plain_llama = run(llama);

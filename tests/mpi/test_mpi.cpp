@@ -872,8 +872,7 @@ TEST(MpiZero, AShardThatCannotBeWrittenFailsTheCheckpointOnEveryRank) {
   const train::TrainResult r = train::run_training(cfg, out, o);
   setrlimit(RLIMIT_FSIZE, &saved);
   std::signal(SIGXFSZ, SIG_DFL);
-  expect_save_at_4_failed_everywhere(r, *pg, dir / "r",
-                                     "rank 1 could not write its shard",
+  expect_save_at_4_failed_everywhere(r, *pg, dir / "r", "rank 1 could not write its shard",
                                      "optimizer.rank1.safetensors");
 }
 

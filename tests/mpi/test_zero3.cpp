@@ -126,13 +126,13 @@ TEST(MpiZero3, EqualsDdpBitForBitOnKjv) {
     const Outcome ddp = train_run(family + "_ddp", ddp_args);
     const Outcome ddp_accum = train_run(family + "_ddp_accum", accum);
     ASSERT_EQ(ddp.losses.size(), 10u);
-    for (const std::vector<std::string>& opts :
-         std::vector<std::vector<std::string>>{{},
-                                               {"--dist.prefetch=0"},
-                                               {"--dist.prefetch=2"},
-                                               {"--dist.reshard_after_forward=false"},
-                                               {"--train.recompute=full"},
-                                               {"--train.recompute=selective", "--dist.prefetch=0"}}) {
+    for (const std::vector<std::string>& opts : std::vector<std::vector<std::string>>{
+             {},
+             {"--dist.prefetch=0"},
+             {"--dist.prefetch=2"},
+             {"--dist.reshard_after_forward=false"},
+             {"--train.recompute=full"},
+             {"--train.recompute=selective", "--dist.prefetch=0"}}) {
       std::vector<std::string> args = model;
       args.push_back("--dist.zero=3");
       args.insert(args.end(), opts.begin(), opts.end());
@@ -180,10 +180,9 @@ TEST(MpiZero3, EqualsDdpBitForBitOnKjv) {
 // same two rounded numbers, rounded once, so the losses and the exported weights are DDP's with
 // the same compression, bit for bit (bf16; fp16 with error feedback).
 TEST(MpiZero3, CompressedReduceScatterEqualsCompressedDdp) {
-  for (const std::vector<std::string>& comp :
-       std::vector<std::vector<std::string>>{{"--dist.compression=bf16"},
-                                             {"--dist.compression=fp16",
-                                              "--dist.error_feedback=true"}}) {
+  for (const std::vector<std::string>& comp : std::vector<std::vector<std::string>>{
+           {"--dist.compression=bf16"},
+           {"--dist.compression=fp16", "--dist.error_feedback=true"}}) {
     const std::string tag = comp.size() > 1 ? "fp16_ef" : "bf16";
     const Outcome ddp = train_run("comp_ddp_" + tag, comp);
     ASSERT_EQ(ddp.losses.size(), 10u);
@@ -193,7 +192,8 @@ TEST(MpiZero3, CompressedReduceScatterEqualsCompressedDdp) {
       const Outcome z = train_run("comp_zero" + zero + "_" + tag, args);
       EXPECT_EQ(z.losses, ddp.losses) << "ZeRO-" << zero << ", " << tag;
       if (pg_rank() == 0) {
-        EXPECT_TRUE(z.weights == ddp.weights) << "ZeRO-" << zero << ", " << tag << ": exports differ";
+        EXPECT_TRUE(z.weights == ddp.weights)
+            << "ZeRO-" << zero << ", " << tag << ": exports differ";
       }
     }
   }
@@ -212,7 +212,8 @@ TEST(MpiZero3, ExportReloadsToTheSameLogits) {
   const Tensor x = from_vector(ids, {2, 32});
   for (const auto& [name, extra] :
        {std::pair{std::string("gpt2"), std::vector<std::string>{"--dist.zero=3"}},
-        std::pair{std::string("llama"), [&] {
+        std::pair{std::string("llama"),
+                  [&] {
                     std::vector<std::string> v = llama;
                     v.push_back("--dist.zero=3");
                     return v;
@@ -226,10 +227,10 @@ TEST(MpiZero3, ExportReloadsToTheSameLogits) {
     if (pg->rank() == 0) fs::remove_all(dir / name);
     pg->barrier();
     std::vector<std::string> args = {
-        "--model.n_layer=2",     "--model.d_model=32",      "--model.n_head=2",
-        "--model.seq_len=32",    "--train.batch_size=4",    "--train.steps=4",
-        "--train.lr=3e-3",       "--train.eval_every=0",    "--data.workers=1",
-        "--data.path=" + kKjv,   "--log.progress=off",      "--log.jsonl=false",
+        "--model.n_layer=2",       "--model.d_model=32",        "--model.n_head=2",
+        "--model.seq_len=32",      "--train.batch_size=4",      "--train.steps=4",
+        "--train.lr=3e-3",         "--train.eval_every=0",      "--data.workers=1",
+        "--data.path=" + kKjv,     "--log.progress=off",        "--log.jsonl=false",
         "--log.tensorboard=false", "--run.dir=" + dir.string(), "--run.name=" + name};
     args.insert(args.end(), extra.begin(), extra.end());
     const train::TrainConfig cfg = train::load_config("", args);
@@ -242,7 +243,8 @@ TEST(MpiZero3, ExportReloadsToTheSameLogits) {
       if (step != cfg.steps) return;
       autograd::NoGradGuard no_grad;
       amp::AutocastGuard autocast(bf16, DType::kBF16);
-      trained = cast(static_cast<nn::GPT&>(*parts->model).forward(x), DType::kF32).to_vector<float>();
+      trained =
+          cast(static_cast<nn::GPT&>(*parts->model).forward(x), DType::kF32).to_vector<float>();
     };
     std::ostringstream out;
     (void)train::run_training(cfg, out, o);
@@ -303,9 +305,9 @@ TEST(MpiZero3, PeakOfARankIsBelowZero2sAndPlanned) {
 // (2 S + the largest parameter) floats and 256 KiB of small state; a whole model built first
 // would add all of it.
 TEST(MpiZero3, NoRankEverHoldsTheWholeModel) {
-  const train::TrainConfig cfg = train::load_config(
-      "", {"--model.n_layer=8", "--model.d_model=256", "--model.n_head=4", "--model.seq_len=32",
-           "--data.source=synthetic", "--dist.zero=3"});
+  const train::TrainConfig cfg =
+      train::load_config("", {"--model.n_layer=8", "--model.d_model=256", "--model.n_head=4",
+                              "--model.seq_len=32", "--data.source=synthetic", "--dist.zero=3"});
   Allocator::get().empty_cache();
   Allocator::get().reset_peak();
   const int64_t before = Allocator::get().stats().current;
