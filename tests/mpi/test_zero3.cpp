@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 
@@ -55,14 +56,18 @@ struct Outcome {
   int64_t peak_alloc_bytes = 0;
 };
 
-Outcome train_run(const std::string& name, const std::vector<std::string>& extra) {
+constexpr int64_t kSteps = 10;  // of every train_run
+
+// `options`: what a test adds to the run's TrainOptions (hooks), besides the group.
+Outcome train_run(const std::string& name, const std::vector<std::string>& extra,
+                  const std::function<void(train::TrainOptions&)>& options = {}) {
   auto pg = mpi_process_group();
   const fs::path dir = fs::temp_directory_path() / "kuai_mpi_zero3";
   if (pg->rank() == 0) fs::remove_all(dir / name);
   pg->barrier();
   std::vector<std::string> args = {
       "--model.n_layer=3",  "--model.d_model=32",      "--model.n_head=2",
-      "--model.seq_len=32", "--train.batch_size=4",    "--train.steps=10",
+      "--model.seq_len=32", "--train.batch_size=4",    "--train.steps=" + std::to_string(kSteps),
       "--train.lr=3e-3",    "--train.warmup_steps=2",  "--train.eval_every=5",
       "--data.workers=1",   "--data.path=" + kKjv,     "--log.progress=off",
       "--log.jsonl=false",  "--log.tensorboard=false", "--run.dir=" + dir.string(),
@@ -71,6 +76,7 @@ Outcome train_run(const std::string& name, const std::vector<std::string>& extra
   std::ostringstream out;
   train::TrainOptions o;
   o.group = pg;
+  if (options) options(o);
   const train::TrainResult r = train::run_training(train::load_config("", args), out, o);
   Outcome run{r.losses, {}, r.peak_alloc_bytes};
   if (pg->rank() == 0) {
@@ -222,36 +228,25 @@ TEST(MpiZero3, ExportReloadsToTheSameLogits) {
                   std::vector<std::string>{"--dist.zero=3", "--train.precision=bf16",
                                            "--dist.gather_dtype=bf16"}}}) {
     const bool bf16 = name == "bf16";
-    auto pg = mpi_process_group();
-    const fs::path dir = fs::temp_directory_path() / "kuai_mpi_zero3_logits";
-    if (pg->rank() == 0) fs::remove_all(dir / name);
-    pg->barrier();
-    std::vector<std::string> args = {
-        "--model.n_layer=2",       "--model.d_model=32",        "--model.n_head=2",
-        "--model.seq_len=32",      "--train.batch_size=4",      "--train.steps=4",
-        "--train.lr=3e-3",         "--train.eval_every=0",      "--data.workers=1",
-        "--data.path=" + kKjv,     "--log.progress=off",        "--log.jsonl=false",
-        "--log.tensorboard=false", "--run.dir=" + dir.string(), "--run.name=" + name};
-    args.insert(args.end(), extra.begin(), extra.end());
-    const train::TrainConfig cfg = train::load_config("", args);
-    train::TrainOptions o;
-    o.group = pg;
     train::StepParts* parts = nullptr;
     std::vector<float> trained;
-    o.built = [&](train::StepParts& p) { parts = &p; };
-    o.after_step = [&](int64_t step) {
-      if (step != cfg.steps) return;
-      autograd::NoGradGuard no_grad;
-      amp::AutocastGuard autocast(bf16, DType::kBF16);
-      trained =
-          cast(static_cast<nn::GPT&>(*parts->model).forward(x), DType::kF32).to_vector<float>();
-    };
-    std::ostringstream out;
-    (void)train::run_training(cfg, out, o);
+    (void)train_run("logits_" + name, extra, [&](train::TrainOptions& o) {
+      o.built = [&](train::StepParts& p) { parts = &p; };
+      o.after_step = [&](int64_t step) {
+        if (step != kSteps) return;
+        autograd::NoGradGuard no_grad;
+        amp::AutocastGuard autocast(bf16, DType::kBF16);
+        trained =
+            cast(static_cast<nn::GPT&>(*parts->model).forward(x), DType::kF32).to_vector<float>();
+      };
+    });
     ASSERT_FALSE(trained.empty()) << name;
-    if (pg->rank() == 0) {
-      nn::GPT reloaded(cfg.model, 99);
-      io::load_weights((dir / name / "model.safetensors").string(), reloaded);
+    if (pg_rank() == 0) {
+      const std::string path =
+          (fs::temp_directory_path() / "kuai_mpi_zero3" / ("logits_" + name) / "model.safetensors")
+              .string();
+      nn::GPT reloaded(io::read_weights_info(path).model, 99);
+      io::load_weights(path, reloaded);
       autograd::NoGradGuard no_grad;
       amp::AutocastGuard autocast(bf16, DType::kBF16);
       const std::vector<float> got = cast(reloaded.forward(x), DType::kF32).to_vector<float>();
@@ -259,7 +254,6 @@ TEST(MpiZero3, ExportReloadsToTheSameLogits) {
       EXPECT_EQ(std::memcmp(got.data(), trained.data(), got.size() * sizeof(float)), 0)
           << name << ": the reloaded export's logits differ from the trained model's";
     }
-    pg->barrier();
   }
 }
 
