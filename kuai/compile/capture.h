@@ -34,6 +34,7 @@ class CaptureMode final : public DispatchMode {
   // the allocator when the graph runs).
   explicit CaptureMode(bool on_meta = false) : on_meta_(on_meta) {}
   bool dry() const override { return on_meta_; }
+  bool records() const override { return true; }
   bool intercept(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) override;
   // Names a value of the graph (the loss, a parameter's gradient); the tensor must be known.
   void mark_output(const std::string& name, const Tensor& t);

@@ -62,6 +62,12 @@ ModeGuard::~ModeGuard() {
 
 std::span<DispatchMode* const> active_modes() { return mode_stack(); }
 
+bool recording() {
+  for (const DispatchMode* m : mode_stack())
+    if (m->records()) return true;
+  return false;
+}
+
 namespace {
 
 // An input's buffer can take an output when one tensor object alone holds the storage (the op's

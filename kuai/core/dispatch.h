@@ -35,6 +35,10 @@ class DispatchMode {
   // dtype, strides, no bytes), whatever device its inputs are on, so a step can be recorded
   // without the memory it would take, next to the real tensors it reads (the parameters).
   virtual bool dry() const { return false; }
+  // Whether the mode records the ops for a later replay (compile's capture). Code whose eager
+  // schedule depends on timing (DDP's ZeRO buckets, released as their collectives complete)
+  // chooses a fixed schedule instead while recording, which a replay then repeats.
+  virtual bool records() const { return false; }
 };
 
 // RAII: pushes `mode` on this thread's stack, pops it on destruction (strictly nested).
@@ -51,6 +55,8 @@ class ModeGuard {
 
 // This thread's modes, outermost first.
 std::span<DispatchMode* const> active_modes();
+// Whether one of them records (DispatchMode::records).
+bool recording();
 
 std::vector<Tensor> dispatch(std::shared_ptr<const Primitive> p, std::vector<Tensor> in);
 

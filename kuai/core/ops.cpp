@@ -190,6 +190,11 @@ void add_(const Tensor& a, const Tensor& b) {
   dispatch(std::make_shared<AddInPlace>(), {a, b});
 }
 
+void assign_(const Tensor& dst, const Tensor& src) {
+  if (!dst.is_contiguous()) throw std::invalid_argument("assign_: destination must be contiguous");
+  dispatch(std::make_shared<AssignInPlace>(), {dst, src});
+}
+
 // ---- reductions ----
 
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim) {

@@ -62,6 +62,8 @@ Tensor swiglu(const Tensor& h);
 Tensor rope(const Tensor& x, double theta, int64_t rotated_heads = -1, int64_t pos0 = 0);
 // In place, outside autograd: a += b (same shape). Used for gradient accumulation.
 void add_(const Tensor& a, const Tensor& b);
+// dst = src (one shape and dtype; dst contiguous), dispatched: a captured step repeats it.
+void assign_(const Tensor& dst, const Tensor& src);
 
 // ---- reductions ----
 Tensor sum(const Tensor& x, int64_t dim, bool keepdim = false);

@@ -1022,6 +1022,17 @@ std::vector<Tensor> ZeroInPlace::vjp(std::span<const Tensor>, std::span<const Te
   return no_vjp(*this);
 }
 
+std::vector<TensorSpec> AssignInPlace::infer(std::span<const Tensor> in) const {
+  expect_count(*this, in, 2);
+  if (in[0].shape() != in[1].shape() || in[0].dtype() != in[1].dtype())
+    throw std::invalid_argument(fmt::format("assign_: {} into {}", in[1].str(), in[0].str()));
+  return {};
+}
+std::vector<Tensor> AssignInPlace::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                       std::span<const Tensor>, const std::vector<bool>&) const {
+  return no_vjp(*this);
+}
+
 std::vector<TensorSpec> ScaleInPlace::infer(std::span<const Tensor> in) const {
   expect_count(*this, in, 1);
   expect_f32(*this, in[0], 0);

@@ -737,6 +737,16 @@ class ZeroInPlace final : public Primitive {
   bool updates_in_place() const override { return true; }
 };
 
+// (dst!, src): dst = src, of one shape and dtype. Tensor::copy_ goes straight to the backend,
+// unseen by a dispatch mode; code a captured step must repeat (ZeRO's shard copies, a gradient
+// moved into its bucket) copies with this.
+class AssignInPlace final : public Primitive {
+ public:
+  KUAI_UPDATE_COMMON("assign_")
+  bool mutates_input(size_t i) const override { return i == 0; }
+  bool updates_in_place() const override { return true; }
+};
+
 // (x!) : x *= c, in place (clip_grad_norm_'s scaling).
 class ScaleInPlace final : public Primitive {
  public:

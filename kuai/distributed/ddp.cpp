@@ -38,39 +38,6 @@ Compression parse_compression(const std::string& name) {
                               "' (one of \"none\", \"fp16\", \"bf16\")");
 }
 
-namespace {
-
-// The compression hook of one bucket, run on the communication thread around its all-reduce (or
-// reduce-scatter): host loops over the bucket's memory, in chunks of kChunk elements through the
-// backend's conversions. (The CPU device's memory is the host's; a device backend needs these
-// two passes as kernels of its own.)
-struct Compressor {
-  static constexpr int64_t kChunk = 2048;
-  float* grad;      // the bucket (fp32)
-  uint16_t* wire;   // its bf16 / f16 copy
-  float* residual;  // error feedback, or null
-  int64_t n;
-  DType wire_dtype;
-  float inv_world;
-  Backend* backend;
-
-  void before() const {
-    float v[kChunk], back[kChunk];
-    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-      const int64_t m = std::min(kChunk, n - i0);
-      for (int64_t i = 0; i < m; ++i)
-        v[i] = grad[i0 + i] * inv_world + (residual != nullptr ? residual[i0 + i] : 0.0f);
-      backend->convert(v, DType::kF32, wire + i0, wire_dtype, m);
-      if (residual == nullptr) continue;
-      backend->convert(wire + i0, wire_dtype, back, DType::kF32, m);
-      for (int64_t i = 0; i < m; ++i) residual[i0 + i] = v[i] - back[i];
-    }
-  }
-  void after() const { backend->convert(wire, wire_dtype, grad, DType::kF32, n); }
-};
-
-}  // namespace
-
 struct DistributedDataParallel::State {
   std::shared_ptr<ProcessGroup> group;
   DDPOptions options;
@@ -98,8 +65,10 @@ struct DistributedDataParallel::State {
   std::vector<int64_t> pending;  // parameters of each bucket not yet ready
   std::vector<char> ready;       // per parameter
   size_t next_launch = 0;        // buckets are launched in order
-  // Per launched bucket, in bucket order: the slot its collective's Work is in.
+  // Per launched bucket, in bucket order: the slot its collective's Work is in; sharded, whether
+  // it was waited for and its memory released (finish_bucket).
   std::vector<std::shared_ptr<WorkSlot>> works;
+  std::vector<char> done;
 
   bool sharded() const { return !shards.empty(); }
 
@@ -110,6 +79,7 @@ struct DistributedDataParallel::State {
     std::fill(ready.begin(), ready.end(), 0);
     next_launch = 0;
     works.clear();
+    done.clear();
   }
 
   // The bucket's memory, zeroed, with its parameters' gradients as views into it.
@@ -129,7 +99,7 @@ struct DistributedDataParallel::State {
     if (cur.defined() && cur.has_storage() && cur.storage() == buckets[b].flat.storage()) return;
     const Tensor src = cur.defined() ? cur : g;
     allocate_view(param);
-    p.grad().copy_(src);  // into the bucket, on its device
+    assign_(p.grad(), src);  // into the bucket (dispatched: a captured step repeats it)
   }
   void allocate_view(int64_t param) {
     Tensor& p = params[param];
@@ -138,20 +108,45 @@ struct DistributedDataParallel::State {
         Tensor::view_of(buckets[b].flat, p.shape(), contiguous_strides(p.shape()), offset[param]));
   }
 
-  // ZeRO-2: buckets whose reduce-scatter has completed give their memory back (and a micro-batch
-  // after the step's first adds what it received into the shard).
-  void release_completed() {
-    for (size_t b = 0; b < works.size(); ++b) {
-      if (!buckets[b].flat.defined() || !works[b]->work || !works[b]->work->is_completed())
-        continue;
-      for (Tensor& p : buckets[b].params) p.set_grad(Tensor());
-      buckets[b].flat = Tensor();
-      wire_in[b] = wire_out[b] = Tensor();
-      if (temp[b].defined()) {
-        add_(shards[b], temp[b]);
-        temp[b] = Tensor();
-      }
+  // ZeRO-2/3: what bucket b's reduce-scatter reads and writes, named by its start and wait: the
+  // bucket, the shard it goes to (or the temporary of a later micro-batch), and with compression
+  // the wire copies and the error feedback's residual.
+  std::vector<Tensor> scattered(size_t b) const {
+    std::vector<Tensor> t = {buckets[b].flat, temp[b].defined() ? temp[b] : shards[b]};
+    if (options.compression == Compression::kNone) return t;
+    t.push_back(wire_in[b]);
+    t.push_back(wire_out[b]);
+    if (!residual.empty()) t.push_back(residual[b]);
+    return t;
+  }
+
+  // ZeRO-2/3: bucket b's reduce-scatter is waited for, and the bucket gives its memory back (a
+  // micro-batch after the step's first adds what it received into the shard).
+  void finish_bucket(size_t b) {
+    if (done[b]) return;
+    done[b] = 1;
+    collective_wait(works[b], scattered(b));
+    for (Tensor& p : buckets[b].params) p.set_grad(Tensor());
+    buckets[b].flat = Tensor();
+    wire_in[b] = wire_out[b] = Tensor();
+    if (temp[b].defined()) {
+      add_(shards[b], temp[b]);
+      temp[b] = Tensor();
     }
+  }
+
+  // Eager, the buckets whose reduce-scatter has completed are finished as backward goes on. A
+  // step being recorded (compile's capture, which may not run the collectives at all) finishes
+  // bucket i - kInFlight as bucket i is launched instead: a fixed schedule the replays repeat,
+  // with at most kInFlight + 1 buckets whole at once.
+  static constexpr size_t kInFlight = 2;
+  void release_completed() {
+    if (recording()) {
+      for (size_t b = 0; b + kInFlight < works.size(); ++b) finish_bucket(b);
+      return;
+    }
+    for (size_t b = 0; b < works.size(); ++b)
+      if (!done[b] && works[b]->work && works[b]->work->is_completed()) finish_bucket(b);
   }
 
   // What bucket i's all-reduce writes, named by its start and wait primitives: the bucket, and
@@ -167,16 +162,14 @@ struct DistributedDataParallel::State {
     while (next_launch < buckets.size() && pending[next_launch] == 0) {
       const size_t i = next_launch++;
       if (!buckets[i].flat.defined()) allocate(i);  // find_unused: a bucket nobody touched
-      auto slot = std::make_shared<WorkSlot>();
-      works.push_back(slot);
-      if (sharded()) {  // ZeRO-2 (never captured: the trainer runs it eagerly)
+      if (sharded()) {  // ZeRO-2/3: dispatched as well (collective_ops.h)
+        done.push_back(0);
         if (accumulating) {
           const MemoryUseScope gradients(MemoryUse::kGradients);
-          temp[i] = Tensor::empty(shards[i].shape(), DType::kF32, shards[i].device());
+          temp[i] = zeros(shards[i].shape(), DType::kF32, shards[i].device());
         }
-        const Tensor& dst = accumulating ? temp[i] : shards[i];
         if (options.compression == Compression::kNone) {
-          slot->work = group->reduce_scatter(buckets[i].flat, dst, ReduceOp::kAvg);
+          works.push_back(reduce_scatter_start(group, scattered(i)));
           continue;
         }
         // Compressed: the bucket (divided by the world size, plus the error feedback's residual)
@@ -186,26 +179,15 @@ struct DistributedDataParallel::State {
         const DType wt = options.compression == Compression::kBf16 ? DType::kBF16 : DType::kF16;
         {
           const MemoryUseScope comm(MemoryUse::kComm);
-          wire_in[i] = Tensor::empty({padded[i]}, wt, dst.device());
-          wire_out[i] = Tensor::empty(dst.shape(), wt, dst.device());
+          wire_in[i] = zeros({padded[i]}, wt, shards[i].device());
+          wire_out[i] = zeros(shards[i].shape(), wt, shards[i].device());
         }
-        Backend* backend = &backend_for(buckets[i].flat.device());
-        const Compressor c{buckets[i].flat.device_data<float>(),
-                           wire_in[i].device_data<uint16_t>(),
-                           residual.empty() ? nullptr : residual[i].device_data<float>(),
-                           padded[i],
-                           wt,
-                           1.0f / static_cast<float>(group->size()),
-                           backend};
-        const uint16_t* part = wire_out[i].device_data<uint16_t>();
-        float* into = dst.device_data<float>();
-        const int64_t m = dst.numel();
-        slot->work = group->reduce_scatter(
-            wire_in[i], wire_out[i], ReduceOp::kSum, [c] { c.before(); },
-            [=] { backend->convert(part, wt, into, DType::kF32, m); });
+        works.push_back(reduce_scatter_start(group, scattered(i), wt));
         continue;
       }
       // Dispatched, so a captured step holds its collectives (collective_ops.h).
+      auto slot = std::make_shared<WorkSlot>();
+      works.push_back(slot);
       if (options.compression == Compression::kNone) {
         dispatch(std::make_shared<AllReduceStart>(group, ReduceOp::kAvg, slot), all_reduced(i));
         continue;
@@ -403,11 +385,11 @@ void DistributedDataParallel::complete_backward() {
   s.launch_ready();  // overlap off: all of them; on: whatever the hooks left
   for (size_t b = 0; b < s.works.size(); ++b)
     if (s.sharded())
-      s.works[b]->work->wait();
+      s.finish_bucket(b);
     else
-      dispatch(std::make_shared<CollectiveWait>(s.works[b]), s.all_reduced(b));
-  if (s.sharded()) s.release_completed();
+      collective_wait(s.works[b], s.all_reduced(b));
   s.works.clear();
+  s.done.clear();
   s.accumulating = s.sharded() && !s.sync;
 }
 

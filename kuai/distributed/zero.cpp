@@ -14,6 +14,7 @@
 
 #include "kuai/core/backend.h"
 #include "kuai/core/ops.h"
+#include "kuai/distributed/collective_ops.h"
 #include "kuai/optim/offload_adamw.h"
 #include "kuai/optim/offload_update.h"
 
@@ -172,15 +173,26 @@ Tensor ZeroAdamW::grad_norm_tensor() const {
   // Every rank's float64 sum of squares (its 64 bits), gathered and added in rank order.
   const Tensor mine =
       shard_ > 0 ? sum_squares_bits(narrow(grad_, 0, 0, shard_)) : zeros({1}, DType::kI64);
-  Tensor all = Tensor::empty({group_->size()}, DType::kI64, grad_.device());
-  group_->all_gather(mine, all)->wait();
+  const Tensor all = zeros({group_->size()}, DType::kI64, grad_.device());
+  all_gather(group_, mine, all);  // dispatched, as every collective of a step (collective_ops.h)
   return norm_of_partial_sums(all);
 }
 
 Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
   Tensor t = contiguous(reshape(found_inf, {1}));
-  group_->all_reduce(t, ReduceOp::kSum)->wait();
+  all_reduce(group_, t, ReduceOp::kSum);
   return reshape(t, {});
+}
+
+std::optional<std::vector<Tensor>> ZeroAdamW::capture_state() {
+  // Stage 3's gathers run in the units' hooks, outside the ops (distributed/zero3.h); masters in
+  // a file are copied through the backend's conversions: neither is captured.
+  if (stage_ == 3 || masters_) return std::nullopt;
+  make_moments();
+  std::vector<Tensor> t = {step_, lr_tensor_};
+  for (const Tensor* x : {&m_, &v_, &grad_})
+    if (x->defined()) t.push_back(*x);
+  return t;
 }
 
 void ZeroAdamW::make_moments() {
@@ -231,11 +243,12 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   if (world == 1 || stage_ == 3) return;
   const int64_t chunk = std::min<int64_t>(shard_, gather_chunk_);
   const MemoryUseScope comm(MemoryUse::kComm);
-  Tensor send = zeros({chunk}), all = zeros({chunk * world});
+  const Device device = groups_[0].params[0].device();
+  Tensor send = zeros({chunk}, DType::kF32, device), all = zeros({chunk * world}, DType::kF32, device);
   for (int64_t c0 = 0; c0 < shard_; c0 += chunk) {
     const int64_t len = std::min(chunk, shard_ - c0);
     copy_shard_range(group_->rank(), c0, len, send, 0, /*to_params=*/false);
-    group_->all_gather(send, all)->wait();
+    all_gather(group_, send, all);
     for (int r = 0; r < world; ++r)
       if (r != group_->rank()) copy_shard_range(r, c0, len, all, r * chunk, /*to_params=*/true);
   }
@@ -329,9 +342,9 @@ void ZeroAdamW::copy_shard_range(int rank, int64_t begin, int64_t length, const 
       else
         be.convert(p.device_ptr(), p.dtype(), x.device_ptr(), x.dtype(), e - b);
     } else if (to_params) {
-      p.copy_(x);
+      assign_(p, x);  // dispatched: a captured step repeats the copies
     } else {
-      x.copy_(p);
+      assign_(x, p);
     }
   }
 }

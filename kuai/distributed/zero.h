@@ -124,6 +124,9 @@ class ZeroAdamW : public optim::Optimizer {
     make_moments();
     return v_;
   }
+  // The state a captured step updates (compile.h): stages 1 and 2; stage 3 and offloaded master
+  // weights are not captured (nullopt), and their steps run eagerly.
+  std::optional<std::vector<Tensor>> capture_state() override;
 
  protected:
   void update(const Tensor& grad_scale, const Tensor& skip) override;

@@ -41,14 +41,18 @@ TrainStep::TrainStep(nn::Module& model, LossFn loss, optim::Optimizer& opt, amp:
   if (!options_.compile) return;
   // The optimizer's state, made now (state made inside the captured step would be made anew each
   // replay); an optimizer that cannot be captured runs the whole step eager.
-  std::optional<std::vector<Tensor>> state = zero_ ? std::nullopt : opt_.capture_state();
+  std::optional<std::vector<Tensor>> state = opt_.capture_state();
   if (!state) {
     if (options_.log)
-      options_.log(zero_ != nullptr
-                       ? "train.compile: not applied: ZeRO steps are not captured yet (their "
-                         "reduce-scatter and all-gather are not primitives); this run is eager"
-                       : "train.compile: not applied: this optimizer's steps are not captured; "
-                         "this run is eager");
+      options_.log(
+          zero_ != nullptr && zero_->stage() == 3
+              ? "train.compile: not applied: ZeRO-3 steps are not captured yet (a unit's gather "
+                "and release run in its hooks, outside the ops); this run is eager"
+          : zero_ != nullptr
+              ? "train.compile: not applied: ZeRO with offloaded master weights is not captured; "
+                "this run is eager"
+              : "train.compile: not applied: this optimizer's steps are not captured; this run "
+                "is eager");
     return;
   }
   CompileOptions co;
@@ -58,8 +62,9 @@ TrainStep::TrainStep(nn::Module& model, LossFn loss, optim::Optimizer& opt, amp:
   co.state = [this, opt_state = std::move(*state)] {
     std::vector<Tensor> t = opt_state;
     t.push_back(scaler_.scale_tensor());
-    if (ddp_)  // DDP: the gradient buckets the captured collectives reduce
-      for (const auto& b : ddp_->buckets()) t.push_back(b.flat);
+    if (ddp_)  // DDP: the gradient buckets the captured collectives reduce (ZeRO-2: none held)
+      for (const auto& b : ddp_->buckets())
+        if (b.flat.defined()) t.push_back(b.flat);
     return t;
   };
   co.log = options_.log;

@@ -135,6 +135,11 @@ void ZeroInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const 
   std::memset(in[0].device_ptr(), 0, static_cast<size_t>(in[0].nbytes()));
 }
 
+void AssignInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  if (in[0].device_ptr() != in[1].device_ptr())
+    std::memcpy(in[0].device_ptr(), in[1].device_ptr(), static_cast<size_t>(in[0].nbytes()));
+}
+
 void ScaleInPlace::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
   cpu::scale(in[0].device_data<float>(), c_, in[0].device_data<float>(), in[0].numel());
 }
