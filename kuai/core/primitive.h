@@ -78,6 +78,10 @@ class Primitive : public std::enable_shared_from_this<Primitive> {
   // Host logic that runs alike on every device (a collective's launch and wait, which talk to a
   // process group): the meta backend runs its eval_cpu.
   virtual bool host_side() const { return false; }
+  // Gives its input's bytes to the allocator or takes them back (ZeRO-3's unit buffers,
+  // Storage::release and materialize): its input may be over released bytes, which every other
+  // primitive refuses.
+  virtual bool storage_op() const { return false; }
   // Where the outputs of a primitive without inputs live (a creation op carries its device, as
   // MLX's carry a stream); every other primitive runs on, and outputs to, its inputs' device.
   virtual Device output_device() const { return kCPU; }

@@ -2,8 +2,12 @@
 #include "kuai/distributed/collective_ops.h"
 
 #include <algorithm>
+#include <chrono>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
+#include "kuai/core/allocator.h"
 #include "kuai/core/backend.h"
 #include "kuai/core/dispatch.h"
 
@@ -98,11 +102,38 @@ std::vector<Tensor> AllGatherStart::vjp(std::span<const Tensor>, std::span<const
 std::vector<TensorSpec> CollectiveWait::infer(std::span<const Tensor>) const { return {}; }
 void CollectiveWait::eval_cpu(std::span<const Tensor>, std::span<Tensor>) const {
   const std::shared_ptr<Work> w = std::move(slot_->work);  // leaves the slot empty
-  if (w) w->wait();
+  if (!w) return;
+  if (!waited_) {
+    w->wait();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  w->wait();
+  waited_(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 std::vector<Tensor> CollectiveWait::vjp(std::span<const Tensor>, std::span<const Tensor>,
                                         std::span<const Tensor>, const std::vector<bool>&) const {
   throw std::logic_error("wait_ has no vjp");
+}
+
+std::vector<TensorSpec> StorageResize::infer(std::span<const Tensor> in) const {
+  if (in.size() != 1 || !in[0].has_storage() || in[0].offset() != 0 ||
+      static_cast<size_t>(in[0].nbytes()) != in[0].storage()->nbytes)
+    throw std::invalid_argument(fmt::format("{}: takes one tensor over its whole storage", name()));
+  return {};
+}
+void StorageResize::eval_cpu(std::span<const Tensor> in, std::span<Tensor>) const {
+  Storage& s = *in[0].storage();
+  if (materialize_) {
+    const MemoryUseScope parameters(MemoryUse::kParameters);
+    s.materialize();
+  } else {
+    s.release();
+  }
+}
+std::vector<Tensor> StorageResize::vjp(std::span<const Tensor>, std::span<const Tensor>,
+                                       std::span<const Tensor>, const std::vector<bool>&) const {
+  throw std::logic_error(std::string(name()) + " has no vjp");
 }
 
 std::shared_ptr<WorkSlot> reduce_scatter_start(const std::shared_ptr<ProcessGroup>& group,
@@ -119,8 +150,9 @@ std::shared_ptr<WorkSlot> all_gather_start(const std::shared_ptr<ProcessGroup>& 
   return slot;
 }
 
-void collective_wait(const std::shared_ptr<WorkSlot>& slot, std::vector<Tensor> tensors) {
-  dispatch(std::make_shared<CollectiveWait>(slot), std::move(tensors));
+void collective_wait(const std::shared_ptr<WorkSlot>& slot, std::vector<Tensor> tensors,
+                     std::function<void(double)> waited) {
+  dispatch(std::make_shared<CollectiveWait>(slot, std::move(waited)), std::move(tensors));
 }
 
 void all_gather(const std::shared_ptr<ProcessGroup>& group, const Tensor& in, const Tensor& out) {

@@ -109,10 +109,13 @@ class AllGatherStart final : public Primitive {
   std::shared_ptr<WorkSlot> slot_;
 };
 
-// (t!...): waits for the collective its slot holds (rethrowing its error) and clears the slot.
+// (t!...): waits for the collective its slot holds (rethrowing its error) and clears the slot;
+// `waited`, when given, receives the seconds the wait blocked (ZeRO-3's gather wait).
 class CollectiveWait final : public Primitive {
  public:
-  explicit CollectiveWait(std::shared_ptr<WorkSlot> slot) : slot_(std::move(slot)) {}
+  explicit CollectiveWait(std::shared_ptr<WorkSlot> slot,
+                          std::function<void(double seconds)> waited = {})
+      : slot_(std::move(slot)), waited_(std::move(waited)) {}
   KUAI_UPDATE_COMMON("wait_")
   bool mutates_input(size_t) const override { return true; }
   bool host_side() const override { return true; }
@@ -120,6 +123,33 @@ class CollectiveWait final : public Primitive {
 
  private:
   std::shared_ptr<WorkSlot> slot_;
+  std::function<void(double)> waited_;
+};
+
+// (t!): takes the bytes of t's storage back from the allocator (uninitialised; materialize), or
+// gives them to it (release): ZeRO-3's unit buffers, whole only while their unit runs, as steps a
+// captured graph repeats. t must span its whole storage.
+class StorageResize final : public Primitive {
+ public:
+  explicit StorageResize(bool materialize) : materialize_(materialize) {}
+  std::string_view name() const override {
+    return materialize_ ? "materialize_" : "release_";
+  }
+  OpClass op_class() const override { return OpClass::kOther; }
+  CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
+  std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;
+  void eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const override;
+  std::vector<Tensor> vjp(std::span<const Tensor> in, std::span<const Tensor> out,
+                          std::span<const Tensor> grad_out,
+                          const std::vector<bool>& needs) const override;
+  bool differentiable(size_t) const override { return false; }
+  bool mutates_input(size_t) const override { return true; }
+  bool host_side() const override { return true; }
+  bool updates_in_place() const override { return true; }
+  bool storage_op() const override { return true; }
+
+ private:
+  bool materialize_;
 };
 
 // The same, as calls: each dispatches its start and returns the slot to wait on; collective_wait dispatches
@@ -130,7 +160,8 @@ std::shared_ptr<WorkSlot> reduce_scatter_start(const std::shared_ptr<ProcessGrou
                                                DType wire = DType::kF32);
 std::shared_ptr<WorkSlot> all_gather_start(const std::shared_ptr<ProcessGroup>& group,
                                            const Tensor& in, const Tensor& out);
-void collective_wait(const std::shared_ptr<WorkSlot>& slot, std::vector<Tensor> tensors);
+void collective_wait(const std::shared_ptr<WorkSlot>& slot, std::vector<Tensor> tensors,
+                     std::function<void(double seconds)> waited = {});
 void all_gather(const std::shared_ptr<ProcessGroup>& group, const Tensor& in, const Tensor& out);
 void all_reduce(const std::shared_ptr<ProcessGroup>& group, const Tensor& t, ReduceOp op);
 

@@ -185,12 +185,12 @@ Tensor ZeroAdamW::found_inf_across_ranks(const Tensor& found_inf) const {
 }
 
 std::optional<std::vector<Tensor>> ZeroAdamW::capture_state() {
-  // Stage 3's gathers run in the units' hooks, outside the ops (distributed/zero3.h); masters in
-  // a file are copied through the backend's conversions: neither is captured.
-  if (stage_ == 3 || masters_) return std::nullopt;
+  // Masters in a file are copied through the backend's conversions, outside the ops: not
+  // captured.
+  if (masters_) return std::nullopt;
   make_moments();
   std::vector<Tensor> t = {step_, lr_tensor_};
-  for (const Tensor* x : {&m_, &v_, &grad_})
+  for (const Tensor* x : {&m_, &v_, &grad_, &params_})
     if (x->defined()) t.push_back(*x);
   return t;
 }

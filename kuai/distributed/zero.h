@@ -124,8 +124,8 @@ class ZeroAdamW : public optim::Optimizer {
     make_moments();
     return v_;
   }
-  // The state a captured step updates (compile.h): stages 1 and 2; stage 3 and offloaded master
-  // weights are not captured (nullopt), and their steps run eagerly.
+  // The state a captured step updates (compile.h): the moments, the gradient and parameter
+  // shards; with offloaded master weights the step is not captured (nullopt) and runs eagerly.
   std::optional<std::vector<Tensor>> capture_state() override;
 
  protected:

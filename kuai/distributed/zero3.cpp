@@ -9,7 +9,9 @@
 #include <stdexcept>
 
 #include "kuai/core/allocator.h"
+#include "kuai/core/dispatch.h"
 #include "kuai/core/ops.h"
+#include "kuai/distributed/collective_ops.h"
 
 namespace kuai::dist {
 
@@ -22,8 +24,8 @@ struct ShardedParameters::State {
     std::shared_ptr<Storage> storage;  // the gathered buffer's; released when not whole
     Tensor flat;                       // (padded) over it, in dtype
     Tensor shard;                      // this rank's part: the optimizer's fp32 masters
-    Tensor wire;                       // low dtype: the shard cast, until its gather is done
-    std::shared_ptr<Work> pending;     // its all-gather, until waited for
+    Tensor send;                       // what its gather sends (the shard, or it cast), until done
+    std::shared_ptr<WorkSlot> pending;  // its all-gather, until waited for
   };
   struct Unit {
     std::string name;
@@ -32,7 +34,11 @@ struct ShardedParameters::State {
     std::vector<Part> parts;
     int64_t saved = 0;     // packed saved tensors over it not yet unpacked
     int whole_guards = 0;  // Whole guards holding it
-    bool released() const { return parts.empty() || parts[0].storage->released; }
+    // Gathered (or being gathered). The schedule's own record, not the storage's: a step recorded
+    // on meta (compile) runs none of the gathers it records, and its decisions must be those of
+    // the step it records.
+    bool whole = false;
+    bool released() const { return !whole; }
     bool pending() const {
       for (const Part& p : parts)
         if (p.pending) return true;
@@ -66,24 +72,23 @@ struct ShardedParameters::State {
     if (bytes > stats.max_whole_bytes) stats.max_whole_bytes = bytes;
   }
 
-  // Issues unit u's all-gather unless it is whole or in flight.
+  // Issues unit u's all-gather unless it is whole or in flight. Its buffer's bytes are taken,
+  // the gather started, and both dispatched (collective_ops.h), so a captured step repeats them.
   // (A low dtype's gather sends the shard cast to it: the cast runs here, on the compute
   // thread, over 1/N of the unit.)
   void gather(size_t u) {
     Unit& x = units[u];
-    if (!x.released()) return;
+    if (x.whole) return;
+    x.whole = true;
     for (Part& part : x.parts) {
-      {
-        const MemoryUseScope parameters(MemoryUse::kParameters);
-        part.storage->materialize();
-      }
+      dispatch(std::make_shared<StorageResize>(true), {part.flat});
+      part.send = part.shard;
       if (part.dtype != DType::kF32) {
         const autograd::NoGradGuard no_grad;
         const MemoryUseScope comm(MemoryUse::kComm);
-        part.wire = cast(part.shard, part.dtype);
+        part.send = cast(part.shard, part.dtype);
       }
-      part.pending =
-          group->all_gather(part.dtype == DType::kF32 ? part.shard : part.wire, part.flat);
+      part.pending = all_gather_start(group, part.send, part.flat);
       stats.gathered_bytes += static_cast<int64_t>(part.storage->nbytes);
     }
     ++stats.gathers;
@@ -91,26 +96,29 @@ struct ShardedParameters::State {
     note_whole();
   }
 
+  // Waits for part's gather (a dispatched wait, timed into stats().wait_seconds when it runs).
+  void finish_gather(Part& part) {
+    if (auto slot = std::move(part.pending)) {
+      std::weak_ptr<State> weak = self;
+      collective_wait(slot, {part.send, part.flat}, [weak](double seconds) {
+        if (auto st = weak.lock()) st->stats.wait_seconds += seconds;
+      });
+    }
+    part.send = Tensor();
+  }
+
   void wait(size_t u) {
     gather(u);
-    for (Part& part : units[u].parts) {
-      if (auto w = std::move(part.pending)) {
-        const auto t0 = std::chrono::steady_clock::now();
-        w->wait();
-        stats.wait_seconds +=
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      }
-      part.wire = Tensor();
-    }
+    for (Part& part : units[u].parts) finish_gather(part);
   }
 
   void release(size_t u) {
     Unit& x = units[u];
-    if (x.released() || x.whole_guards > 0) return;
+    if (!x.whole || x.whole_guards > 0) return;
+    x.whole = false;
     for (Part& part : x.parts) {
-      if (auto w = std::move(part.pending)) w->wait();  // the collective still writes the bytes
-      part.wire = Tensor();
-      part.storage->release();
+      finish_gather(part);  // the collective still writes the bytes
+      dispatch(std::make_shared<StorageResize>(false), {part.flat});
     }
   }
 
@@ -313,7 +321,8 @@ ShardedParameters::~ShardedParameters() {
   for (State::Unit& x : state_->units)
     for (State::Part& part : x.parts) {
       try {
-        if (auto w = std::move(part.pending)) w->wait();
+        if (auto slot = std::move(part.pending))
+          if (auto w = std::move(slot->work)) w->wait();
       } catch (const std::exception&) {
       }
     }
@@ -387,7 +396,7 @@ void ShardedParameters::for_each_unit_values(
       if (part.dtype != DType::kF32) {  // the masters, not their working copy
         const MemoryUseScope comm(MemoryUse::kComm);
         values = Tensor::empty({part.flat.numel()});
-        s.group->all_gather(part.shard, values)->wait();
+        all_gather(s.group, part.shard, values);
       }
       const float* v = values.device_data<float>();
       for (const Tensor& p : part.params) {

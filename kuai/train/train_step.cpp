@@ -44,15 +44,11 @@ TrainStep::TrainStep(nn::Module& model, LossFn loss, optim::Optimizer& opt, amp:
   std::optional<std::vector<Tensor>> state = opt_.capture_state();
   if (!state) {
     if (options_.log)
-      options_.log(
-          zero_ != nullptr && zero_->stage() == 3
-              ? "train.compile: not applied: ZeRO-3 steps are not captured yet (a unit's gather "
-                "and release run in its hooks, outside the ops); this run is eager"
-          : zero_ != nullptr
-              ? "train.compile: not applied: ZeRO with offloaded master weights is not captured; "
-                "this run is eager"
-              : "train.compile: not applied: this optimizer's steps are not captured; this run "
-                "is eager");
+      options_.log(zero_ != nullptr
+                       ? "train.compile: not applied: ZeRO with offloaded master weights is not "
+                         "captured; this run is eager"
+                       : "train.compile: not applied: this optimizer's steps are not captured; "
+                         "this run is eager");
     return;
   }
   CompileOptions co;

@@ -32,9 +32,9 @@ struct StepOptions {
   int64_t accum_steps = 1;      // micro-batches per optimizer step
   DType compute = DType::kF32;  // autocast's low dtype (bf16, f16); kF32: autocast off
   float grad_clip = 1.0f;       // max global norm (the clip factor is applied inside the update)
-  // Graph compilation: capture the step on its first call, replay it after (AdamW, and ZeRO-1/2
-  // with their collectives; ZeRO-3 and ZeRO with offloaded masters stay eager and say so through
-  // `log`).
+  // Graph compilation: capture the step on its first call, replay it after (AdamW, and ZeRO with
+  // its collectives and, at stage 3, its units' gathers and releases; ZeRO with offloaded masters
+  // stays eager and says so through `log`).
   bool compile = false;
   compiler::PassOptions passes;
   compiler::ExecutableOptions executable;

@@ -69,6 +69,33 @@ TEST(MpiGroup, CollectivesMatchTheirDefinitions) {
   for (int i = 0; i < 6; ++i) in.data<float>()[i] = static_cast<float>(i * (r + 1));
   pg->reduce_scatter(in, out, ReduceOp::kSum)->wait();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(out.data<float>()[i], 3.0f * (3 * r + i));
+  // A reduce-scatter larger than the group's pieces (4 MiB of input; mpi_process_group.cpp) runs
+  // in pieces and gives every element its sum: fp32 with the average, and bf16 (each sum in fp32,
+  // rounded once); hooks before the first piece and after the last. 2.5 pieces' worth, so the
+  // last piece is short.
+  for (const DType dt : {DType::kF32, DType::kBF16}) {
+    const int64_t per_rank = (int64_t{5} << 20) / dtype_size(dt) / 2;  // elements of out
+    Tensor values = zeros({per_rank * R});
+    float* v = values.data<float>();
+    for (int64_t i = 0; i < per_rank * R; ++i) v[i] = static_cast<float>((i % 100) * (r + 1));
+    const Tensor big = cast(values, dt);  // exact in bf16 too (integers below 256)
+    const Tensor part = zeros({per_rank}, dt);
+    int before = 0, after = 0;
+    pg->reduce_scatter(
+          big, part, dt == DType::kF32 ? ReduceOp::kAvg : ReduceOp::kSum, [&] { ++before; },
+          [&] { after += before; })
+        ->wait();
+    EXPECT_EQ(before, 1);
+    EXPECT_EQ(after, 1);
+    const std::vector<float> got = cast(part, DType::kF32).to_vector<float>();
+    int64_t wrong = 0;
+    for (int64_t i = 0; i < per_rank; ++i) {
+      const float sum = 3.0f * static_cast<float>((r * per_rank + i) % 100);
+      const float want = dt == DType::kF32 ? sum / 2 : bf16_to_float(float_to_bf16(sum));
+      wrong += got[static_cast<size_t>(i)] != want;
+    }
+    EXPECT_EQ(wrong, 0) << dtype_name(dt);
+  }
   // all_gather: rank r's block at [2 r, 2 r + 2).
   Tensor mine = full({2}, static_cast<float>(r + 1)), all = zeros({4});
   pg->all_gather(mine, all)->wait();

@@ -7,7 +7,7 @@
 //     (untied), with every gather option, with recomputation (a replayed block gathers its unit
 //     again), in bf16 with bf16 gathers, and with 2 micro-batches
 //     (whole gradients across them bit for bit; each reduce-scattered into the shard within 1e-6
-//     relative);
+//     relative); and all of it under train.compile (the captured step's replays);
 //   - with gradient compression (bf16; fp16 with error feedback) on the reduce-scatter, ZeRO-2 and
 //     ZeRO-3 equal DDP with the same compression bit for bit;
 //   - no rank holds the whole model while it is built (built on meta, shards filled from the seed);
@@ -54,6 +54,8 @@ struct Outcome {
   std::vector<float> losses;
   std::string weights;  // the exported model.safetensors, its bytes (rank 0)
   int64_t peak_alloc_bytes = 0;
+  int64_t compile_captures = 0;
+  bool compile_eager = false;
 };
 
 constexpr int64_t kSteps = 10;  // of every train_run
@@ -78,7 +80,7 @@ Outcome train_run(const std::string& name, const std::vector<std::string>& extra
   o.group = pg;
   if (options) options(o);
   const train::TrainResult r = train::run_training(train::load_config("", args), out, o);
-  Outcome run{r.losses, {}, r.peak_alloc_bytes};
+  Outcome run{r.losses, {}, r.peak_alloc_bytes, r.compile_captures, r.compile_eager};
   if (pg->rank() == 0) {
     std::ifstream f(dir / name / "model.safetensors", std::ios::binary);
     run.weights.assign(std::istreambuf_iterator<char>(f), {});
@@ -138,13 +140,24 @@ TEST(MpiZero3, EqualsDdpBitForBitOnKjv) {
              {"--dist.prefetch=2"},
              {"--dist.reshard_after_forward=false"},
              {"--train.recompute=full"},
-             {"--train.recompute=selective", "--dist.prefetch=0"}}) {
+             {"--train.recompute=selective", "--dist.prefetch=0"},
+             // Compiled: the units' gathers, waits and releases, the reduce-scatters and the
+             // optimizer's collectives are nodes of the captured step, replayed in its order.
+             {"--train.compile=true"},
+             {"--train.compile=true", "--dist.prefetch=0"},
+             {"--train.compile=true", "--dist.prefetch=2", "--dist.reshard_after_forward=false"},
+             {"--train.compile=true", "--train.recompute=full"},
+             {"--train.compile=true", "--train.recompute=selective"}}) {
       std::vector<std::string> args = model;
       args.push_back("--dist.zero=3");
       args.insert(args.end(), opts.begin(), opts.end());
       const Outcome z = train_run(family + "_zero3", args);
       std::string what = family;
       for (const std::string& o : opts) what += " " + o;
+      if (!opts.empty() && opts[0] == "--train.compile=true") {
+        EXPECT_EQ(z.compile_captures, 1) << what;
+        EXPECT_FALSE(z.compile_eager) << what;
+      }
       EXPECT_EQ(z.losses, ddp.losses) << what;
       if (pg_rank() == 0) {
         EXPECT_TRUE(z.weights == ddp.weights) << what << ": exports differ";
@@ -159,6 +172,13 @@ TEST(MpiZero3, EqualsDdpBitForBitOnKjv) {
     EXPECT_EQ(zb.losses, ddp_bf16.losses) << family << ", bf16 gathers";
     if (pg_rank() == 0) {
       EXPECT_TRUE(zb.weights == ddp_bf16.weights) << family << ", bf16 gathers";
+    }
+    bf16.push_back("--train.compile=true");
+    const Outcome zbc = train_run(family + "_zero3_bf16_compiled", bf16);
+    EXPECT_EQ(zbc.compile_captures, 1) << family << ", bf16 gathers compiled";
+    EXPECT_EQ(zbc.losses, ddp_bf16.losses) << family << ", bf16 gathers compiled";
+    if (pg_rank() == 0) {
+      EXPECT_TRUE(zbc.weights == ddp_bf16.weights) << family << ", bf16 gathers compiled";
     }
     // Whole gradients across the micro-batches (FSDP's no_sync): DDP's additions, bit for bit.
     accum.push_back("--dist.zero=3");
@@ -176,6 +196,18 @@ TEST(MpiZero3, EqualsDdpBitForBitOnKjv) {
     expect_close(zs.losses, ddp_accum.losses, 1e-6, family + ", micro-batches sharded");
     if (pg_rank() == 0) {
       expect_weights_close(zs.weights, ddp_accum.weights, 1e-6, family);
+    }
+    // Compiled, both ways of accumulating: the eager runs' numbers bit for bit.
+    accum.push_back("--train.compile=true");
+    const Outcome zsc = train_run(family + "_zero3_accum_sharded_compiled", accum);
+    EXPECT_EQ(zsc.compile_captures, 1) << family << ", accumulation compiled";
+    EXPECT_EQ(zsc.losses, zs.losses) << family << ", micro-batches sharded, compiled";
+    accum[accum.size() - 2] = "--dist.accumulate_sharded=false";
+    const Outcome zac = train_run(family + "_zero3_accum_compiled", accum);
+    EXPECT_EQ(zac.losses, ddp_accum.losses) << family << ", 2 micro-batches compiled";
+    if (pg_rank() == 0) {
+      EXPECT_TRUE(zsc.weights == zs.weights) << family << ", accumulation sharded, compiled";
+      EXPECT_TRUE(zac.weights == ddp_accum.weights) << family << ", accumulation compiled";
     }
   }
 }

@@ -124,10 +124,10 @@ TEST(CompiledTrainingMemory, TheWholeRunPeaksBelowEager) {
             << ")\n";
 }
 
-// ZeRO-1 and -2 are captured with their collectives (here on one rank: the single group's
-// reduce-scatter and all-gather, dispatched as primitives) and replay eager's numbers bit for
-// bit; ZeRO-3 is not captured yet, and says so.
-TEST(CompiledTrainingZero, Stages1And2ReplayEagerAndStage3SaysItIsNotCaptured) {
+// ZeRO is captured with its collectives (here on one rank: the single group's reduce-scatter and
+// all-gather, dispatched as primitives; at stage 3 the units' gathers and releases too) and
+// replays eager's numbers bit for bit.
+TEST(CompiledTrainingZero, EveryStageReplaysEagerBitForBit) {
   for (const std::string zero : {"1", "2", "3"}) {
     const std::vector<std::string> o =
         with(kTiny, {"--dist.zero=" + zero, "--data.source=synthetic", "--train.steps=3"});
@@ -136,16 +136,9 @@ TEST(CompiledTrainingZero, Stages1And2ReplayEagerAndStage3SaysItIsNotCaptured) {
     const TrainResult eager = train(o, false, "zero" + zero);
     EXPECT_EQ(compiled.losses, eager.losses) << "zero " << zero;
     EXPECT_EQ(compiled.grad_norms, eager.grad_norms) << "zero " << zero;
-    if (zero == "3") {
-      EXPECT_NE(log.find("train.compile: not applied: ZeRO-3 steps are not captured yet"),
-                std::string::npos)
-          << log;
-      EXPECT_EQ(compiled.compile_captures, 0);
-    } else {
-      EXPECT_EQ(log.find("not applied"), std::string::npos) << log;
-      EXPECT_EQ(compiled.compile_captures, 1) << "zero " << zero;
-      EXPECT_FALSE(compiled.compile_eager) << "zero " << zero;
-    }
+    EXPECT_EQ(log.find("not applied"), std::string::npos) << log;
+    EXPECT_EQ(compiled.compile_captures, 1) << "zero " << zero;
+    EXPECT_FALSE(compiled.compile_eager) << "zero " << zero;
   }
 }
 
