@@ -135,16 +135,17 @@ struct DistributedDataParallel::State {
     }
   }
 
-  // Eager, the buckets whose reduce-scatter has completed are finished as backward goes on. A
-  // step being recorded (compile's capture, which may not run the collectives at all) finishes
-  // bucket i - kInFlight as bucket i is launched instead: a fixed schedule the replays repeat,
-  // with at most kInFlight + 1 buckets whole at once.
+  // Bucket i - kInFlight is finished (waited for) as bucket i is launched, so at most
+  // kInFlight + 1 buckets are whole at once whatever the link's speed: a bound on the gradients'
+  // memory (FSDP's rate limit), and a fixed schedule that a captured step repeats and that
+  // `kuai plan`'s trace follows (its collectives complete when waited for). Eager, the buckets
+  // whose reduce-scatter has completed are finished earlier still, as backward goes on; a step
+  // being recorded (compile's capture, which may not run the collectives at all) keeps to the
+  // fixed schedule alone.
   static constexpr size_t kInFlight = 2;
   void release_completed() {
-    if (recording()) {
-      for (size_t b = 0; b + kInFlight < works.size(); ++b) finish_bucket(b);
-      return;
-    }
+    for (size_t b = 0; b + kInFlight < works.size(); ++b) finish_bucket(b);
+    if (recording()) return;
     for (size_t b = 0; b < works.size(); ++b)
       if (!done[b] && works[b]->work && works[b]->work->is_completed()) finish_bucket(b);
   }

@@ -13,6 +13,7 @@
 namespace kuai::dist {
 
 void Work::wait() {
+  if (on_wait_) finish();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   if (!error_.empty()) throw std::runtime_error(what_ + ": " + error_);
@@ -144,7 +145,9 @@ class RecordingProcessGroup final : public ProcessGroup {
     if (record_)
       record_({op, whole.nbytes(), whole.dtype(), autograd::backward_in_progress(),
                whole.has_storage() ? static_cast<const void*>(whole.storage().get()) : nullptr});
-    return done(op);
+    // Complete when waited for: a trace keeps a bucket as long as its collective may be in
+    // flight (DDP's ZeRO buckets, released when their reduce-scatter has completed).
+    return std::make_shared<Work>(op, Work::CompletesOnWait{});
   }
   int world_, rank_;
   std::function<void(const CollectiveRecord&)> record_;

@@ -32,6 +32,11 @@ enum class ReduceOp { kSum, kAvg };
 class Work {
  public:
   explicit Work(std::string what) : what_(std::move(what)) {}
+  // A Work that no communication thread finishes: it completes when it is waited for (a recording
+  // group's, which runs no collective: code that releases what a collective has finished with
+  // as soon as is_completed() says so then keeps it as long as a real collective might).
+  struct CompletesOnWait {};
+  Work(std::string what, CompletesOnWait) : what_(std::move(what)), on_wait_(true) {}
   void wait();
   bool is_completed();
   const std::string& what() const { return what_; }
@@ -43,6 +48,7 @@ class Work {
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
+  bool on_wait_ = false;
   std::string error_;
 };
 

@@ -316,12 +316,15 @@ TEST(MpiZero3, PeakOfARankIsBelowZero2sAndPlanned) {
   RecordProperty("zero3_over_zero2_peak", std::to_string(static_cast<double>(z3) / z2));
   EXPECT_LE(static_cast<double>(z3), 0.85 * static_cast<double>(z2))
       << "ZeRO-3 " << z3 << " B, ZeRO-2 " << z2 << " B";
-  // kuai plan's prediction of this rank's peak (the step traced on meta tensors, the collectives
-  // completing at once): within 10% of what was measured. (Measured above it by the gradient
-  // buckets still waiting for their reduce-scatter on the communication thread.)
-  const int64_t predicted = plan::trace_step(plan::target_for(config("3"), 2)).peak_bytes;
-  EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(z3), 0.10 * z3)
-      << "planned " << predicted << " B, measured " << z3 << " B";
+  // kuai plan's prediction of this rank's peak (the step traced on meta tensors; a traced
+  // collective completes when it is waited for, so the trace keeps the gradient buckets DDP's
+  // bound on those in flight keeps): within 5% of what was measured (the bar: 10%; on
+  // the machine it was written on the two agree to 0.1 MiB), for both stages.
+  for (const auto& [zero, measured] : {std::pair{std::string("3"), z3}, std::pair{std::string("2"), z2}}) {
+    const int64_t predicted = plan::trace_step(plan::target_for(config(zero), 2)).peak_bytes;
+    EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured), 0.05 * measured)
+        << "ZeRO-" << zero << ": planned " << predicted << " B, measured " << measured << " B";
+  }
 }
 
 // No rank ever holds the whole model, not even while it is built: ZeRO-3 builds it on meta and
