@@ -336,20 +336,26 @@ void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const Parameter
   write_text_atomically(dir + "/config.json", hf_config_json(cfg, stored));
 }
 
-HfCheckpoint read_hf(const std::string& dir) {
+struct HfReader::Source {
+  std::vector<SafetensorsFile> files;
+  // HF tensor name -> (file, entry)
+  std::map<std::string, std::pair<size_t, const SafetensorsEntry*>> where;
+  std::vector<Mapping> mappings;
+};
+
+HfReader::HfReader(const std::string& dir) : dir_(dir) {
   const std::string config_path = dir + "/config.json";
   std::ifstream f(config_path, std::ios::binary);
   if (!f) fail(config_path, "cannot open");
   std::stringstream text;
   text << f.rdbuf();
-  HfCheckpoint out;
-  out.config = parse_hf_config(text.str(), config_path);
+  config_ = parse_hf_config(text.str(), config_path);
+  auto src = std::make_shared<Source>();
   // One file, or the shards an index names (save_pretrained splits large models).
-  std::string weights = dir + "/model.safetensors";
-  std::map<std::string, Tensor> hf;
+  weights_ = dir + "/model.safetensors";
   const std::string index_path = dir + "/model.safetensors.index.json";
-  if (!std::filesystem::exists(weights) && std::filesystem::exists(index_path)) {
-    weights = index_path;
+  if (!std::filesystem::exists(weights_) && std::filesystem::exists(index_path)) {
+    weights_ = index_path;
     std::ifstream in(index_path, std::ios::binary);
     Json index;
     try {
@@ -366,52 +372,107 @@ HfCheckpoint read_hf(const std::string& dir) {
         fail(index_path, fmt::format("\"{}\" maps to {}, not a file name", name, file.dump()));
       shards.insert(file.get<std::string>());
     }
-    for (const std::string& shard : shards)
-      for (auto& [name, t] : load_safetensors(dir + "/" + shard)) {
-        const auto it = map->find(name);
+    for (const std::string& shard : shards) {
+      src->files.push_back(SafetensorsFile::open(dir + "/" + shard));
+      for (const SafetensorsEntry& e : src->files.back().entries()) {
+        const auto it = map->find(e.name);
         if (it == map->end() || it->get<std::string>() != shard)
           fail(dir + "/" + shard,
-               fmt::format("tensor \"{}\" is not mapped to this shard by {}", name, index_path));
-        hf.emplace(name, std::move(t));
+               fmt::format("tensor \"{}\" is not mapped to this shard by {}", e.name, index_path));
+        src->where.emplace(e.name, std::pair{src->files.size() - 1, &e});
       }
+    }
   } else {
-    hf = load_safetensors(weights);
+    src->files.push_back(SafetensorsFile::open(weights_));
+    for (const SafetensorsEntry& e : src->files.back().entries())
+      src->where.emplace(e.name, std::pair{size_t{0}, &e});
   }
-  for (auto& [name, t] : hf) {
-    if (t.dtype() == DType::kF32) continue;
-    if (t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
-      fail(weights, fmt::format("tensor \"{}\" is {}; expected F32, BF16 or F16", name,
-                                dtype_name(t.dtype())));
-    t = cast(t, DType::kF32);
+  // Every header checked before any parameter is made.
+  for (const auto& [name, at] : src->where) {
+    const std::string& dtype = at.second->dtype;
+    if (dtype != "F32" && dtype != "BF16" && dtype != "F16")
+      fail(src->files[at.first].path(),
+           fmt::format("tensor \"{}\" is {}; expected F32, BF16 or F16", name,
+                       dtype_name(dtype_from_safetensors(src->files[at.first].path(), name, dtype))));
   }
-  out.state = from_hf_tensors(out.config, hf, weights);
-  return out;
+  src->mappings = mappings(config_);
+  std::set<std::string> used;
+  for (const Mapping& m : src->mappings)
+    for (const auto& [name, rows] : m.hf) {
+      const auto it = src->where.find(name);
+      if (it == src->where.end()) fail(weights_, fmt::format("missing tensor \"{}\"", name));
+      const Shape want = hf_shape(m, rows);
+      const Shape have(it->second.second->shape.begin(), it->second.second->shape.end());
+      if (have != want)
+        fail(weights_, fmt::format("shape mismatch for \"{}\": file has {}, the config needs {}",
+                                   name, shape_str(have), shape_str(want)));
+      used.insert(name);
+    }
+  for (const auto& [name, at] : src->where) {
+    if (used.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
+    if (config_.tied() && name == "lm_head.weight") continue;  // a tied copy some writers keep
+    fail(weights_, fmt::format("unexpected tensor \"{}\": the config has no such weight", name));
+  }
+  source_ = std::move(src);
 }
 
-void load_hf(const std::string& dir, nn::GPT& model) {
-  HfCheckpoint c = read_hf(dir);
-  const nn::GPTConfig& want = model.config();
+void HfReader::check_describes(const nn::GPTConfig& want) const {
   std::vector<std::string> diffs;
   auto field = [&](const char* hf_key, const auto& have, const auto& need) {
     if (have != need) diffs.push_back(fmt::format("{} {} (the model has {})", hf_key, have, need));
   };
-  field("hidden_size", c.config.d_model, want.d_model);
-  field("num_hidden_layers", c.config.n_layer, want.n_layer);
-  field("num_attention_heads", c.config.n_head, want.n_head);
-  field("num_key_value_heads", c.config.n_kv_head, want.n_kv_head);
-  field("intermediate_size", c.config.ffn_hidden, want.ffn_hidden);
-  field("vocab_size", c.config.vocab_size, want.vocab_size);
-  field("rope_theta", c.config.rope_theta, want.rope_theta);
-  field("rms_norm_eps", c.config.norm_eps, want.norm_eps);
-  field("tie_word_embeddings", c.config.tie_embeddings, want.tie_embeddings);
+  field("hidden_size", config_.d_model, want.d_model);
+  field("num_hidden_layers", config_.n_layer, want.n_layer);
+  field("num_attention_heads", config_.n_head, want.n_head);
+  // Resolved: a model config leaves these 0 for their defaults (n_head, LLaMA's 8/3 d rounded).
+  field("num_key_value_heads", config_.kv_heads(), want.kv_heads());
+  field("intermediate_size", config_.ffn(), want.ffn());
+  field("vocab_size", config_.vocab_size, want.vocab_size);
+  field("rope_theta", config_.rope_theta, want.rope_theta);
+  field("rms_norm_eps", config_.norm_eps, want.norm_eps);
+  field("tie_word_embeddings", config_.tie_embeddings, want.tie_embeddings);
   // Rotary positions have no table: a model may train on windows shorter than
   // max_position_embeddings, never longer.
-  if (c.config.seq_len < want.seq_len)
+  if (config_.seq_len < want.seq_len)
     diffs.push_back(fmt::format("max_position_embeddings {} (the model's seq_len {} is longer)",
-                                c.config.seq_len, want.seq_len));
+                                config_.seq_len, want.seq_len));
   if (!diffs.empty())
-    fail(dir, fmt::format("config.json describes another model: {}", fmt::join(diffs, "; ")));
-  model.load_state_dict(c.state);
+    fail(dir_, fmt::format("config.json describes another model: {}", fmt::join(diffs, "; ")));
+}
+
+std::vector<std::string> HfReader::names() const {
+  std::vector<std::string> out;
+  for (const Mapping& m : source_->mappings) out.push_back(m.kuai);
+  return out;
+}
+
+Tensor HfReader::parameter(const std::string& name) const {
+  const Mapping* m = nullptr;
+  for (const Mapping& x : source_->mappings)
+    if (x.kuai == name) m = &x;
+  if (m == nullptr) fail(weights_, fmt::format("the config has no parameter \"{}\"", name));
+  std::vector<Tensor> parts;
+  for (const auto& [hf_name, rows] : m->hf) {
+    const Tensor t = read_tensor(source_->files[source_->where.at(hf_name).first], hf_name);
+    parts.push_back(t.dtype() == DType::kF32 ? t : cast(t, DType::kF32));
+  }
+  return parts.size() == 1 ? parts[0] : cat(parts, 0);
+}
+
+HfCheckpoint read_hf(const std::string& dir) {
+  const HfReader reader(dir);
+  HfCheckpoint out;
+  out.config = reader.config();
+  for (const std::string& name : reader.names()) out.state[name] = reader.parameter(name);
+  return out;
+}
+
+void load_hf(const std::string& dir, nn::GPT& model) {
+  const HfReader reader(dir);
+  reader.check_describes(model.config());
+  std::map<std::string, Tensor> state;
+  for (const std::string& name : reader.names()) state[name] = reader.parameter(name);
+  model.load_state_dict(state);
 }
 
 }  // namespace kuai::io

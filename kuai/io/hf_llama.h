@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,32 @@ using ParameterStream =
     std::function<void(const std::function<void(const std::string& name, const Tensor& t)>&)>;
 void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const ParameterStream& params,
                DType stored = DType::kF32);
+
+// A Hugging Face LLaMA directory read one of kuai's parameters at a time. The constructor reads
+// config.json and maps the weight file (or the shards model.safetensors.index.json names), and
+// checks every header: each tensor the config needs is there with its shape, in F32, BF16 or
+// F16, and nothing else is (a rotary cache, and lm_head.weight when tied, are ignored); errors
+// name the file and the tensor. parameter() then makes one parameter, its row blocks widened to
+// fp32 and joined from the mapped bytes: at most one parameter is held here. What ZeRO-3 fills
+// its shards from (model.init_hf), so fine-tuning never holds the whole model either.
+class HfReader {
+ public:
+  explicit HfReader(const std::string& dir);
+  const nn::GPTConfig& config() const { return config_; }
+  // Throws naming the directory and every field where config.json describes another model than
+  // `model` (a seq_len up to its max_position_embeddings: rotary positions have no table).
+  void check_describes(const nn::GPTConfig& model) const;
+  // Every parameter's kuai name, in the order of Hugging Face's layout.
+  std::vector<std::string> names() const;
+  // One parameter under kuai's name, fp32, contiguous, on the CPU.
+  Tensor parameter(const std::string& name) const;
+
+ private:
+  struct Source;
+  std::string dir_, weights_;  // weights_: the file, or the index, that errors name
+  nn::GPTConfig config_;
+  std::shared_ptr<const Source> source_;
+};
 
 struct HfCheckpoint {
   nn::GPTConfig config;                 // resolved

@@ -11,6 +11,7 @@
 #include "kuai/core/autograd.h"
 #include "kuai/core/device.h"
 #include "kuai/core/ops.h"
+#include "kuai/io/hf_llama.h"
 #include "kuai/nn/layers.h"
 #include "kuai/nn/optimize.h"
 
@@ -51,14 +52,20 @@ StepOptions step_options(const TrainConfig& cfg) {
 std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
                                             std::shared_ptr<dist::ProcessGroup> group,
                                             const StepOptions& options,
-                                            const std::function<void(nn::GPT&)>& loaded) {
+                                            const std::function<void(nn::GPT&)>& loaded,
+                                            const std::string& init_hf) {
   auto parts = std::make_unique<StepParts>();
   std::shared_ptr<nn::GPT> gpt;
   // ZeRO-3 builds the model on meta (shapes, no bytes): each rank fills its shards from the seed
   // one parameter at a time (nn::GPT::initial_values), so no rank ever holds the whole model, not
-  // even at the start. Fine-tuning from Hugging Face's files (model.init_hf) reads them whole.
+  // even at the start; fine-tuning from Hugging Face's files (init_hf) reads them so too.
   const bool zero3 = cfg.zero == 3;
-  const bool on_meta = zero3 && cfg.init_hf.empty() && default_device().type != DeviceType::kMeta;
+  const bool on_meta = zero3 && default_device().type != DeviceType::kMeta;
+  std::optional<io::HfReader> hf;
+  if (on_meta && !init_hf.empty()) {
+    hf.emplace(init_hf);
+    hf->check_describes(cfg.model);
+  }
   {
     const MemoryUseScope params(MemoryUse::kParameters);
     std::optional<DeviceGuard> meta;
@@ -133,8 +140,13 @@ std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
       for (const auto& [name, p] : gpt->named_parameters()) names[p.impl()] = name;
       const autograd::NoGradGuard no_grad;
       parts->zero->fill_parameter_shard([&](const Tensor& p, int64_t begin, const Tensor& dst) {
-        const Tensor whole = Tensor::empty(p.shape(), DType::kF32, dst.device());
-        gpt->initial_values(names.at(p.impl()), whole);
+        Tensor whole;
+        if (hf) {
+          whole = hf->parameter(names.at(p.impl()));
+        } else {
+          whole = Tensor::empty(p.shape(), DType::kF32, dst.device());
+          gpt->initial_values(names.at(p.impl()), whole);
+        }
         dst.copy_(narrow(reshape(whole, {p.numel()}), 0, begin, dst.numel()));
       });
     }

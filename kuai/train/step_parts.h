@@ -50,10 +50,14 @@ std::string offload_dir(const TrainConfig& cfg, int rank);
 StepOptions step_options(const TrainConfig& cfg);
 
 // The parts of cfg's step on `group`'s ranks, on the default device. `loaded` runs on the model
-// right after it is built (weights to load before DDP broadcasts rank 0's).
+// right after it is built (weights to load before DDP broadcasts rank 0's); with ZeRO-3 the model
+// is built on meta and has no values to load into: `init_hf` (a Hugging Face LLaMA directory)
+// then gives each rank's shards their values one parameter at a time (io::HfReader) instead of
+// the seed.
 std::unique_ptr<StepParts> build_step_parts(const TrainConfig& cfg,
                                             std::shared_ptr<dist::ProcessGroup> group,
                                             const StepOptions& options,
-                                            const std::function<void(nn::GPT&)>& loaded = {});
+                                            const std::function<void(nn::GPT&)>& loaded = {},
+                                            const std::string& init_hf = {});
 
 }  // namespace kuai::train

@@ -260,11 +260,16 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     else
       out << "\n" << m << "\n";
   };
-  const std::unique_ptr<StepParts> parts = build_step_parts(cfg, group, so, [&](nn::GPT& m) {
-    // Fine-tuning from a Hugging Face LLaMA: every rank reads it (DDP would broadcast rank
-    // 0's).
-    if (!cfg.init_hf.empty() && opts.resume.empty()) io::load_hf(cfg.init_hf, m);
-  });
+  // Fine-tuning from a Hugging Face LLaMA (not when resuming: the checkpoint has the weights):
+  // every rank reads it (DDP would broadcast rank 0's); ZeRO-3 fills each rank's shards from it
+  // one parameter at a time, its model having no values to load into.
+  const std::string init_hf = opts.resume.empty() ? cfg.init_hf : std::string();
+  const std::unique_ptr<StepParts> parts = build_step_parts(
+      cfg, group, so,
+      [&](nn::GPT& m) {
+        if (!init_hf.empty() && cfg.zero != 3) io::load_hf(init_hf, m);
+      },
+      init_hf);
   if (options.built) options.built(*parts);
   nn::GPT& model = static_cast<nn::GPT&>(*parts->model);
   std::optional<dist::DistributedDataParallel>& ddp = parts->ddp;
@@ -350,6 +355,19 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     // Flushed: a log file shows where a run resumed even if it is killed before its next line.
     if (!opts.quiet)
       out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step) << std::flush;
+    // Another world size: the state loads (re-sharded); the batches go on where they stopped
+    // when the global batch is the same, and the sums over ranks run in another order. Said once,
+    // on rank 0.
+    if (!opts.quiet && c.world_size != group->size() && group->rank() == 0)
+      out << fmt::format(
+                 "note: the checkpoint was written by {} rank{} and this run has {}: its state "
+                 "was re-sharded on load. The batches go on where they stopped if the global "
+                 "batch (train.batch_size x ranks x train.accum_steps, now {}) is the one its run "
+                 "had; the sums over ranks then run in another order, so the losses follow an "
+                 "uninterrupted run's to rounding, not bit for bit\n",
+                 c.world_size, c.world_size == 1 ? "" : "s", group->size(),
+                 cfg.batch_size * group->size() * cfg.accum_steps)
+          << std::flush;
   }
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;

@@ -35,6 +35,7 @@
 #include "kuai/distributed/zero.h"
 #include "kuai/distributed/zero3.h"
 #include "kuai/io/export.h"
+#include "kuai/io/hf_llama.h"
 #include "kuai/io/safetensors.h"
 #include "kuai/nn/gpt.h"
 #include "kuai/plan/trace.h"
@@ -354,6 +355,85 @@ TEST(MpiZero3, NoRankEverHoldsTheWholeModel) {
       << "model " << model << " B, shard " << shard << " B, largest parameter " << largest << " B";
   EXPECT_LT(built, model + shard) << "model " << model << " B";
   mpi_process_group()->barrier();
+}
+
+// Fine-tuning from Hugging Face's files (model.init_hf) with ZeRO-3: each rank fills its shards
+// from the mapped files one parameter at a time (io::HfReader), so the losses and the export are
+// those of DDP fine-tuning from the same files, bit for bit, and differ from training from the
+// seed (the files were read); the build holds at most the shards and one parameter being joined
+// (a fused weight from its row blocks: twice the largest), never the whole model.
+TEST(MpiZero3, FineTunesFromHuggingFaceFilesWithoutAWholeModel) {
+  auto pg = mpi_process_group();
+  const std::vector<std::string> llama = {"--model.family=llama", "--model.n_head=4",
+                                          "--model.n_kv_head=2", "--model.ffn_hidden=48"};
+  const fs::path hf = fs::temp_directory_path() / "kuai_mpi_zero3_hf";
+  // The files: a model of the run's shape made from another seed, exported by rank 0.
+  auto shape_args = [&](std::vector<std::string> a) {
+    std::vector<std::string> o = {"--model.n_layer=3", "--model.d_model=32",
+                                  "--model.seq_len=32", "--data.source=synthetic"};
+    o.insert(o.end(), a.begin(), a.end());
+    return o;
+  };
+  if (pg->rank() == 0) {
+    const train::TrainConfig c = train::load_config("", shape_args(llama));
+    nn::GPT source(c.model, 1234);
+    io::export_hf(hf.string(), source);
+  }
+  pg->barrier();
+  std::vector<std::string> ddp_args = llama, zero_args = llama;
+  ddp_args.push_back("--model.init_hf=" + hf.string());
+  zero_args.insert(zero_args.end(), {"--model.init_hf=" + hf.string(), "--dist.zero=3"});
+  const Outcome ddp = train_run("hf_ddp", ddp_args), z = train_run("hf_zero3", zero_args);
+  const Outcome seed = train_run("hf_seed", llama);
+  ASSERT_EQ(ddp.losses.size(), static_cast<size_t>(kSteps));
+  EXPECT_EQ(z.losses, ddp.losses);
+  EXPECT_NE(ddp.losses, seed.losses) << "init_hf changed nothing";
+  if (pg->rank() == 0) {
+    EXPECT_TRUE(z.weights == ddp.weights) << "exports differ";
+  }
+  // The build, at a size where a parameter is small next to the model.
+  {
+    const std::vector<std::string> big = {"--model.family=llama", "--model.n_layer=8",
+                                          "--model.d_model=256", "--model.n_head=4",
+                                          "--model.seq_len=32", "--data.source=synthetic"};
+    const fs::path big_hf = fs::temp_directory_path() / "kuai_mpi_zero3_hf_big";
+    if (pg->rank() == 0) {
+      nn::GPT source(train::load_config("", big).model, 99);
+      io::export_hf(big_hf.string(), source);
+    }
+    pg->barrier();
+    std::vector<std::string> args = big;
+    args.push_back("--dist.zero=3");
+    const train::TrainConfig cfg = train::load_config("", args);
+    Allocator::get().empty_cache();
+    Allocator::get().reset_peak();
+    const int64_t before = Allocator::get().stats().current;
+    const std::unique_ptr<train::StepParts> parts = train::build_step_parts(
+        cfg, pg, train::step_options(cfg), {}, big_hf.string());
+    const int64_t built = Allocator::get().stats().peak - before;
+    int64_t model = 0, largest = 0;
+    for (const Tensor& p : parts->model->parameters()) {
+      model += p.numel() * 4;
+      largest = std::max<int64_t>(largest, p.numel() * 4);
+    }
+    const int64_t shard = parts->zero->shard_size() * 4;
+    EXPECT_LE(built, 2 * shard + 2 * largest + (256 << 10))
+        << "model " << model << " B, shard " << shard << " B, largest parameter " << largest
+        << " B";
+    // Reading the files whole into a model built whole, as before, held 2 models and 2 shards.
+    EXPECT_LT(built, model + shard) << "model " << model << " B";
+    // The values are the files': this rank's first parameter piece against the file's.
+    const dist::ZeroAdamW::Segment& s0 = parts->zero->segments()[0];
+    const io::HfReader reader(big_hf.string());
+    std::string name;
+    for (const auto& [n, p] : parts->model->named_parameters())
+      if (p.impl() == parts->zero->groups()[s0.group].params[s0.param].impl()) name = n;
+    const std::vector<float> want = reader.parameter(name).to_vector<float>();
+    const std::vector<float> got =
+        narrow(parts->zero->parameter_shard(), 0, s0.shard_offset, s0.length).to_vector<float>();
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin() + s0.begin)) << name;
+  }
+  pg->barrier();
 }
 
 }  // namespace

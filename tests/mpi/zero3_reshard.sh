@@ -48,6 +48,13 @@ resume() {
   if [ "$n" = 1 ]; then "${cmd[@]}"; else mpi "$n" "${cmd[@]}"; fi > "$dir/$name.log" 2>&1 || {
     cat "$dir/$name.log"; fail "$name: the resume failed"; }
   grep -q "resumed from" "$dir/$name.log" || { cat "$dir/$name.log"; fail "$name did not resume"; }
+  # On another world size the run says so, with the global batch it has.
+  if [ "$n" != 2 ]; then
+    grep -q "written by 2 ranks and this run has $n: .*now 12)" "$dir/$name.log" || {
+      cat "$dir/$name.log"; fail "$name: no note of the change of world size"; }
+  elif grep -q "re-sharded on load" "$dir/$name.log"; then
+    fail "$name: a note of a change of world size on the same world size"
+  fi
   losses "$dir/$name/metrics.jsonl" > "$dir/$name.losses"
   python3 - "$dir/full.losses" "$dir/$name.losses" "$exact" "$name" <<'EOF' || exit 1
 import sys
