@@ -10,6 +10,8 @@ SAN_FLAGS = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG"
 JOBS ?= $(shell nproc)
 KUAI = $(BUILD)/kuai
+# A line with the time as each phase of a build or a test run starts and ends (CI's time budget).
+STAMP = @date '+[%T] $(1)'
 
 # The threaded parts (loader workers, metric logger, trainer) run again under ThreadSanitizer
 # (kuai_tsan_tests: the files that hold these suites).
@@ -21,18 +23,24 @@ setup:
 	@scripts/setup.sh
 
 build: setup
+	$(call STAMP,build: Release)
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS)
+	$(call STAMP,build: Release done)
 
 build-asan: setup
+	$(call STAMP,build: ASan+UBSan)
 	@cmake -S . -B $(BUILD_SAN) $(SAN_FLAGS) -DKUAI_SANITIZE=address,undefined >/dev/null
 	@cmake --build $(BUILD_SAN) -j $(JOBS) --target kuai_tests
 	@if grep -q '^KUAI_MPIRUN:FILEPATH=/' $(BUILD_SAN)/CMakeCache.txt; then \
 	  cmake --build $(BUILD_SAN) -j $(JOBS) --target kuai_mpi_tests; fi
+	$(call STAMP,build: ASan+UBSan done)
 
 build-tsan: setup
+	$(call STAMP,build: TSan)
 	@cmake -S . -B $(BUILD_TSAN) $(SAN_FLAGS) -DKUAI_SANITIZE=thread >/dev/null
 	@cmake --build $(BUILD_TSAN) -j $(JOBS) --target kuai_tsan_tests
+	$(call STAMP,build: TSan done)
 
 train: build
 	$(KUAI) train --config configs/kjv.toml
@@ -41,19 +49,25 @@ test-fast: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 
 test: build build-asan build-tsan
+	$(call STAMP,test: the suite (Release))
 	cd $(BUILD) && ctest --output-on-failure -j 1
+	$(call STAMP,test: the suite under ASan+UBSan)
 	cd $(BUILD_SAN) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  OMP_NUM_THREADS=2 ./kuai_tests --gtest_brief=1
 # The multi-rank tests under ASan+UBSan too: 2 ranks, OpenMPI's own allocations suppressed
 # (tests/mpi/lsan.supp; full unwinding so a leak is matched by every frame of its stack).
+	$(call STAMP,test: the multi-rank suite under ASan+UBSan)
 	if [ -x $(BUILD_SAN)/kuai_mpi_tests ]; then cd $(BUILD_SAN) && \
 	  ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/mpi/lsan.supp:print_suppressions=0 \
 	  mpirun --allow-run-as-root --oversubscribe -np 2 -x ASAN_OPTIONS -x UBSAN_OPTIONS \
 	    -x LSAN_OPTIONS -x OMP_NUM_THREADS=1 ./kuai_mpi_tests --gtest_brief=1; fi
+	$(call STAMP,test: the threaded suites under TSan)
 	cd $(BUILD_TSAN) && TSAN_OPTIONS=halt_on_error=1 OMP_NUM_THREADS=1 \
 	  ./kuai_tsan_tests --gtest_brief=1 --gtest_filter='$(TSAN_TESTS)'
+	$(call STAMP,test: fuzzing)
 	@$(MAKE) --no-print-directory fuzz
+	$(call STAMP,test: done)
 
 # Fuzzing (clang-14 libFuzzer + ASan + UBSan): the two parsers of untrusted input, the
 # safetensors reader (kuai_fuzz_safetensors: every input is rejected with an error naming the
