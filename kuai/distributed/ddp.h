@@ -17,7 +17,8 @@
 // ZeRO-2 (shard_gradients): each bucket is reduce-scattered instead of all-reduced, so a rank
 // receives the average of its own part of the bucket only (see distributed/zero.h for the
 // partition), and the bucket's memory is held only while a backward fills it: allocated when its
-// first gradient arrives, released as soon as its reduce-scatter has completed. The full gradients
+// first gradient arrives, released as soon as its reduce-scatter has completed, and at the latest
+// when the bucket two after it is launched (at most three in flight). The full gradients
 // then never exist all at once (with overlap on); the parameters' .grad are empty between steps.
 #pragma once
 

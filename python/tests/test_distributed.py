@@ -81,11 +81,13 @@ def test_compression_hooks_halve_the_bytes(corpus, tmp_path):
 
 def test_zero_redundancy_optimizer_equals_adamw_with_half_the_state(corpus, tmp_path):
     r = run_case("zero", corpus, tmp_path)
-    for stage in ("zero1", "zero2", "zero3"):
+    for stage in ("zero1", "zero2", "zero3", "zero1_compiled", "zero2_compiled", "zero3_compiled"):
         assert r[stage]["losses"] == r["adamw"]["losses"], stage
         assert r[stage]["checksum"] == r["adamw"]["checksum"], stage
         assert r[stage]["params"] == r["adamw"]["params"], stage
         assert r[stage]["state_bytes"] <= r["adamw"]["state_bytes"] / 2 + 64 * 4
+        if stage.endswith("_compiled"):
+            assert r[stage]["captures"] == 1, stage
 
 
 def test_python_ddp_loop_equals_the_engines_step(corpus, tmp_path):

@@ -150,10 +150,14 @@ def case_compression(corpus, rank, world):
 def case_zero(corpus, rank, world):
     """ZeroRedundancyOptimizer (the article's call) against AdamW under the same DDP: the same
     parameters bit for bit, with about 1/world of the optimizer state; stage 3 over a fully_shard
-    model too (its parameters gathered from the shards to be read)."""
+    model too (its parameters gathered from the shards to be read); each stage compiled as well
+    (kuai.TrainStep(compile=True): its collectives, and stage 3's gathers, captured)."""
     out = {}
-    for name in ("adamw", "zero1", "zero2", "zero3"):
-        if name == "zero3":  # fully_shard: the parameters sharded too
+    for name in ("adamw", "zero1", "zero2", "zero3", "zero1_compiled", "zero2_compiled",
+                 "zero3_compiled"):
+        compiled = name.endswith("_compiled")
+        name_stage = name.split("_")[0]
+        if name_stage == "zero3":  # fully_shard: the parameters sharded too
             m = fully_shard(model())
         else:
             m = nn.parallel.DistributedDataParallel(model())
@@ -161,21 +165,21 @@ def case_zero(corpus, rank, world):
             opt = kuai.optim.AdamW(m.parameters(), lr=1e-2)
         else:
             opt = ZeroRedundancyOptimizer(m.parameters(), optimizer_class=kuai.optim.AdamW,
-                                          lr=1e-2, stage=int(name[-1]), ddp=m)
-        step = kuai.TrainStep(m.module, opt, ddp=m, max_grad_norm=1e30)
+                                          lr=1e-2, stage=int(name_stage[-1]), ddp=m)
+        step = kuai.TrainStep(m.module, opt, ddp=m, max_grad_norm=1e30, compile=compiled)
         losses = []
         for x, y in batches(corpus, ROWS * world, STEPS):
             losses.append(mean_over_ranks(step(my_rows(x, rank), my_rows(y, rank))["loss"]))
         state = (opt.state_bytes if name != "adamw"
                  else 8 * sum(p.numel() for p in m.parameters()))
-        if name == "zero3":
+        if name_stage == "zero3":
             with m.summon_full_params():
                 params = flat(m.module)
         else:
             params = flat(m.module)
         out[name] = dict(losses=losses, params=params.view(np.uint32).tolist()[:4096],
                          checksum=int(params.view(np.uint32).astype(np.uint64).sum()),
-                         state_bytes=state)
+                         state_bytes=state, captures=step.captures if compiled else None)
     return out
 
 
