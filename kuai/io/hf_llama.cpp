@@ -338,9 +338,11 @@ void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const Parameter
 
 struct HfReader::Source {
   std::vector<SafetensorsFile> files;
-  // HF tensor name -> (file, entry)
-  std::map<std::string, std::pair<size_t, const SafetensorsEntry*>> where;
+  std::map<std::string, size_t> where;  // HF tensor name -> the file holding it
   std::vector<Mapping> mappings;
+  const SafetensorsEntry& entry(const std::string& name) const {
+    return *files[where.at(name)].find(name);
+  }
 };
 
 HfReader::HfReader(const std::string& dir) : dir_(dir) {
@@ -379,21 +381,20 @@ HfReader::HfReader(const std::string& dir) : dir_(dir) {
         if (it == map->end() || it->get<std::string>() != shard)
           fail(dir + "/" + shard,
                fmt::format("tensor \"{}\" is not mapped to this shard by {}", e.name, index_path));
-        src->where.emplace(e.name, std::pair{src->files.size() - 1, &e});
+        src->where.emplace(e.name, src->files.size() - 1);
       }
     }
   } else {
     src->files.push_back(SafetensorsFile::open(weights_));
-    for (const SafetensorsEntry& e : src->files.back().entries())
-      src->where.emplace(e.name, std::pair{size_t{0}, &e});
+    for (const SafetensorsEntry& e : src->files.back().entries()) src->where.emplace(e.name, 0);
   }
   // Every header checked before any parameter is made.
-  for (const auto& [name, at] : src->where) {
-    const std::string& dtype = at.second->dtype;
+  for (const auto& [name, file] : src->where) {
+    const std::string& dtype = src->entry(name).dtype;
     if (dtype != "F32" && dtype != "BF16" && dtype != "F16")
-      fail(src->files[at.first].path(),
+      fail(src->files[file].path(),
            fmt::format("tensor \"{}\" is {}; expected F32, BF16 or F16", name,
-                       dtype_name(dtype_from_safetensors(src->files[at.first].path(), name, dtype))));
+                       dtype_name(dtype_from_safetensors(src->files[file].path(), name, dtype))));
   }
   src->mappings = mappings(config_);
   std::set<std::string> used;
@@ -402,13 +403,14 @@ HfReader::HfReader(const std::string& dir) : dir_(dir) {
       const auto it = src->where.find(name);
       if (it == src->where.end()) fail(weights_, fmt::format("missing tensor \"{}\"", name));
       const Shape want = hf_shape(m, rows);
-      const Shape have(it->second.second->shape.begin(), it->second.second->shape.end());
+      const SafetensorsEntry& e = src->entry(name);
+      const Shape have(e.shape.begin(), e.shape.end());
       if (have != want)
         fail(weights_, fmt::format("shape mismatch for \"{}\": file has {}, the config needs {}",
                                    name, shape_str(have), shape_str(want)));
       used.insert(name);
     }
-  for (const auto& [name, at] : src->where) {
+  for (const auto& [name, file] : src->where) {
     if (used.count(name) || name.ends_with("rotary_emb.inv_freq")) continue;
     if (config_.tied() && name == "lm_head.weight") continue;  // a tied copy some writers keep
     fail(weights_, fmt::format("unexpected tensor \"{}\": the config has no such weight", name));
@@ -453,7 +455,7 @@ Tensor HfReader::parameter(const std::string& name) const {
   if (m == nullptr) fail(weights_, fmt::format("the config has no parameter \"{}\"", name));
   std::vector<Tensor> parts;
   for (const auto& [hf_name, rows] : m->hf) {
-    const Tensor t = read_tensor(source_->files[source_->where.at(hf_name).first], hf_name);
+    const Tensor t = read_tensor(source_->files[source_->where.at(hf_name)], hf_name);
     parts.push_back(t.dtype() == DType::kF32 ? t : cast(t, DType::kF32));
   }
   return parts.size() == 1 ? parts[0] : cat(parts, 0);
