@@ -132,9 +132,7 @@ class CollectiveWait final : public Primitive {
 class StorageResize final : public Primitive {
  public:
   explicit StorageResize(bool materialize) : materialize_(materialize) {}
-  std::string_view name() const override {
-    return materialize_ ? "materialize_" : "release_";
-  }
+  std::string_view name() const override { return materialize_ ? "materialize_" : "release_"; }
   OpClass op_class() const override { return OpClass::kOther; }
   CastPolicy cast_policy() const override { return CastPolicy::kAsIs; }
   std::vector<TensorSpec> infer(std::span<const Tensor> in) const override;
@@ -152,9 +150,9 @@ class StorageResize final : public Primitive {
   bool materialize_;
 };
 
-// The same, as calls: each dispatches its start and returns the slot to wait on; collective_wait dispatches
-// the wait, naming the tensors the collective writes or reads (so no graph pass moves their reads
-// or frees their memory before it). all_gather / all_reduce here wait at once.
+// The same, as calls: each dispatches its start and returns the slot to wait on; collective_wait
+// dispatches the wait, naming the tensors the collective writes or reads (so no graph pass moves
+// their reads or frees their memory before it). all_gather / all_reduce here wait at once.
 std::shared_ptr<WorkSlot> reduce_scatter_start(const std::shared_ptr<ProcessGroup>& group,
                                                std::vector<Tensor> tensors,
                                                DType wire = DType::kF32);

@@ -244,7 +244,8 @@ void ZeroAdamW::update(const Tensor& grad_scale, const Tensor& skip) {
   const int64_t chunk = std::min<int64_t>(shard_, gather_chunk_);
   const MemoryUseScope comm(MemoryUse::kComm);
   const Device device = groups_[0].params[0].device();
-  Tensor send = zeros({chunk}, DType::kF32, device), all = zeros({chunk * world}, DType::kF32, device);
+  Tensor send = zeros({chunk}, DType::kF32, device),
+         all = zeros({chunk * world}, DType::kF32, device);
   for (int64_t c0 = 0; c0 < shard_; c0 += chunk) {
     const int64_t len = std::min(chunk, shard_ - c0);
     copy_shard_range(group_->rank(), c0, len, send, 0, /*to_params=*/false);

@@ -21,10 +21,10 @@ struct ShardedParameters::State {
   struct Part {
     std::vector<Tensor> params;
     DType dtype = DType::kF32;
-    std::shared_ptr<Storage> storage;  // the gathered buffer's; released when not whole
-    Tensor flat;                       // (padded) over it, in dtype
-    Tensor shard;                      // this rank's part: the optimizer's fp32 masters
-    Tensor send;                       // what its gather sends (the shard, or it cast), until done
+    std::shared_ptr<Storage> storage;   // the gathered buffer's; released when not whole
+    Tensor flat;                        // (padded) over it, in dtype
+    Tensor shard;                       // this rank's part: the optimizer's fp32 masters
+    Tensor send;                        // what its gather sends (the shard, or it cast), until done
     std::shared_ptr<WorkSlot> pending;  // its all-gather, until waited for
   };
   struct Unit {

@@ -321,7 +321,8 @@ TEST(MpiZero3, PeakOfARankIsBelowZero2sAndPlanned) {
   // collective completes when it is waited for, so the trace keeps the gradient buckets DDP's
   // bound on those in flight keeps): within 5% of what was measured (the bar: 10%; on
   // the machine it was written on the two agree to 0.1 MiB), for both stages.
-  for (const auto& [zero, measured] : {std::pair{std::string("3"), z3}, std::pair{std::string("2"), z2}}) {
+  for (const auto& [zero, measured] :
+       {std::pair{std::string("3"), z3}, std::pair{std::string("2"), z2}}) {
     const int64_t predicted = plan::trace_step(plan::target_for(config(zero), 2)).peak_bytes;
     EXPECT_NEAR(static_cast<double>(predicted), static_cast<double>(measured), 0.05 * measured)
         << "ZeRO-" << zero << ": planned " << predicted << " B, measured " << measured << " B";
@@ -369,8 +370,8 @@ TEST(MpiZero3, FineTunesFromHuggingFaceFilesWithoutAWholeModel) {
   const fs::path hf = fs::temp_directory_path() / "kuai_mpi_zero3_hf";
   // The files: a model of the run's shape made from another seed, exported by rank 0.
   auto shape_args = [&](std::vector<std::string> a) {
-    std::vector<std::string> o = {"--model.n_layer=3", "--model.d_model=32",
-                                  "--model.seq_len=32", "--data.source=synthetic"};
+    std::vector<std::string> o = {"--model.n_layer=3", "--model.d_model=32", "--model.seq_len=32",
+                                  "--data.source=synthetic"};
     o.insert(o.end(), a.begin(), a.end());
     return o;
   };
@@ -394,8 +395,8 @@ TEST(MpiZero3, FineTunesFromHuggingFaceFilesWithoutAWholeModel) {
   // The build, at a size where a parameter is small next to the model.
   {
     const std::vector<std::string> big = {"--model.family=llama", "--model.n_layer=8",
-                                          "--model.d_model=256", "--model.n_head=4",
-                                          "--model.seq_len=32", "--data.source=synthetic"};
+                                          "--model.d_model=256",  "--model.n_head=4",
+                                          "--model.seq_len=32",   "--data.source=synthetic"};
     const fs::path big_hf = fs::temp_directory_path() / "kuai_mpi_zero3_hf_big";
     if (pg->rank() == 0) {
       nn::GPT source(train::load_config("", big).model, 99);
@@ -408,8 +409,8 @@ TEST(MpiZero3, FineTunesFromHuggingFaceFilesWithoutAWholeModel) {
     Allocator::get().empty_cache();
     Allocator::get().reset_peak();
     const int64_t before = Allocator::get().stats().current;
-    const std::unique_ptr<train::StepParts> parts = train::build_step_parts(
-        cfg, pg, train::step_options(cfg), {}, big_hf.string());
+    const std::unique_ptr<train::StepParts> parts =
+        train::build_step_parts(cfg, pg, train::step_options(cfg), {}, big_hf.string());
     const int64_t built = Allocator::get().stats().peak - before;
     int64_t model = 0, largest = 0;
     for (const Tensor& p : parts->model->parameters()) {
