@@ -34,6 +34,7 @@ packages=(
   libxxhash-dev            # xxh3 checksums in checkpoints
   liburing-dev             # io_uring: optimizer state streamed to and from disk (kuai/io/chunk_stream.h)
   openmpi-bin libopenmpi-dev   # multi-process training: mpirun and the MPI library (kuai/distributed)
+  iproute2 util-linux      # the multi-host tests: network namespaces (ip netns) as hosts, unshare
   clang-14 libclang-rt-14-dev   # libFuzzer targets (make test runs them briefly)
   libgtest-dev libbenchmark-dev
   bible-kjv                # the default corpus

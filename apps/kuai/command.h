@@ -19,6 +19,10 @@ std::string self_path();
 // (-1 when it did not exit normally or could not start) goes to *exit_status.
 std::string run_captured(const std::string& cmd, int* exit_status);
 
+// `kuai launch ...` (launch.cpp): a supervisor that restarts a failed mpirun job from its
+// latest checkpoint.
+int run_launch(const std::vector<std::string>& args);
+
 // The middle value, or the mean of the two middle ones (with 2 rounds, not the best); 0 for none.
 double median(std::vector<double> v);
 

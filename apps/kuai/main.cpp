@@ -35,6 +35,10 @@ constexpr const char* kUsage =
     "stopped\n"
     "  mpirun -np N kuai train ...                         data-parallel over N processes "
     "(DDP)\n"
+    "  launch [--hostfile F] --np N [--min-np M] [--max-restarts K] [--mpirun-args \"...\"]\n"
+    "         [--probe-timeout S] [--grace S] -- train ...\n"
+    "                                                      run an mpirun job and restart it from\n"
+    "                                                      its latest checkpoint when it fails\n"
     "  sample [--run DIR | --weights FILE] [--prompt TEXT] [--tokens N] [--temperature T]\n"
     "         [--top_k K] [--seed S] [--attention flash|naive]\n"
     "                                                      generate text from a trained run\n"
@@ -337,6 +341,7 @@ int main(int argc, char** argv) {
     if (command == "info") return kuai::app::run_info(args);
     if (command == "tune") return tune_command(args);
     if (command == "plan") return kuai::app::run_plan(args);
+    if (command == "launch") return kuai::app::run_launch(args);
     std::cerr << "kuai: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const kuai::train::RunDirectoryInUse& e) {

@@ -86,6 +86,7 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Type_commit(&half_type_);
     MPI_Op_create(&MpiProcessGroup::bf16_sum, /*commute=*/1, &bf16_sum_);
     MPI_Op_create(&MpiProcessGroup::f16_sum, /*commute=*/1, &f16_sum_);
+    exchange_host_names();
     if (size_ > 1) {
       struct sigaction sa = {};
       sa.sa_handler = on_sigterm;
@@ -401,7 +402,29 @@ class MpiProcessGroup final : public ProcessGroup {
     task.work->finish();
   }
 
-  // The ranks whose arrival message for collective #seq has not come ("" when all did).
+  // Every rank's host name (MPI_Get_processor_name, cut to kHostChars), gathered once at start so
+  // that a failure message can say where a missing rank ran: the first thing to look at when one
+  // host of many dies or drops off the network.
+  static constexpr int kHostChars = 64;
+  void exchange_host_names() {
+    char mine[MPI_MAX_PROCESSOR_NAME] = {};
+    int len = 0;
+    MPI_Get_processor_name(mine, &len);
+    std::vector<char> all(static_cast<size_t>(kHostChars) * size_, '\0');
+    char padded[kHostChars] = {};
+    std::memcpy(padded, mine, std::min(len, kHostChars - 1));
+    MPI_Allgather(padded, kHostChars, MPI_CHAR, all.data(), kHostChars, MPI_CHAR, comm_);
+    hosts_.resize(size_);
+    for (int p = 0; p < size_; ++p)
+      hosts_[p] = std::string(all.data() + static_cast<size_t>(p) * kHostChars);
+  }
+  // "rank 1 (on node2)".
+  std::string rank_on_host(int p) const {
+    return fmt::format("{} (on {})", p, hosts_.empty() ? std::string("?") : hosts_[p]);
+  }
+
+  // The ranks whose arrival message for collective #seq has not come ("" when all did), each with
+  // its host: "1 (on node2), 3 (on node4)".
   std::string missing_ranks(int64_t seq, std::vector<MPI_Request>& notes,
                             const std::vector<int64_t>& arrived) {
     std::string missing;
@@ -411,7 +434,7 @@ class MpiProcessGroup final : public ProcessGroup {
       int got = 0;
       MPI_Test(&notes[k], &got, MPI_STATUS_IGNORE);  // the receive from p
       k += 2;
-      if (!got || arrived[p] != seq) missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+      if (!got || arrived[p] != seq) missing += (missing.empty() ? "" : ", ") + rank_on_host(p);
     }
     return missing;
   }
@@ -431,9 +454,9 @@ class MpiProcessGroup final : public ProcessGroup {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     } while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200));
     std::fprintf(stderr,
-                 "kuai: rank %d of %d: the launcher is ending the run (SIGTERM) while this rank "
-                 "waits in collective #%lld (%s); %s\n",
-                 rank_, size_, static_cast<long long>(seq), task.work->what().c_str(),
+                 "kuai: rank %d of %d (on %s): the launcher is ending the run (SIGTERM) while "
+                 "this rank waits in collective #%lld (%s); %s\n",
+                 rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq), task.work->what().c_str(),
                  missing.empty()
                      ? "every rank reached it"
                      : fmt::format("rank{} {} never reached it: {} exited or died",
@@ -445,9 +468,9 @@ class MpiProcessGroup final : public ProcessGroup {
 
   [[noreturn]] void terminated_idle() {
     std::fprintf(stderr,
-                 "kuai: rank %d of %d: the launcher is ending the run (SIGTERM); this rank had no "
-                 "collective in flight (the last was #%lld)\n",
-                 rank_, size_, static_cast<long long>(seq_));
+                 "kuai: rank %d of %d (on %s): the launcher is ending the run (SIGTERM); this rank "
+                 "had no collective in flight (the last was #%lld)\n",
+                 rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq_));
     die_by_sigterm();
   }
 
@@ -463,9 +486,9 @@ class MpiProcessGroup final : public ProcessGroup {
     const std::string missing = missing_ranks(seq, notes, arrived);
     std::fprintf(
         stderr,
-        "kuai: rank %d of %d: collective #%lld (%s) did not complete within %.0f s; "
+        "kuai: rank %d of %d (on %s): collective #%lld (%s) did not complete within %.0f s; "
         "ranks that never reached it: %s. Aborting the run.\n",
-        rank_, size_, static_cast<long long>(seq), task.work->what().c_str(), timeout_s_,
+        rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq), task.work->what().c_str(), timeout_s_,
         missing.empty() ? "none (they arrived; the transfer itself stalled)" : missing.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);
@@ -474,6 +497,7 @@ class MpiProcessGroup final : public ProcessGroup {
 
   double timeout_s_;
   int rank_ = 0, size_ = 1;
+  std::vector<std::string> hosts_;  // every rank's host name
   bool owns_mpi_ = false, stopped_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL, arrive_comm_ = MPI_COMM_NULL;
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;  // bf16 / f16 on the wire

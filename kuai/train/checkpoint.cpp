@@ -564,6 +564,7 @@ void Checkpointer::put_in_place(const Snapshot& s, const std::vector<FileRecord>
                        {"data_seed", s.state.data_seed},
                        {"loss_scale", nullptr},  // fp32 and bf16: no scaler
                        {"world_size", group_ ? group_->size() : 1},
+                       {"ranks", s.state.ranks},
                        {"sharded_model", s.sharded_model}};
   if (s.state.loss_scale)
     st["loss_scale"] = {{"scale", s.state.loss_scale->scale},
@@ -765,6 +766,10 @@ Checkpoint read_checkpoint(const std::string& dir) {
     if (c.world_size < 1 || c.world_size > (1 << 20))
       throw std::runtime_error(
           fmt::format("{}: world_size {} is not a number of ranks", state_path, c.world_size));
+    c.state.ranks = st.contains("ranks") ? st.at("ranks").get<int64_t>() : c.world_size;
+    if (c.state.ranks < 1 || c.state.ranks > (1 << 20))
+      throw std::runtime_error(
+          fmt::format("{}: ranks {} is not a number of ranks", state_path, c.state.ranks));
     c.sharded_model = st.contains("sharded_model") && st.at("sharded_model").get<bool>();
     std::vector<std::string> files = {kConfigFile};
     if (!c.sharded_model) files.push_back(kModelFile);

@@ -104,6 +104,9 @@ struct TrainingState {
   std::string config_toml;   // the resolved config of the run
   // fp16's dynamic loss scale and its growth tracker; none in fp32 and bf16.
   std::optional<amp::GradScalerState> loss_scale;
+  // The ranks the run trained on (its loader's rows per micro-batch are batch_size x ranks);
+  // not the number of optimizer files, which only ZeRO writes one per rank of.
+  int64_t ranks = 1;
 };
 
 struct SaveStats {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -30,24 +31,28 @@ std::string own_command_line() {
   return raw;
 }
 
-// "pid N (command)" from what the holder wrote, or a note that it has not written it yet.
-std::string holder_of(int fd) {
+// The value of the holder's line "<key> value" in the lock file ("" when it has none).
+std::string holder_line(int fd, const std::string& key) {
   std::string text(4096, '\0');
   const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
   text.resize(n > 0 ? static_cast<size_t>(n) : 0);
   std::istringstream in(text);
-  std::string line, pid, command;
-  while (std::getline(in, line)) {
-    if (line.rfind("pid ", 0) == 0) pid = line.substr(4);
-    if (line.rfind("command ", 0) == 0) command = line.substr(8);
-  }
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key + " ", 0) == 0) return line.substr(key.size() + 1);
+  return {};
+}
+
+// "pid N (command)" from what the holder wrote, or a note that it has not written it yet.
+std::string holder_of(int fd) {
+  const std::string pid = holder_line(fd, "pid"), command = holder_line(fd, "command");
   if (pid.empty()) return "another process (it has not written its pid yet)";
   return command.empty() ? fmt::format("pid {}", pid) : fmt::format("pid {} ({})", pid, command);
 }
 
 }  // namespace
 
-RunLock RunLock::acquire(const std::string& dir) {
+RunLock RunLock::acquire(const std::string& dir, const std::string& token) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec)
@@ -59,6 +64,16 @@ RunLock RunLock::acquire(const std::string& dir) {
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
+      // Held by the launcher this process runs under: the job is the launcher's.
+      const char* ours = std::getenv(kLaunchTokenEnv);
+      const std::string theirs = holder_line(fd, "token");
+      if (ours != nullptr && *ours != '\0' && theirs == ours) {
+        ::close(fd);
+        RunLock lock;
+        lock.under_launcher_ = true;
+        lock.dir_ = dir;
+        return lock;
+      }
       const std::string holder = holder_of(fd);
       ::close(fd);
       throw RunDirectoryInUse(fmt::format(
@@ -69,7 +84,8 @@ RunLock RunLock::acquire(const std::string& dir) {
     ::close(fd);
     throw std::runtime_error(fmt::format("{}: cannot lock: {}", path, std::strerror(err)));
   }
-  const std::string who = fmt::format("pid {}\ncommand {}\n", ::getpid(), own_command_line());
+  std::string who = fmt::format("pid {}\ncommand {}\n", ::getpid(), own_command_line());
+  if (!token.empty()) who += fmt::format("token {}\n", token);
   if (::ftruncate(fd, 0) != 0 ||
       ::pwrite(fd, who.data(), who.size(), 0) != static_cast<ssize_t>(who.size())) {
     // The lock is held all the same; only the message a refused process prints is poorer.
@@ -81,12 +97,15 @@ RunLock RunLock::acquire(const std::string& dir) {
 }
 
 RunLock::RunLock(RunLock&& other) noexcept
-    : fd_(std::exchange(other.fd_, -1)), dir_(std::move(other.dir_)) {}
+    : fd_(std::exchange(other.fd_, -1)),
+      under_launcher_(std::exchange(other.under_launcher_, false)),
+      dir_(std::move(other.dir_)) {}
 
 RunLock& RunLock::operator=(RunLock&& other) noexcept {
   if (this != &other) {
     release();
     fd_ = std::exchange(other.fd_, -1);
+    under_launcher_ = std::exchange(other.under_launcher_, false);
     dir_ = std::move(other.dir_);
   }
   return *this;
@@ -95,6 +114,7 @@ RunLock& RunLock::operator=(RunLock&& other) noexcept {
 RunLock::~RunLock() { release(); }
 
 void RunLock::release() {
+  under_launcher_ = false;
   if (fd_ < 0) return;
   ::close(fd_);  // closing the only descriptor of the open file drops the flock
   fd_ = -1;

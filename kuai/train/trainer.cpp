@@ -15,6 +15,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -80,11 +81,13 @@ std::string result_line(const TrainResult& r) {
       "RESULT tokens_per_s={:.1f} step_ms_median={:.2f} peak_rss_mib={:.1f} final_loss={:.4f} "
       "host_reads_per_step={:.3g} comm_mib_per_step={:.3f} overlap={:.3f} "
       "minor_faults_per_step={:.1f} peak_alloc_mib={:.1f} overlap_time={:.3f} "
-      "comm_ms_per_step={:.2f} step_peak_mib={:.1f} gather_wait_ms_per_step={:.2f}",
+      "comm_ms_per_step={:.2f} step_peak_mib={:.1f} gather_wait_ms_per_step={:.2f} "
+      "comm_bytes_sent={}",
       r.tokens_per_s, r.step_ms_median, r.peak_rss_mib, r.final_loss, r.host_reads_per_step,
       r.comm_mib_per_step, r.overlap, r.minor_faults_per_step,
       static_cast<double>(r.peak_alloc_bytes) / (1 << 20), r.overlap_time, r.comm_ms_per_step,
-      static_cast<double>(step_peak_bytes(r)) / (1 << 20), r.gather_wait_ms_per_step);
+      static_cast<double>(step_peak_bytes(r)) / (1 << 20), r.gather_wait_ms_per_step,
+      fmt::join(r.comm_bytes_sent_by_rank, ","));
 }
 
 Tensor forward_backward(const nn::GPT& model, const Tensor& x, const Tensor& y, float loss_scale) {
@@ -227,6 +230,14 @@ std::string prepare_run_dir(const TrainConfig& cfg, bool resuming) {
   return dir.string();
 }
 
+// Under `kuai launch` (KUAI_LAUNCH_STATUS names a file): the first step this process completed,
+// so that the launcher tells a job that failed before any progress from one that trained.
+void report_first_step(int64_t step) {
+  const char* path = std::getenv("KUAI_LAUNCH_STATUS");
+  if (path == nullptr || *path == '\0') return;
+  std::ofstream(path, std::ios::trunc) << fmt::format("first_step {}\n", step);
+}
+
 }  // namespace
 
 const std::atomic<bool>* install_sigint_stop() {
@@ -352,22 +363,42 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     if (scaler.enabled() && c.state.loss_scale) scaler.load_state(*c.state.loss_scale);
     result.start_step = c.state.step;
     loader_start = c.state.loader;
+    // The loader counts micro-batches of batch_size x ranks rows; the same global batch split
+    // another way (more accumulation on fewer ranks: `kuai launch` after losing a host) goes on
+    // from the same row, so its index is counted again in the new micro-batches.
+    const TrainConfig saved = load_config_text(c.state.config_toml, c.path + "/config.toml");
+    if (c.state.ranks != group->size() || saved.batch_size != cfg.batch_size) {
+      const int64_t rows_then = saved.batch_size * c.state.ranks;
+      const int64_t rows_now = cfg.batch_size * group->size();
+      const int64_t rows = loader_start.next_index * rows_then;
+      if (rows % rows_now != 0)
+        throw std::runtime_error(fmt::format(
+            "{}: the checkpoint's loader stopped after {} rows, which {} rows per micro-batch "
+            "(train.batch_size {} x {} ranks) do not divide; keep the global batch "
+            "(train.batch_size x ranks x train.accum_steps = {}) a multiple of it",
+            c.path, rows, rows_now, cfg.batch_size, group->size(),
+            saved.batch_size * c.state.ranks * saved.accum_steps));
+      loader_start.next_index = rows / rows_now;
+    }
     // Flushed: a log file shows where a run resumed even if it is killed before its next line.
     if (!opts.quiet)
       out << fmt::format("resumed from {} (step {})\n", c.path, c.state.step) << std::flush;
-    // Another world size: the state loads (re-sharded); the batches go on where they stopped
-    // when the global batch is the same, and the sums over ranks run in another order. Said once,
-    // on rank 0.
-    if (!opts.quiet && c.world_size != group->size() && group->rank() == 0)
+    // Another world size: the state loads (re-sharded); the batches go on from the row where
+    // they stopped, and the sums over ranks run in another order. Said once, on rank 0.
+    if (!opts.quiet && c.state.ranks != group->size() && group->rank() == 0) {
+      const int64_t global = cfg.batch_size * group->size() * cfg.accum_steps;
+      const int64_t was = saved.batch_size * c.state.ranks * saved.accum_steps;
       out << fmt::format(
                  "note: the checkpoint was written by {} rank{} and this run has {}: its state "
-                 "was re-sharded on load. The batches go on where they stopped if the global "
-                 "batch (train.batch_size x ranks x train.accum_steps, now {}) is the one its run "
-                 "had; the sums over ranks then run in another order, so the losses follow an "
+                 "was re-sharded on load. The global batch (train.batch_size x ranks x "
+                 "train.accum_steps, now {}) {}; the batches go on from the row where they "
+                 "stopped, and the sums over ranks run in another order, so the losses follow an "
                  "uninterrupted run's to rounding, not bit for bit\n",
-                 c.world_size, c.world_size == 1 ? "" : "s", group->size(),
-                 cfg.batch_size * group->size() * cfg.accum_steps)
+                 c.state.ranks, c.state.ranks == 1 ? "" : "s", group->size(), global,
+                 global == was ? std::string("is the one its run had")
+                               : fmt::format("differs from its run's {}", was))
           << std::flush;
+    }
   }
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;
@@ -488,7 +519,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       const double blocked =
           ckpt->save(model, *shard,
                      {step, loader.state(), uint64_t(cfg.seed), config_text,
-                      scaler.enabled() ? std::optional(scaler.state()) : std::nullopt});
+                      scaler.enabled() ? std::optional(scaler.state()) : std::nullopt,
+                      world});
       result.save_blocked_ms.push_back(blocked);
       ++result.checkpoints_saved;
       last_saved = step;
@@ -652,6 +684,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           mean_over_ranks(*group, evaluate(model, *sources.val, cfg.eval_batches, compute)));
     }
     result.steps_done = step + 1;
+    if (step == result.start_step && group->rank() == 0) report_first_step(step + 1);
     if (ckpt && cfg.save_every > 0 && (step + 1) % cfg.save_every == 0) {
       const bool go_on = save_checkpoint(step + 1);
       if (!result.save_blocked_ms.empty() && go_on)
@@ -673,6 +706,20 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   if (compiled) {
     result.compile_captures = compiled->captures();
     result.compile_eager = compiled->eager();
+  }
+  result.comm_bytes_sent = group->total_stats().bytes_sent;
+  result.comm_bytes_sent_by_rank = {result.comm_bytes_sent};
+  if (world > 1) {  // each rank's count as two 31-bit halves (exact in int32)
+    const int64_t v = result.comm_bytes_sent;
+    const Tensor mine = from_vector(std::vector<int32_t>{static_cast<int32_t>(v >> 31),
+                                                         static_cast<int32_t>(v & 0x7fffffff)},
+                                    {2});
+    const Tensor all = zeros({2 * world}, DType::kI32);
+    group->all_gather(mine, all)->wait();
+    const std::vector<int32_t> halves = all.to_vector<int32_t>();
+    result.comm_bytes_sent_by_rank.clear();
+    for (int r = 0; r < world; ++r)
+      result.comm_bytes_sent_by_rank.push_back((int64_t{halves[2 * r]} << 31) | halves[2 * r + 1]);
   }
   if (steps_counted > 0) {
     const double n = static_cast<double>(steps_counted);
