@@ -125,7 +125,7 @@ struct Options {
   std::string hostfile, mpirun = "mpirun";
   std::vector<std::string> mpirun_args;
   int np = 0, min_np = 0, max_restarts = 0;
-  double probe_timeout_s = 15, grace_s = 10;
+  double probe_timeout_s = 15, grace_s = 3;
   std::vector<std::string> job;  // "train" and its arguments
 };
 
@@ -454,7 +454,8 @@ class Launcher {
 
   // A line that says the job is failing: after it, mpirun gets --grace seconds to end.
   static bool is_failure_line(const std::string& line) {
-    for (const char* k : {"never reached it", "did not complete within", "MPI_ABORT was invoked",
+    for (const char* k : {"never reached it", "did not complete within", "no longer answer",
+                          "MPI_ABORT was invoked",
                           "noticed that process rank", "lost communication", "ORTE was unable",
                           "An ORTE daemon has"})
       if (line.find(k) != std::string::npos) return true;

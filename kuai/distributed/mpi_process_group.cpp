@@ -80,6 +80,8 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_dup(MPI_COMM_WORLD, &arrive_comm_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &ping_comm_);
+    MPI_Comm_set_errhandler(ping_comm_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_set_errhandler(arrive_comm_, MPI_ERRORS_RETURN);
     MPI_Type_contiguous(2, MPI_BYTE, &half_type_);
@@ -87,6 +89,8 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Op_create(&MpiProcessGroup::bf16_sum, /*commute=*/1, &bf16_sum_);
     MPI_Op_create(&MpiProcessGroup::f16_sum, /*commute=*/1, &f16_sum_);
     exchange_host_names();
+    pongs_.assign(static_cast<size_t>(size_), 0);
+    if (size_ > 1) post_ping_receive();
     if (size_ > 1) {
       struct sigaction sa = {};
       sa.sa_handler = on_sigterm;
@@ -113,6 +117,11 @@ class MpiProcessGroup final : public ProcessGroup {
     MPI_Type_free(&half_type_);
     MPI_Comm_free(&comm_);
     MPI_Comm_free(&arrive_comm_);
+    if (ping_req_ != MPI_REQUEST_NULL) {
+      MPI_Cancel(&ping_req_);
+      MPI_Wait(&ping_req_, MPI_STATUS_IGNORE);
+    }
+    MPI_Comm_free(&ping_comm_);
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (owns_mpi_ && !finalized) MPI_Finalize();
@@ -379,6 +388,7 @@ class MpiProcessGroup final : public ProcessGroup {
       int flag = 0;
       for (int64_t polls = 0; rc == MPI_SUCCESS && !flag; ++polls) {
         rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+        serve_pings();
         tick();
         if (rc != MPI_SUCCESS || flag) break;
         if (g_terminating.load(std::memory_order_relaxed))
@@ -423,6 +433,64 @@ class MpiProcessGroup final : public ProcessGroup {
     return fmt::format("{} (on {})", p, hosts_.empty() ? std::string("?") : hosts_[p]);
   }
 
+  // Liveness at a deadline. While it waits in a collective, every rank answers pings (tag kPing on
+  // ping_comm_, a receive kept posted) with a pong, from its communication thread's poll loop.
+  // When a collective times out after every rank arrived at it (the transfer stalled: a link cut,
+  // a process stopped mid-collective), the ranks that do not answer a ping within kPingWait are
+  // the ones to name. A rank that times out answers the others' pings while it waits for pongs,
+  // so that ranks timing out together do not blame each other.
+  static constexpr int kPing = 1, kPong = 2;
+  static constexpr std::chrono::milliseconds kPingWait{1500};
+  void post_ping_receive() {
+    MPI_Irecv(&ping_in_, 1, MPI_INT64_T, MPI_ANY_SOURCE, kPing, ping_comm_, &ping_req_);
+  }
+  void serve_pings() {
+    if (ping_req_ == MPI_REQUEST_NULL) return;
+    int flag = 0;
+    MPI_Status status;
+    while (MPI_Test(&ping_req_, &flag, &status) == MPI_SUCCESS && flag) {
+      const int from = status.MPI_SOURCE;
+      pongs_[from] = ping_in_;
+      MPI_Request r;
+      MPI_Isend(&pongs_[from], 1, MPI_INT64_T, from, kPong, ping_comm_, &r);
+      MPI_Request_free(&r);  // completes on its own; pongs_[from] outlives it (the group does)
+      post_ping_receive();
+    }
+  }
+  // Of the ranks that arrived at collective #seq (arrived[p] == seq: the others are named as never
+  // reaching it), those that do not answer a ping within kPingWait, with their hosts ("" when all
+  // do).
+  std::string silent_ranks(int64_t seq, const std::vector<int64_t>& arrived,
+                           std::chrono::milliseconds wait = kPingWait) {
+    std::vector<int64_t> sent(static_cast<size_t>(size_), seq), back(static_cast<size_t>(size_), -1);
+    std::vector<MPI_Request> out, in;
+    std::vector<int> peer;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_ || arrived[p] != seq) continue;
+      out.emplace_back();
+      MPI_Isend(&sent[p], 1, MPI_INT64_T, p, kPing, ping_comm_, &out.back());
+      in.emplace_back();
+      MPI_Irecv(&back[p], 1, MPI_INT64_T, p, kPong, ping_comm_, &in.back());
+      peer.push_back(p);
+    }
+    std::vector<int> answered(in.size(), 0);
+    const auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      serve_pings();
+      bool all = true;
+      for (size_t i = 0; i < in.size(); ++i) {
+        if (!answered[i]) MPI_Test(&in[i], &answered[i], MPI_STATUS_IGNORE);
+        all = all && answered[i];
+      }
+      if (all || std::chrono::steady_clock::now() > until) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    std::string silent;
+    for (size_t i = 0; i < in.size(); ++i)
+      if (!answered[i]) silent += (silent.empty() ? "" : ", ") + rank_on_host(peer[i]);
+    return silent;  // the requests are left: the run aborts next
+  }
+
   // The ranks whose arrival message for collective #seq has not come ("" when all did), each with
   // its host: "1 (on node2), 3 (on node4)".
   std::string missing_ranks(int64_t seq, std::vector<MPI_Request>& notes,
@@ -453,12 +521,22 @@ class MpiProcessGroup final : public ProcessGroup {
       if (!done) MPI_Test(&req, &done, MPI_STATUS_IGNORE);
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     } while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(200));
+    // Every rank reached it: the one that died did so inside it, and does not answer a ping.
+    const std::string silent =
+        missing.empty() ? silent_ranks(seq, arrived, std::chrono::milliseconds(300)) : "";
     std::fprintf(stderr,
                  "kuai: rank %d of %d (on %s): the launcher is ending the run (SIGTERM) while "
                  "this rank waits in collective #%lld (%s); %s\n",
                  rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq), task.work->what().c_str(),
                  missing.empty()
-                     ? "every rank reached it"
+                     ? (silent.empty()
+                            ? std::string("every rank reached it")
+                            : fmt::format("every rank reached it; rank{} {} no longer answer{}: "
+                                          "{} exited or died inside it",
+                                          silent.find(',') == std::string::npos ? "" : "s", silent,
+                                          silent.find(',') == std::string::npos ? "s" : "",
+                                          silent.find(',') == std::string::npos ? "it" : "they"))
+                           .c_str()
                      : fmt::format("rank{} {} never reached it: {} exited or died",
                                    missing.find(',') == std::string::npos ? "" : "s", missing,
                                    missing.find(',') == std::string::npos ? "it" : "they")
@@ -484,12 +562,20 @@ class MpiProcessGroup final : public ProcessGroup {
   [[noreturn]] void timed_out(const Task& task, int64_t seq, std::vector<MPI_Request>& notes,
                               const std::vector<int64_t>& arrived) {
     const std::string missing = missing_ranks(seq, notes, arrived);
-    std::fprintf(
-        stderr,
-        "kuai: rank %d of %d (on %s): collective #%lld (%s) did not complete within %.0f s; "
-        "ranks that never reached it: %s. Aborting the run.\n",
-        rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq), task.work->what().c_str(), timeout_s_,
-        missing.empty() ? "none (they arrived; the transfer itself stalled)" : missing.c_str());
+    const std::string silent = silent_ranks(seq, arrived);
+    std::string verdict;
+    if (!missing.empty()) verdict = "ranks that never reached it: " + missing;
+    if (!silent.empty())
+      verdict += (verdict.empty() ? "every rank reached it; " : "; ") +
+                 std::string("ranks that do not answer (host unreachable or process stopped): ") +
+                 silent;
+    if (verdict.empty())
+      verdict = "every rank reached it and answers (the transfer itself stalled)";
+    std::fprintf(stderr,
+                 "kuai: rank %d of %d (on %s): collective #%lld (%s) did not complete within "
+                 "%.0f s; %s. Aborting the run.\n",
+                 rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq),
+                 task.work->what().c_str(), timeout_s_, verdict.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 3);
     std::abort();  // MPI_Abort does not return
@@ -499,7 +585,10 @@ class MpiProcessGroup final : public ProcessGroup {
   int rank_ = 0, size_ = 1;
   std::vector<std::string> hosts_;  // every rank's host name
   bool owns_mpi_ = false, stopped_ = false;
-  MPI_Comm comm_ = MPI_COMM_NULL, arrive_comm_ = MPI_COMM_NULL;
+  MPI_Comm comm_ = MPI_COMM_NULL, arrive_comm_ = MPI_COMM_NULL, ping_comm_ = MPI_COMM_NULL;
+  MPI_Request ping_req_ = MPI_REQUEST_NULL;  // the posted receive of a ping
+  int64_t ping_in_ = 0;
+  std::vector<int64_t> pongs_;  // per peer: the answer in flight
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;  // bf16 / f16 on the wire
   MPI_Op bf16_sum_ = MPI_OP_NULL, f16_sum_ = MPI_OP_NULL;
   int64_t seq_ = 0;

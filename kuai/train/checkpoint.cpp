@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
+#include <thread>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -549,6 +551,11 @@ void Checkpointer::write_files(Snapshot& s) {
   }
   if (s.streamed) s.written.push_back(*s.streamed);
   fsync_dir(tmp);
+  // A fault-injection point (tests/multihost/faults.sh): KUAI_FAULT_SAVE_STALL_S=<seconds> holds
+  // every save between writing its files and putting the checkpoint in place, so that a test can
+  // end a rank while `ckpt-<step>.tmp` is there, as a slow file system would leave it.
+  if (const char* stall = std::getenv("KUAI_FAULT_SAVE_STALL_S"); stall != nullptr)
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(stall)));
 }
 
 void Checkpointer::put_in_place(const Snapshot& s, const std::vector<FileRecord>& files) {

@@ -75,7 +75,8 @@ std::string failure_cause(const std::vector<std::string>& lines) {
   using Test = bool (*)(const std::string&);
   const Test ranked[] = {
       [](const std::string& s) {
-        return contains(s, "never reached it") || contains(s, "did not complete within");
+        return contains(s, "never reached it") || contains(s, "did not complete within") ||
+               contains(s, "no longer answer");
       },
       [](const std::string& s) {
         return contains(s, "checkpoint") && (contains(s, "fail") || contains(s, "error"));
