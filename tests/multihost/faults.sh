@@ -83,6 +83,18 @@ wait_step() {
     sleep 0.05
   done
 }
+# Once the launcher is done, nothing of the job is left on the hosts but on a cut one ($1), whose
+# processes no one can reach (they end when the test removes the hosts).
+no_leftovers() {
+  local i t0=$SECONDS left
+  for ((i = 0; i < HOSTS_N; ++i)); do
+    [ "$i" = "${1:-}" ] && continue
+    while left=$(host_pids "$i") && [ -n "$left" ]; do
+      [ $((SECONDS - t0)) -gt 10 ] && fail "processes left on node$i: $(ps -o pid=,args= -p "$(echo $left | tr ' ' ',')" | cut -c1-200)"
+      sleep 0.1
+    done
+  done
+}
 # Hosts running a rank of the job now.
 job_hosts() {
   local i
@@ -141,6 +153,7 @@ wait "$launcher"
 rc=$?
 launcher=
 [ "$rc" = 0 ] || fail "kuai launch ended with $rc"
+no_leftovers "$cut_host"
 grep -a "^kuai launch" "$dir/launch.out" | cut -c1-300
 [ "$(grep -ac "^kuai launch: restart [0-9] of 3" "$dir/launch.out")" = 3 ] || fail "not 3 restarts"
 grep -aq "^kuai launch: host node$cut_host does not answer" "$dir/launch.out" ||
@@ -166,6 +179,7 @@ print(f"final loss {g!r} after 3 faults, uninterrupted on 2 ranks {w!r}: {rel:.2
 sys.exit(0 if rel <= 1e-5 else 1)
 EOF
 hosts_down
+[ -z "$(ip netns list | grep "^$HOSTS_PREFIX")" ] || fail "namespaces left: $(ip netns list)"
 
 # --- 2. a kill while a checkpoint is saved ------------------------------------------------------
 hosts_up 2
@@ -196,6 +210,7 @@ wait "$launcher"
 rc=$?
 launcher=
 [ "$rc" = 0 ] || fail "kuai launch ended with $rc"
+no_leftovers
 timeout 300 "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS "$kuai" train \
   "${args[@]}" --train.steps=$steps --checkpoint.save_every=40 --run.name=plain_save \
   > "$dir/plain_save.log" 2>&1 || { cat "$dir/plain_save.log"; fail "the 2-rank run failed"; }
