@@ -293,8 +293,8 @@ class Launcher {
                                  batch_ * accum_ * o_.np, split->batch_size, world,
                                  split->accum_steps);
       }
-      say(fmt::format("restart {} of {}: resuming {} on {} rank{}{}{}", restarts,
-                      o_.max_restarts,
+      say(fmt::format("restart {} of {} ({}): resuming {} on {} rank{}{}{}", restarts,
+                      o_.max_restarts, train::short_cause(cause),
                       step >= 0 ? fmt::format("from step {}", step)
                                 : std::string("from the start (no checkpoint yet)"),
                       world, world == 1 ? "" : "s",

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <filesystem>
+#include <regex>
 #include <sstream>
 #include <stdexcept>
 
@@ -85,14 +86,39 @@ std::string failure_cause(const std::vector<std::string>& lines) {
         return contains(s, "noticed that process rank") || contains(s, "lost communication") ||
                contains(s, "ORTE was unable") || contains(s, "An ORTE daemon has");
       },
-      [](const std::string& s) {
-        return contains(s, "error") || contains(s, "Error") || s.rfind("kuai: ", 0) == 0;
-      },
+      [](const std::string& s) { return contains(s, "error:") || contains(s, "Error:"); },
+      [](const std::string& s) { return s.rfind("kuai: ", 0) == 0; },
   };
   for (const Test test : ranked)
     for (const std::string& line : lines)
       if (test(line)) return line;
   return {};
+}
+
+std::string short_cause(const std::string& cause) {
+  // kuai's lines: "...; ranks that never reached it: 1 (on node1), 2 (on node2). Aborting..." and
+  // "...; rank 1 (on node1) never reached it: ..." and "...: 0 (on node0). Aborting the run."
+  static const std::regex never(R"(ranks? that never reached it: ([^.;]*))");
+  static const std::regex never_one(R"(ranks? (\d+ \(on [^)]*\)(?:, \d+ \(on [^)]*\))*) never reached it)");
+  static const std::regex silent(R"(do not answer \([^)]*\): ([^.;]*))");
+  static const std::regex gone(R"(ranks? (\d+ \(on [^)]*\)(?:, \d+ \(on [^)]*\))*) no longer answers?)");
+  static const std::regex deadline(R"(collective #(\d+) \(([^)]*)\) did not complete within ([0-9.]+ s))");
+  static const std::regex mpirun(R"(process rank (\d+) with PID \d+ on node (\S+) (exited on signal \d+[^.]*|exited))");
+  std::smatch m;
+  std::string what;
+  if (std::regex_search(cause, m, deadline))
+    what = fmt::format("collective #{} ({}) timed out after {}", m[1].str(), m[2].str(),
+                       m[3].str());
+  auto add = [&](const std::string& part) { what += (what.empty() ? "" : "; ") + part; };
+  if (std::regex_search(cause, m, never) || std::regex_search(cause, m, never_one))
+    add(fmt::format("never reached it: rank {}", m[1].str()));
+  if (std::regex_search(cause, m, silent)) add(fmt::format("no answer from rank {}", m[1].str()));
+  if (std::regex_search(cause, m, gone))
+    add(fmt::format("rank {} died inside a collective", m[1].str()));
+  if (std::regex_search(cause, m, mpirun))
+    add(fmt::format("rank {} on {} {}", m[1].str(), m[2].str(), m[3].str()));
+  if (!what.empty()) return what;
+  return cause.size() > 160 ? cause.substr(0, 157) + "..." : cause;
 }
 
 int64_t latest_checkpoint_step(const std::string& run_dir) {

@@ -40,6 +40,11 @@ std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_st
 // then any error line of kuai's.
 std::string failure_cause(const std::vector<std::string>& lines);
 
+// The gist of a cause line for the restart line: which ranks on which hosts, and what of them
+// ("rank 1 (on node1) never reached collective #12", "rank 1 on node1 exited on signal 9",
+// "ranks 0 (on node0) do not answer"), or the line itself, cut to 160 characters.
+std::string short_cause(const std::string& cause);
+
 // The step of the checkpoint `<run>/latest` names, or -1 when the run has none (or it is not
 // readable as one).
 int64_t latest_checkpoint_step(const std::string& run_dir);

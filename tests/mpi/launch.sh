@@ -3,8 +3,8 @@
 #   1. A rank SIGKILLed mid-run: the job ends naming it, the launcher resumes from `latest`, the
 #      run finishes, its final loss equals an uninterrupted run's bit for bit; while it runs, a
 #      second trainer on the run directory is refused (the launcher holds the lock).
-#   2. A job that fails before completing a step (a config the trainer rejects) is restarted
-#      once, then given up: not retried up to --max-restarts.
+#   2. A job that fails before completing a step (its data file is missing: the ranks find out,
+#      not the launcher) is restarted once, then given up: not retried up to --max-restarts.
 #   3. --max-restarts is a bound: rank 1 killed twice with one restart allowed ends the launcher
 #      with an error after the second.
 # usage: launch.sh MPIRUN KUAI DATA
@@ -69,23 +69,26 @@ launcher=
 [ "$rc" = 0 ] || fail "kuai launch ended with $rc"
 grep -aEq "^kuai launch: the job failed .*rank 1 \(on [^)]*\) (never reached it|no longer answers)" "$dir/one.out" ||
   fail "the failure line does not name rank 1"
-grep -aq "^kuai launch: restart 1 of 2: resuming from step [1-9][0-9]* on 2 ranks" "$dir/one.out" ||
+grep -aq "^kuai launch: restart 1 of 2 (.*): resuming from step [1-9][0-9]* on 2 ranks" "$dir/one.out" ||
   fail "no restart from a checkpoint"
 grep -aq "^kuai launch: the job finished after 1 restart" "$dir/one.out" || fail "no end line"
 "$mpirun" $mpi_args -np 2 "$kuai" train "${args[@]}" --train.steps=$steps --run.name=plain \
   > "$dir/plain.log" 2>&1 || { cat "$dir/plain.log"; fail "the uninterrupted run failed"; }
 [ "$(loss_at one $steps)" = "$(loss_at plain $steps)" ] ||
   fail "final loss $(loss_at one $steps), uninterrupted $(loss_at plain $steps)"
-echo "1: a killed rank named, resumed from $(grep -ao 'resuming from step [0-9]*' "$dir/one.out"), final loss bit for bit; a second trainer refused meanwhile"
+echo "1: a killed rank named, $(grep -ao 'resuming from step [0-9]*' "$dir/one.out"), final loss bit for bit; a second trainer refused meanwhile"
 
 # 2. A job that cannot complete a step: one restart, then given up.
 start=$SECONDS
 "$kuai" launch --np 2 --max-restarts 5 --mpirun "$mpirun" --mpirun-args "$mpi_args" -- \
-  train "${args[@]}" --train.steps=10 --model.n_head=3 --run.name=bad > "$dir/bad.out" 2>&1 &&
+  train "${args[@]}" --train.steps=10 --data.path="$dir/missing.bin" --run.name=bad \
+  > "$dir/bad.out" 2>&1 &&
   fail "a job that cannot start was reported finished"
 grep -aq "^kuai launch: giving up: the job failed twice in a row before completing a step" "$dir/bad.out" ||
   fail "the launcher did not give up on a job that never completes a step"
 [ "$(grep -ac "^kuai launch: restart" "$dir/bad.out")" = 1 ] || fail "not exactly one restart"
+grep -aq "^kuai launch: the job failed (exit status 1): kuai train: error: .*missing.bin" "$dir/bad.out" ||
+  fail "the failure line does not give the rank's error"
 echo "2: a job failing before its first step: restarted once, given up after $((SECONDS - start)) s"
 
 # 3. The restart bound.

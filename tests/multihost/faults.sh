@@ -9,9 +9,10 @@
 #    longer does: 2 ranks, the global batch kept by accumulation). The run finishes all its steps
 #    and its final loss is within 1e-5 relative of an uninterrupted run on 2 ranks with the
 #    batch split the launcher chose.
-# 2. Two hosts, rank 0 SIGKILLed while a checkpoint is being saved (KUAI_FAULT_SAVE_STALL_S holds
-#    the save with `ckpt-<step>.tmp` in place): `latest` still names the previous checkpoint, the
-#    launcher resumes from it, and the final loss equals an uninterrupted 2-rank run bit for bit.
+# 2. Two hosts under ZeRO-3 (every rank writes its model and optimizer shards), rank 1 SIGKILLed
+#    while a checkpoint is being saved (KUAI_FAULT_SAVE_STALL_S holds each rank's save with
+#    `ckpt-<step>.tmp` in place): `latest` still names the previous checkpoint, the launcher
+#    resumes from it, and the final loss equals an uninterrupted 2-rank ZeRO-3 run bit for bit.
 #
 # No process and no namespace is left behind (hosts_down on exit).
 # The data is KJV's bytes: random windows drawn two rows per block, so a global batch split
@@ -187,7 +188,8 @@ printf 'node0 slots=1\nnode1 slots=1\n' > "$dir/hosts2"
 steps=120
 KUAI_FAULT_SAVE_STALL_S=1.5 on_host 0 "$kuai" launch --hostfile "$dir/hosts2" --np 2 \
   --max-restarts 1 --mpirun "$MPIRUN" --mpirun-args "$HOST_MPI_ARGS -x KUAI_FAULT_SAVE_STALL_S" \
-  -- train "${args[@]}" --train.steps=$steps --checkpoint.save_every=40 --run.name=save \
+  -- train "${args[@]}" --train.steps=$steps --checkpoint.save_every=40 --dist.zero=3 \
+  --run.name=save \
   > "$dir/launch.out" 2>&1 &
 launcher=$!
 t0=$SECONDS
@@ -199,12 +201,12 @@ done
 [ "$(cat "$dir/save/latest")" = ckpt-40 ] || fail "latest is $(cat "$dir/save/latest") mid-save"
 before=$(failures)
 t1=$(date +%s.%N)
-kill -9 "$(rank_pid 0)"
-echo "save: rank 0 (node0) killed with ckpt-80.tmp in place"
+kill -9 "$(rank_pid 1)"
+echo "save: rank 1 (node1) killed with ckpt-80.tmp in place"
 wait_failure "$before" "$t1" "save"
-grep -a "^kuai launch: the job failed" "$dir/launch.out" | tail -n 1 | grep -Eq "\(on node0\)|on node node0 " ||
-  fail "save: the failure line does not name node0"
-grep -aq "^kuai launch: restart 1 of 1: resuming from step 40 on 2 ranks" "$dir/launch.out" ||
+grep -a "^kuai launch: the job failed" "$dir/launch.out" | tail -n 1 | grep -Eq "\(on node1\)|on node node1 " ||
+  fail "save: the failure line does not name node1"
+grep -aq "^kuai launch: restart 1 of 1 (.*): resuming from step 40 on 2 ranks" "$dir/launch.out" ||
   fail "save: not resumed from step 40"
 wait "$launcher"
 rc=$?
@@ -212,7 +214,7 @@ launcher=
 [ "$rc" = 0 ] || fail "kuai launch ended with $rc"
 no_leftovers
 timeout 300 "$MPIRUN" --allow-run-as-root --oversubscribe -np 2 -x OMP_NUM_THREADS "$kuai" train \
-  "${args[@]}" --train.steps=$steps --checkpoint.save_every=40 --run.name=plain_save \
+  "${args[@]}" --train.steps=$steps --checkpoint.save_every=40 --dist.zero=3 --run.name=plain_save \
   > "$dir/plain_save.log" 2>&1 || { cat "$dir/plain_save.log"; fail "the 2-rank run failed"; }
 want=$(loss_at plain_save $steps)
 got=$(loss_at save $steps)

@@ -116,9 +116,41 @@ TEST(Launch, NamesTheCauseOfAFailure) {
   };
   EXPECT_EQ(failure_cause(out), out[3]);  // kuai's line names the rank and its host
   EXPECT_EQ(failure_cause({out[0], out[2]}), out[2]);  // else mpirun's
-  EXPECT_EQ(failure_cause({"kuai: error: config: train.stepz is not a key"}),
-            "kuai: error: config: train.stepz is not a key");
+  // A rank's error, not mpirun's banner around it nor another rank's line about being ended.
+  EXPECT_EQ(failure_cause({"kuai: rank 1 of 2 (on vm): the launcher is ending the run (SIGTERM); "
+                           "this rank had no collective in flight (the last was #0)",
+                           "MPI_ABORT was invoked on rank 0 in communicator MPI_COMM_WORLD",
+                           "with errorcode 1.",
+                           "kuai train: error: /x.bin: cannot open token file: No such file"}),
+            "kuai train: error: /x.bin: cannot open token file: No such file");
   EXPECT_EQ(failure_cause({"step 1", "step 2"}), "");
+}
+
+TEST(Launch, TheRestartLineSaysTheGistOfTheCause) {
+  EXPECT_EQ(short_cause("kuai: rank 0 of 3 (on node0): collective #212 (all_reduce of 120576 "
+                        "float32) did not complete within 5 s; ranks that never reached it: 1 (on "
+                        "node1). Aborting the run."),
+            "collective #212 (all_reduce of 120576 float32) timed out after 5 s; never reached "
+            "it: rank 1 (on node1)");
+  EXPECT_EQ(short_cause("kuai: rank 1 of 2 (on node2): collective #181 (all_reduce of 1 float32) "
+                        "did not complete within 5 s; every rank reached it; ranks that do not "
+                        "answer (host unreachable or process stopped): 0 (on node0). Aborting the "
+                        "run."),
+            "collective #181 (all_reduce of 1 float32) timed out after 5 s; no answer from rank "
+            "0 (on node0)");
+  EXPECT_EQ(short_cause("kuai: rank 0 of 2 (on node0): the launcher is ending the run (SIGTERM) "
+                        "while this rank waits in collective #188 (all_reduce of 120576 float32); "
+                        "rank 1 (on node2) never reached it: it exited or died"),
+            "never reached it: rank 1 (on node2)");
+  EXPECT_EQ(short_cause("kuai: rank 0 of 2 (on vm): the launcher is ending the run (SIGTERM) while "
+                        "this rank waits in collective #311 (all_reduce of 120576 float32); every "
+                        "rank reached it; rank 1 (on vm) no longer answers: it exited or died "
+                        "inside it"),
+            "rank 1 (on vm) died inside a collective");
+  EXPECT_EQ(short_cause("mpirun noticed that process rank 0 with PID 0 on node node0 exited on "
+                        "signal 9 (Killed)."),
+            "rank 0 on node0 exited on signal 9 (Killed)");
+  EXPECT_EQ(short_cause("kuai: error: something else"), "kuai: error: something else");
 }
 
 TEST(Launch, AJobRunsUnderItsLaunchersLock) {
