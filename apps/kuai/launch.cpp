@@ -221,6 +221,12 @@ class Launcher {
       std::stringstream text;
       text << in.rdbuf();
       hosts_ = train::parse_hostfile(text.str(), o_.hostfile);
+      int slots = 0;
+      for (const auto& h : hosts_) slots += h.slots;
+      if (slots < o_.np)
+        throw std::invalid_argument(fmt::format(
+            "launch: {} offers {} slot{}, fewer than --np {}", o_.hostfile, slots,
+            slots == 1 ? "" : "s", o_.np));
     }
     token_ = random_token();
     lock_ = train::RunLock::acquire(run_dir_, token_);
