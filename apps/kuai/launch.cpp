@@ -169,8 +169,8 @@ Options parse(const std::vector<std::string>& args) {
     else if (take_option(args, i, "grace", v))
       o.grace_s = number("grace", v);
     else
-      throw std::invalid_argument(fmt::format("launch: unknown option '{}' (see kuai --help)",
-                                              args[i]));
+      throw std::invalid_argument(
+          fmt::format("launch: unknown option '{}' (see kuai --help)", args[i]));
   }
   if (i < args.size()) o.job.assign(args.begin() + static_cast<long>(i) + 1, args.end());
   if (o.job.empty() || o.job[0] != "train")
@@ -217,16 +217,16 @@ class Launcher {
     overrides_ = j.overrides;
     if (!o_.hostfile.empty()) {
       std::ifstream in(o_.hostfile);
-      if (!in) throw std::invalid_argument(fmt::format("{}: cannot read the hostfile", o_.hostfile));
+      if (!in)
+        throw std::invalid_argument(fmt::format("{}: cannot read the hostfile", o_.hostfile));
       std::stringstream text;
       text << in.rdbuf();
       hosts_ = train::parse_hostfile(text.str(), o_.hostfile);
       int slots = 0;
       for (const auto& h : hosts_) slots += h.slots;
       if (slots < o_.np)
-        throw std::invalid_argument(fmt::format(
-            "launch: {} offers {} slot{}, fewer than --np {}", o_.hostfile, slots,
-            slots == 1 ? "" : "s", o_.np));
+        throw std::invalid_argument(fmt::format("launch: {} offers {} slot{}, fewer than --np {}",
+                                                o_.hostfile, slots, slots == 1 ? "" : "s", o_.np));
     }
     token_ = random_token();
     lock_ = train::RunLock::acquire(run_dir_, token_);
@@ -262,8 +262,8 @@ class Launcher {
         say("the job was interrupted (a stop request); not restarting");
         return 130;
       }
-      const std::string cause = a.cause.empty() ? "mpirun ended with " + describe_status(a.status)
-                                                : a.cause;
+      const std::string cause =
+          a.cause.empty() ? "mpirun ended with " + describe_status(a.status) : a.cause;
       failures_without_progress = a.progressed ? 0 : failures_without_progress + 1;
       say(fmt::format("the job failed ({}{}): {}", describe_status(a.status),
                       a.ended_by_launcher ? ", ended by the launcher after the failure" : "",
@@ -295,9 +295,9 @@ class Launcher {
       std::string batch_note;
       if (world != o_.np) {
         const auto split = train::keep_global_batch(batch_, accum_, o_.np, world);
-        batch_note = fmt::format("; global batch {} kept as batch {} x {} ranks x accum {}",
-                                 batch_ * accum_ * o_.np, split->batch_size, world,
-                                 split->accum_steps);
+        batch_note =
+            fmt::format("; global batch {} kept as batch {} x {} ranks x accum {}",
+                        batch_ * accum_ * o_.np, split->batch_size, world, split->accum_steps);
       }
       say(fmt::format("restart {} of {} ({}): resuming {} on {} rank{}{}{}", restarts,
                       o_.max_restarts, train::short_cause(cause),
@@ -461,9 +461,8 @@ class Launcher {
   // A line that says the job is failing: after it, mpirun gets --grace seconds to end.
   static bool is_failure_line(const std::string& line) {
     for (const char* k : {"never reached it", "did not complete within", "no longer answer",
-                          "MPI_ABORT was invoked",
-                          "noticed that process rank", "lost communication", "ORTE was unable",
-                          "An ORTE daemon has"})
+                          "MPI_ABORT was invoked", "noticed that process rank",
+                          "lost communication", "ORTE was unable", "An ORTE daemon has"})
       if (line.find(k) != std::string::npos) return true;
     return false;
   }

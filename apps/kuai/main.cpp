@@ -347,11 +347,11 @@ int main(int argc, char** argv) {
   } catch (const kuai::train::RunDirectoryInUse& e) {
     // Before MPI is up: under mpirun, this rank's exit status ends the job's other ranks.
     std::cerr << fmt::format("kuai {}: error: {}\n", command, e.what());  // one write: ranks' lines
-                                                                       // do not interleave
+                                                                          // do not interleave
     return 1;
   } catch (const std::exception& e) {
     std::cerr << fmt::format("kuai {}: error: {}\n", command, e.what());  // one write: ranks' lines
-                                                                       // do not interleave
+                                                                          // do not interleave
     kuai::dist::abort_run(1);  // under mpirun: end the other ranks too, never leave them waiting
     return 1;
   }

@@ -462,7 +462,8 @@ class MpiProcessGroup final : public ProcessGroup {
   // do).
   std::string silent_ranks(int64_t seq, const std::vector<int64_t>& arrived,
                            std::chrono::milliseconds wait = kPingWait) {
-    std::vector<int64_t> sent(static_cast<size_t>(size_), seq), back(static_cast<size_t>(size_), -1);
+    std::vector<int64_t> sent(static_cast<size_t>(size_), seq),
+        back(static_cast<size_t>(size_), -1);
     std::vector<MPI_Request> out, in;
     std::vector<int> peer;
     for (int p = 0; p < size_; ++p) {
@@ -527,7 +528,8 @@ class MpiProcessGroup final : public ProcessGroup {
     std::fprintf(stderr,
                  "kuai: rank %d of %d (on %s): the launcher is ending the run (SIGTERM) while "
                  "this rank waits in collective #%lld (%s); %s\n",
-                 rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq), task.work->what().c_str(),
+                 rank_, size_, hosts_[rank_].c_str(), static_cast<long long>(seq),
+                 task.work->what().c_str(),
                  missing.empty()
                      ? (silent.empty()
                             ? std::string("every rank reached it")
@@ -588,7 +590,7 @@ class MpiProcessGroup final : public ProcessGroup {
   MPI_Comm comm_ = MPI_COMM_NULL, arrive_comm_ = MPI_COMM_NULL, ping_comm_ = MPI_COMM_NULL;
   MPI_Request ping_req_ = MPI_REQUEST_NULL;  // the posted receive of a ping
   int64_t ping_in_ = 0;
-  std::vector<int64_t> pongs_;  // per peer: the answer in flight
+  std::vector<int64_t> pongs_;                  // per peer: the answer in flight
   MPI_Datatype half_type_ = MPI_DATATYPE_NULL;  // bf16 / f16 on the wire
   MPI_Op bf16_sum_ = MPI_OP_NULL, f16_sum_ = MPI_OP_NULL;
   int64_t seq_ = 0;

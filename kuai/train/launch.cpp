@@ -36,8 +36,8 @@ std::vector<HostSlots> parse_hostfile(const std::string& text, const std::string
         h.slots = std::stoi(word.substr(eq + 1), &used);
         if (used != word.size() - eq - 1 || h.slots < 1) throw std::invalid_argument("");
       } catch (const std::exception&) {
-        throw std::invalid_argument(fmt::format("{}:{}: '{}': slots must be a positive integer",
-                                                file_name, number, word));
+        throw std::invalid_argument(
+            fmt::format("{}:{}: '{}': slots must be a positive integer", file_name, number, word));
       }
     }
     if (!h.host.empty()) hosts.push_back(h);
@@ -52,8 +52,8 @@ std::string format_hostfile(const std::vector<HostSlots>& hosts) {
   return out;
 }
 
-std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_steps,
-                                            int64_t world, int64_t new_world) {
+std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_steps, int64_t world,
+                                            int64_t new_world) {
   if (batch_size < 1 || accum_steps < 1 || world < 1 || new_world < 1)
     throw std::invalid_argument("keep_global_batch: sizes must be positive");
   if (new_world == world) return BatchSplit{batch_size, accum_steps};
@@ -99,16 +99,20 @@ std::string short_cause(const std::string& cause) {
   // kuai's lines: "...; ranks that never reached it: 1 (on node1), 2 (on node2). Aborting..." and
   // "...; rank 1 (on node1) never reached it: ..." and "...: 0 (on node0). Aborting the run."
   static const std::regex never(R"(ranks? that never reached it: ([^.;]*))");
-  static const std::regex never_one(R"(ranks? (\d+ \(on [^)]*\)(?:, \d+ \(on [^)]*\))*) never reached it)");
+  static const std::regex never_one(
+      R"(ranks? (\d+ \(on [^)]*\)(?:, \d+ \(on [^)]*\))*) never reached it)");
   static const std::regex silent(R"(do not answer \([^)]*\): ([^.;]*))");
-  static const std::regex gone(R"(ranks? (\d+ \(on [^)]*\)(?:, \d+ \(on [^)]*\))*) no longer answers?)");
-  static const std::regex deadline(R"(collective #(\d+) \(([^)]*)\) did not complete within ([0-9.]+ s))");
-  static const std::regex mpirun(R"(process rank (\d+) with PID \d+ on node (\S+) (exited on signal \d+[^.]*|exited))");
+  static const std::regex gone(
+      R"(ranks? (\d+ \(on [^)]*\)(?:, \d+ \(on [^)]*\))*) no longer answers?)");
+  static const std::regex deadline(
+      R"(collective #(\d+) \(([^)]*)\) did not complete within ([0-9.]+ s))");
+  static const std::regex mpirun(
+      R"(process rank (\d+) with PID \d+ on node (\S+) (exited on signal \d+[^.]*|exited))");
   std::smatch m;
   std::string what;
   if (std::regex_search(cause, m, deadline))
-    what = fmt::format("collective #{} ({}) timed out after {}", m[1].str(), m[2].str(),
-                       m[3].str());
+    what =
+        fmt::format("collective #{} ({}) timed out after {}", m[1].str(), m[2].str(), m[3].str());
   auto add = [&](const std::string& part) { what += (what.empty() ? "" : "; ") + part; };
   if (std::regex_search(cause, m, never) || std::regex_search(cause, m, never_one))
     add(fmt::format("never reached it: rank {}", m[1].str()));

@@ -31,8 +31,8 @@ struct BatchSplit {
   int64_t batch_size = 0;
   int64_t accum_steps = 0;
 };
-std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_steps,
-                                            int64_t world, int64_t new_world);
+std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_steps, int64_t world,
+                                            int64_t new_world);
 
 // The line of a failed job's output that best says why it failed, or "" when none does:
 // kuai's own lines first (a rank naming the ranks and hosts that never reached a collective, a

@@ -6,9 +6,9 @@
 // (the other ranks write only the shards rank 0 waits for), so the ranks of one job share the
 // directory and a second job is refused the same way.
 //
-// `kuai launch` holds the lock across the restarts of its job: it takes it with a token written into
-// the lock file, and hands the token to the job it starts (KUAI_LAUNCH_TOKEN in the environment,
-// exported by mpirun to every rank). A trainer refused the lock runs under it when its
+// `kuai launch` holds the lock across the restarts of its job: it takes it with a token written
+// into the lock file, and hands the token to the job it starts (KUAI_LAUNCH_TOKEN in the
+// environment, exported by mpirun to every rank). A trainer refused the lock runs under it when its
 // environment carries the holder's token; any other trainer is refused as before.
 //
 // Readers (`kuai sample --run`) take no lock, so that they never stop a trainer from starting:

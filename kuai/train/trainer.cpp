@@ -13,9 +13,9 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -519,8 +519,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       const double blocked =
           ckpt->save(model, *shard,
                      {step, loader.state(), uint64_t(cfg.seed), config_text,
-                      scaler.enabled() ? std::optional(scaler.state()) : std::nullopt,
-                      world});
+                      scaler.enabled() ? std::optional(scaler.state()) : std::nullopt, world});
       result.save_blocked_ms.push_back(blocked);
       ++result.checkpoints_saved;
       last_saved = step;
@@ -711,9 +710,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   result.comm_bytes_sent_by_rank = {result.comm_bytes_sent};
   if (world > 1) {  // each rank's count as two 31-bit halves (exact in int32)
     const int64_t v = result.comm_bytes_sent;
-    const Tensor mine = from_vector(std::vector<int32_t>{static_cast<int32_t>(v >> 31),
-                                                         static_cast<int32_t>(v & 0x7fffffff)},
-                                    {2});
+    const Tensor mine = from_vector(
+        std::vector<int32_t>{static_cast<int32_t>(v >> 31), static_cast<int32_t>(v & 0x7fffffff)},
+        {2});
     const Tensor all = zeros({2 * world}, DType::kI32);
     group->all_gather(mine, all)->wait();
     const std::vector<int32_t> halves = all.to_vector<int32_t>();

@@ -91,7 +91,8 @@ TEST(Launch, TheKeptGlobalBatchDrawsTheSameRows) {
       for (int64_t m = 0; m < k; ++m) {
         std::vector<int32_t> x(b * T), y(b * T);
         src.fill(step * k + m, x.data(), y.data());
-        for (int64_t i = 0; i < b; ++i) out.emplace_back(x.begin() + i * T, x.begin() + (i + 1) * T);
+        for (int64_t i = 0; i < b; ++i)
+          out.emplace_back(x.begin() + i * T, x.begin() + (i + 1) * T);
       }
     }
     std::sort(out.begin(), out.end());
@@ -114,7 +115,7 @@ TEST(Launch, NamesTheCauseOfAFailure) {
       "kuai: rank 0 of 3 (on node0): collective #12 (all_reduce of 8 float32) did not complete "
       "within 5 s; ranks that never reached it: 1 (on node1). Aborting the run.",
   };
-  EXPECT_EQ(failure_cause(out), out[3]);  // kuai's line names the rank and its host
+  EXPECT_EQ(failure_cause(out), out[3]);               // kuai's line names the rank and its host
   EXPECT_EQ(failure_cause({out[0], out[2]}), out[2]);  // else mpirun's
   // A rank's error, not mpirun's banner around it nor another rank's line about being ended.
   EXPECT_EQ(failure_cause({"kuai: rank 1 of 2 (on vm): the launcher is ending the run (SIGTERM); "
