@@ -47,7 +47,7 @@ timeout_s=5
 args=(--data.path="$data" --model.n_layer=2 --model.d_model=64 --model.n_head=2
       --model.seq_len=64 --train.batch_size=4 --train.eval_every=0
       --train.log_every=1 --train.threads=1 --data.workers=1 --log.tensorboard=false
-      --log.progress=off --checkpoint.save_every=20 --dist.timeout_s=$timeout_s --run.dir="$dir")
+      --log.progress=off --checkpoint.save_every=20 --dist.timeout_s="$timeout_s" --run.dir="$dir")
 
 # The last step run $1 has logged (0 before any).
 last_step() {
@@ -91,7 +91,7 @@ no_leftovers() {
   for ((i = 0; i < HOSTS_N; ++i)); do
     [ "$i" = "${1:-}" ] && continue
     while left=$(host_pids "$i") && [ -n "$left" ]; do
-      [ $((SECONDS - t0)) -gt 10 ] && fail "processes left on node$i: $(ps -o pid=,args= -p "$(echo $left | tr ' ' ',')" | cut -c1-200)"
+      [ $((SECONDS - t0)) -gt 10 ] && fail "processes left on node$i: $(ps -o pid=,args= -p "$(echo "$left" | paste -sd,)" | cut -c1-200)"
       sleep 0.1
     done
   done
@@ -180,7 +180,7 @@ print(f"final loss {g!r} after 3 faults, uninterrupted on 2 ranks {w!r}: {rel:.2
 sys.exit(0 if rel <= 1e-5 else 1)
 EOF
 hosts_down
-[ -z "$(ip netns list | grep "^$HOSTS_PREFIX")" ] || fail "namespaces left: $(ip netns list)"
+! ip netns list | grep -q "^$HOSTS_PREFIX" || fail "namespaces left: $(ip netns list)"
 
 # --- 2. a kill while a checkpoint is saved ------------------------------------------------------
 hosts_up 2
