@@ -17,6 +17,7 @@
 #include <iostream>
 #include <optional>
 
+#include "command.h"
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
@@ -261,25 +262,18 @@ int run_ablation_bench(const std::vector<std::string>& args) {
 int run_disk_bench(const std::vector<std::string>& args) {
   plan::DiskBenchOptions o;
   o.dir = "runs/offload_bench";
-  auto number = [](const std::string& name, const std::string& v) {
-    try {
-      size_t used = 0;
-      const double x = std::stod(v, &used);
-      if (used == v.size() && x > 0) return x;
-    } catch (const std::exception&) {
-    }
-    throw std::invalid_argument("--" + name + " = '" + v + "' is not a positive number");
-  };
   for (const std::string& a : args) {
     if (a == "disk") continue;
     if (a.rfind("--dir=", 0) == 0)
       o.dir = a.substr(6);
     else if (a.rfind("--gib=", 0) == 0)
-      o.bytes = static_cast<int64_t>(number("gib", a.substr(6)) * double(int64_t{1} << 30));
+      o.bytes =
+          static_cast<int64_t>(positive_number("gib", a.substr(6)) * double(int64_t{1} << 30));
     else if (a.rfind("--chunk-mb=", 0) == 0)
-      o.chunk_bytes = static_cast<int64_t>(number("chunk-mb", a.substr(11)) * double(1 << 20));
+      o.chunk_bytes =
+          static_cast<int64_t>(positive_number("chunk-mb", a.substr(11)) * double(1 << 20));
     else if (a.rfind("--rounds=", 0) == 0)
-      o.rounds = static_cast<int64_t>(number("rounds", a.substr(9)));
+      o.rounds = static_cast<int64_t>(positive_number("rounds", a.substr(9)));
     else
       throw std::invalid_argument("bench disk: unknown argument " + a +
                                   " (--dir=PATH, --gib=N per file, --chunk-mb=N, --rounds=N)");

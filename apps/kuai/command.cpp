@@ -25,6 +25,16 @@ bool take_option(const std::vector<std::string>& args, size_t& i, const std::str
   return false;
 }
 
+double positive_number(const std::string& name, const std::string& value) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(value, &used);
+    if (used == value.size() && x > 0) return x;
+  } catch (const std::exception&) {
+  }
+  throw std::invalid_argument("--" + name + " = '" + value + "' is not a positive number");
+}
+
 std::string self_path() {
   std::error_code ec;
   const auto p = std::filesystem::read_symlink("/proc/self/exe", ec);

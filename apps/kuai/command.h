@@ -12,6 +12,9 @@ namespace kuai::app {
 bool take_option(const std::vector<std::string>& args, size_t& i, const std::string& name,
                  std::string& value);
 
+// The value of --name as a number above zero; throws std::invalid_argument naming the option.
+double positive_number(const std::string& name, const std::string& value);
+
 // This executable (/proc/self/exe), or build/kuai when that cannot be read.
 std::string self_path();
 

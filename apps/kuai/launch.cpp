@@ -141,15 +141,6 @@ Options parse(const std::vector<std::string>& args) {
     }
     throw std::invalid_argument(fmt::format("--{} = '{}' is not a count", name, v));
   };
-  auto number = [](const std::string& name, const std::string& v) {
-    try {
-      size_t used = 0;
-      const double d = std::stod(v, &used);
-      if (used == v.size() && d > 0) return d;
-    } catch (const std::exception&) {
-    }
-    throw std::invalid_argument(fmt::format("--{} = '{}' is not a positive number", name, v));
-  };
   for (; i < args.size() && args[i] != "--"; ++i) {
     std::string v;
     if (take_option(args, i, "hostfile", v))
@@ -165,9 +156,9 @@ Options parse(const std::vector<std::string>& args) {
     else if (take_option(args, i, "mpirun-args", v))
       for (std::string& w : split_words(v)) o.mpirun_args.push_back(std::move(w));
     else if (take_option(args, i, "probe-timeout", v))
-      o.probe_timeout_s = number("probe-timeout", v);
+      o.probe_timeout_s = positive_number("probe-timeout", v);
     else if (take_option(args, i, "grace", v))
-      o.grace_s = number("grace", v);
+      o.grace_s = positive_number("grace", v);
     else
       throw std::invalid_argument(
           fmt::format("launch: unknown option '{}' (see kuai --help)", args[i]));
@@ -206,15 +197,13 @@ JobArgs split_job(const std::vector<std::string>& job) {
 
 class Launcher {
  public:
-  explicit Launcher(Options o) : o_(std::move(o)) {
-    const JobArgs j = split_job(o_.job);
+  explicit Launcher(Options o) : o_(std::move(o)), job_(split_job(o_.job)) {
     const std::string config_path =
-        j.resume.empty() ? j.config : train::resolve_checkpoint(j.resume) + "/config.toml";
-    const train::TrainConfig cfg = train::load_config(config_path, j.overrides);
+        job_.resume.empty() ? job_.config : train::resolve_checkpoint(job_.resume) + "/config.toml";
+    const train::TrainConfig cfg = train::load_config(config_path, job_.overrides);
     run_dir_ = (fs::path(cfg.run_dir) / cfg.run_name).string();
     batch_ = cfg.batch_size;
     accum_ = cfg.accum_steps;
-    overrides_ = j.overrides;
     if (!o_.hostfile.empty()) {
       std::ifstream in(o_.hostfile);
       if (!in)
@@ -290,15 +279,14 @@ class Launcher {
         return 1;
       }
       ++restarts;
-      job = restart_job(world);
       const int64_t step = train::latest_checkpoint_step(run_dir_);
-      std::string batch_note;
-      if (world != o_.np) {
-        const auto split = train::keep_global_batch(batch_, accum_, o_.np, world);
-        batch_note =
-            fmt::format("; global batch {} kept as batch {} x {} ranks x accum {}",
-                        batch_ * accum_ * o_.np, split->batch_size, world, split->accum_steps);
-      }
+      const train::BatchSplit split = batch_split(world);
+      job = restart_job(step, split);
+      const std::string batch_note =
+          world == o_.np
+              ? ""
+              : fmt::format("; global batch {} kept as batch {} x {} ranks x accum {}",
+                            batch_ * accum_ * o_.np, split.batch_size, world, split.accum_steps);
       say(fmt::format("restart {} of {} ({}): resuming {} on {} rank{}{}{}", restarts,
                       o_.max_restarts, train::short_cause(cause),
                       step >= 0 ? fmt::format("from step {}", step)
@@ -317,37 +305,35 @@ class Launcher {
     std::string cause;
   };
 
-  // The job's command for a restart on `world` ranks: from `latest` when there is one (else from
-  // the start), the same overrides, the global batch kept.
-  std::vector<std::string> restart_job(int world) {
+  // The split of the global batch over `world` ranks (unchanged on --np ranks); throws when none
+  // keeps it.
+  train::BatchSplit batch_split(int world) const {
+    const auto split = train::keep_global_batch(batch_, accum_, o_.np, world);
+    if (!split)
+      throw std::runtime_error(fmt::format(
+          "launch: the global batch {} (batch {} x {} ranks x accum {}) cannot be split over {} "
+          "ranks",
+          batch_ * accum_ * o_.np, batch_, o_.np, accum_, world));
+    return *split;
+  }
+
+  // The job's command for a restart: from `latest` when the run has a checkpoint (step >= 0),
+  // else from the start as first given; the same overrides, the batch split given.
+  std::vector<std::string> restart_job(int64_t step, const train::BatchSplit& split) const {
     std::vector<std::string> job = {"train"};
-    if (train::latest_checkpoint_step(run_dir_) >= 0) {
+    if (step >= 0) {
       job.push_back("--resume");
       job.push_back(run_dir_);
-    } else {
-      const JobArgs j = split_job(o_.job);
-      if (!j.resume.empty()) {
-        job.push_back("--resume");
-        job.push_back(j.resume);
-      } else if (!j.config.empty()) {
-        job.push_back("--config");
-        job.push_back(j.config);
-      }
+    } else if (!job_.resume.empty()) {
+      job.push_back("--resume");
+      job.push_back(job_.resume);
+    } else if (!job_.config.empty()) {
+      job.push_back("--config");
+      job.push_back(job_.config);
     }
-    for (const std::string& a : overrides_) job.push_back(a);
-    if (world != o_.np) {
-      const auto split = train::keep_global_batch(batch_, accum_, o_.np, world);
-      if (!split)
-        throw std::runtime_error(fmt::format(
-            "launch: the global batch {} (batch {} x {} ranks x accum {}) cannot be split over "
-            "{} ranks",
-            batch_ * accum_ * o_.np, batch_, o_.np, accum_, world));
-      job.push_back(fmt::format("--train.batch_size={}", split->batch_size));
-      job.push_back(fmt::format("--train.accum_steps={}", split->accum_steps));
-    } else {
-      job.push_back(fmt::format("--train.batch_size={}", batch_));
-      job.push_back(fmt::format("--train.accum_steps={}", accum_));
-    }
+    for (const std::string& a : job_.overrides) job.push_back(a);
+    job.push_back(fmt::format("--train.batch_size={}", split.batch_size));
+    job.push_back(fmt::format("--train.accum_steps={}", split.accum_steps));
     return job;
   }
 
@@ -405,7 +391,7 @@ class Launcher {
             while ((nl = partial.find('\n')) != std::string::npos) {
               std::string line = partial.substr(0, nl);
               partial.erase(0, nl + 1);
-              if (is_failure_line(line)) {
+              if (train::names_a_failure(line)) {
                 failures.push_back(line);
                 if (!failure_seen) failed_at = Clock::now();
                 failure_seen = true;
@@ -448,7 +434,7 @@ class Launcher {
       const size_t nl = partial.find('\n');
       line = partial.substr(0, nl);
       partial.erase(0, nl == std::string::npos ? partial.size() : nl + 1);
-      if (is_failure_line(line)) failures.push_back(line);
+      if (train::names_a_failure(line)) failures.push_back(line);
       tail.push_back(line);
     }
     a.status = status;
@@ -456,15 +442,6 @@ class Launcher {
     a.cause = train::failure_cause(failures);
     if (a.cause.empty()) a.cause = train::failure_cause({tail.begin(), tail.end()});
     return a;
-  }
-
-  // A line that says the job is failing: after it, mpirun gets --grace seconds to end.
-  static bool is_failure_line(const std::string& line) {
-    for (const char* k : {"never reached it", "did not complete within", "no longer answer",
-                          "MPI_ABORT was invoked", "noticed that process rank",
-                          "lost communication", "ORTE was unable", "An ORTE daemon has"})
-      if (line.find(k) != std::string::npos) return true;
-    return false;
   }
 
   // The hosts that answer an mpirun of `true` within the probe deadline, probed at once.
@@ -523,10 +500,10 @@ class Launcher {
   }
 
   Options o_;
+  JobArgs job_;  // the job as first given: its config, the checkpoint it resumes, its overrides
   std::vector<train::HostSlots> hosts_;
   std::string run_dir_, token_, status_file_, hosts_file_;
   int64_t batch_ = 1, accum_ = 1;
-  std::vector<std::string> overrides_;
   train::RunLock lock_;
   std::ofstream log_;
 };

@@ -429,9 +429,7 @@ class MpiProcessGroup final : public ProcessGroup {
       hosts_[p] = std::string(all.data() + static_cast<size_t>(p) * kHostChars);
   }
   // "rank 1 (on node2)".
-  std::string rank_on_host(int p) const {
-    return fmt::format("{} (on {})", p, hosts_.empty() ? std::string("?") : hosts_[p]);
-  }
+  std::string rank_on_host(int p) const { return fmt::format("{} (on {})", p, hosts_[p]); }
 
   // Liveness at a deadline. While it waits in a collective, every rank answers pings (tag kPing on
   // ping_comm_, a receive kept posted) with a pong, from its communication thread's poll loop.

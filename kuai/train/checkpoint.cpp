@@ -96,17 +96,6 @@ std::string read_file(const std::string& path) {
   return s.str();
 }
 
-// Step of a "ckpt-<step>" directory name, or -1.
-int64_t step_of(const std::string& name) {
-  if (name.rfind("ckpt-", 0) != 0 || name.size() <= 5) return -1;
-  int64_t v = 0;
-  for (size_t i = 5; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 50)) return -1;
-    v = v * 10 + (name[i] - '0');
-  }
-  return v;
-}
-
 struct Blob {
   std::string name;
   std::vector<int64_t> shape;
@@ -702,11 +691,21 @@ void Checkpointer::commit() {
       run_dir_, step));
 }
 
+int64_t checkpoint_step_of(const std::string& name) {
+  if (name.rfind("ckpt-", 0) != 0 || name.size() <= 5) return -1;
+  int64_t v = 0;
+  for (size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9' || v > (int64_t{1} << 50)) return -1;
+    v = v * 10 + (name[i] - '0');
+  }
+  return v;
+}
+
 std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(run_dir, ec)) {
-    const int64_t step = step_of(e.path().filename().string());
+    const int64_t step = checkpoint_step_of(e.path().filename().string());
     if (step >= 0 && e.is_directory()) found.emplace_back(step, e.path().string());
   }
   std::sort(found.begin(), found.end());
@@ -726,7 +725,7 @@ std::string resolve_checkpoint(const std::string& path) {
   }
   std::string name = read_file(latest);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r')) name.pop_back();
-  if (step_of(name) < 0)
+  if (checkpoint_step_of(name) < 0)
     throw std::runtime_error(fmt::format("{}: does not name a ckpt-<step> directory", latest));
   const std::string dir = path + "/" + name;
   if (fs::is_directory(dir)) return dir;

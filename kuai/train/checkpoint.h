@@ -220,6 +220,8 @@ struct CommittedModel {
 };
 CommittedModel read_latest_model(const std::string& run_dir, int attempts = 100);
 
+// The step of a "ckpt-<step>" directory name, or -1 when the name is not one.
+int64_t checkpoint_step_of(const std::string& name);
 // The checkpoint directories of a run, oldest first.
 std::vector<std::string> list_checkpoints(const std::string& run_dir);
 

@@ -67,7 +67,23 @@ std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_st
 
 namespace {
 bool contains(const std::string& s, const char* what) { return s.find(what) != std::string::npos; }
+// kuai's line naming the ranks (and hosts) that never reached a collective or no longer answer,
+// or its deadline.
+bool names_missing_ranks(const std::string& s) {
+  return contains(s, "never reached it") || contains(s, "did not complete within") ||
+         contains(s, "no longer answer");
+}
+// mpirun's own report of a process that died or a daemon it lost.
+bool reports_a_lost_process(const std::string& s) {
+  return contains(s, "noticed that process rank") || contains(s, "lost communication") ||
+         contains(s, "ORTE was unable") || contains(s, "An ORTE daemon has");
+}
 }  // namespace
+
+bool names_a_failure(const std::string& line) {
+  return names_missing_ranks(line) || reports_a_lost_process(line) ||
+         contains(line, "MPI_ABORT was invoked");
+}
 
 std::string failure_cause(const std::vector<std::string>& lines) {
   // In order of how much each says: kuai's line naming the ranks that never came (with their
@@ -75,17 +91,11 @@ std::string failure_cause(const std::vector<std::string>& lines) {
   // daemon it lost; then any error line.
   using Test = bool (*)(const std::string&);
   const Test ranked[] = {
-      [](const std::string& s) {
-        return contains(s, "never reached it") || contains(s, "did not complete within") ||
-               contains(s, "no longer answer");
-      },
+      names_missing_ranks,
       [](const std::string& s) {
         return contains(s, "checkpoint") && (contains(s, "fail") || contains(s, "error"));
       },
-      [](const std::string& s) {
-        return contains(s, "noticed that process rank") || contains(s, "lost communication") ||
-               contains(s, "ORTE was unable") || contains(s, "An ORTE daemon has");
-      },
+      reports_a_lost_process,
       [](const std::string& s) { return contains(s, "error:") || contains(s, "Error:"); },
       [](const std::string& s) { return s.rfind("kuai: ", 0) == 0; },
   };
@@ -128,9 +138,7 @@ std::string short_cause(const std::string& cause) {
 int64_t latest_checkpoint_step(const std::string& run_dir) {
   try {
     if (!std::filesystem::is_regular_file(run_dir + "/latest")) return -1;
-    const std::string dir = resolve_checkpoint(run_dir);
-    const std::string name = std::filesystem::path(dir).filename().string();
-    return std::stoll(name.substr(name.find('-') + 1));
+    return checkpoint_step_of(std::filesystem::path(resolve_checkpoint(run_dir)).filename());
   } catch (const std::exception&) {
     return -1;
   }

@@ -34,6 +34,11 @@ struct BatchSplit {
 std::optional<BatchSplit> keep_global_batch(int64_t batch_size, int64_t accum_steps, int64_t world,
                                             int64_t new_world);
 
+// Whether a line of a job's output says the job is failing (kuai's line naming missing ranks or a
+// deadline, mpirun's report of a lost process, an MPI_Abort): the launcher then gives mpirun its
+// grace period to end.
+bool names_a_failure(const std::string& line);
+
 // The line of a failed job's output that best says why it failed, or "" when none does:
 // kuai's own lines first (a rank naming the ranks and hosts that never reached a collective, a
 // deadline, a failed checkpoint), then mpirun's (a process killed or exited, a lost daemon),

@@ -706,13 +706,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
     result.compile_captures = compiled->captures();
     result.compile_eager = compiled->eager();
   }
-  result.comm_bytes_sent = group->total_stats().bytes_sent;
-  result.comm_bytes_sent_by_rank = {result.comm_bytes_sent};
+  const int64_t sent = group->total_stats().bytes_sent;
+  result.comm_bytes_sent_by_rank = {sent};
   if (world > 1) {  // each rank's count as two 31-bit halves (exact in int32)
-    const int64_t v = result.comm_bytes_sent;
-    const Tensor mine = from_vector(
-        std::vector<int32_t>{static_cast<int32_t>(v >> 31), static_cast<int32_t>(v & 0x7fffffff)},
-        {2});
+    const Tensor mine = from_vector(std::vector<int32_t>{static_cast<int32_t>(sent >> 31),
+                                                         static_cast<int32_t>(sent & 0x7fffffff)},
+                                    {2});
     const Tensor all = zeros({2 * world}, DType::kI32);
     group->all_gather(mine, all)->wait();
     const std::vector<int32_t> halves = all.to_vector<int32_t>();

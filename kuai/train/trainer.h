@@ -53,10 +53,10 @@ struct TrainResult {
   // launched while backward was still running (DDP's overlap; 0 alone).
   double host_reads_per_step = 0;
   double comm_mib_per_step = 0;
-  // Every byte this rank handed to collectives in the whole run (setup, steps, evaluation,
-  // checkpoints): what a network link between hosts must at least have carried.
-  int64_t comm_bytes_sent = 0;
-  std::vector<int64_t> comm_bytes_sent_by_rank;  // the same of every rank (gathered at the end)
+  // Every byte each rank handed to collectives in the whole run (setup, steps, evaluation,
+  // checkpoints), gathered at the end: what a network link between hosts must at least have
+  // carried.
+  std::vector<int64_t> comm_bytes_sent_by_rank;
   double overlap = 0;
   // The share of the communication thread's time on those collectives (start to completion,
   // compression hooks included) that passed while backward was still running: the overlap in

@@ -22,34 +22,14 @@ args=(--data.path="$data" --model.n_layer=2 --model.d_model=64 --model.n_head=2
       --model.seq_len=64 --train.batch_size=4 --train.eval_every=0 --train.log_every=1
       --train.threads=1 --data.workers=1 --log.tensorboard=false --log.progress=off
       --checkpoint.save_every=20 --dist.timeout_s=10 --run.dir="$dir")
-last_step() {
-  tail -n 1 "$dir/$1/metrics.jsonl" 2>/dev/null |
-    sed -n 's/^{"step": \([0-9]*\),.*/\1/p' | grep . || echo 0
-}
-loss_at() { python3 - "$dir/$1/metrics.jsonl" "$2" <<'EOF'
-import json, sys
-loss = None
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("step") == int(sys.argv[2]) and "loss" in r:
-        loss = r["loss"]
-print(repr(loss))
-EOF
-}
+# shellcheck source=../support/launched_run.sh
+source "$(dirname "$0")/../support/launched_run.sh"
 # The pid of rank $2 of run $1 (its command is `$kuai train ...`, OMPI_COMM_WORLD_RANK=$2).
 rank_pid() {
   local p
   for p in $(pgrep -f "^$kuai train .*--run.name=$1"); do
     tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$2" &&
       { echo "$p"; return; }
-  done
-}
-wait_step() {
-  local t0=$SECONDS
-  while [ "$(last_step "$1")" -lt "$2" ]; do
-    kill -0 "$launcher" 2>/dev/null || fail "the launcher ended before step $2 of $1"
-    [ $((SECONDS - t0)) -gt 120 ] && fail "$1: step $2 not reached in 120 s"
-    sleep 0.05
   done
 }
 

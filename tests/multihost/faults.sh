@@ -49,22 +49,8 @@ args=(--data.path="$data" --model.n_layer=2 --model.d_model=64 --model.n_head=2
       --train.log_every=1 --train.threads=1 --data.workers=1 --log.tensorboard=false
       --log.progress=off --checkpoint.save_every=20 --dist.timeout_s="$timeout_s" --run.dir="$dir")
 
-# The last step run $1 has logged (0 before any).
-last_step() {
-  tail -n 1 "$dir/$1/metrics.jsonl" 2>/dev/null |
-    sed -n 's/^{"step": \([0-9]*\),.*/\1/p' | grep . || echo 0
-}
-# The loss of step $2 as run $1 last logged it.
-loss_at() { python3 - "$dir/$1/metrics.jsonl" "$2" <<'EOF'
-import json, sys
-loss = None
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("step") == int(sys.argv[2]) and "loss" in r:
-        loss = r["loss"]
-print(repr(loss))
-EOF
-}
+# shellcheck source=../support/launched_run.sh
+source "$here/../support/launched_run.sh"
 # The pid of the kuai rank running on host $1 ("" when none): a process whose command is
 # `$kuai train ...` (not mpirun's, which names it among its arguments).
 rank_pid() {
@@ -75,15 +61,6 @@ rank_pid() {
   done
 }
 failures() { grep -ac "^kuai launch: the job failed" "$dir/launch.out"; }
-# Waits (up to $2 s) until the job has logged step $1 or more; fails if the launcher is gone.
-wait_step() {
-  local run=$1 want=$2 t0=$SECONDS
-  while [ "$(last_step "$run")" -lt "$want" ]; do
-    kill -0 "$launcher" 2>/dev/null || fail "the launcher ended before step $want"
-    [ $((SECONDS - t0)) -gt 120 ] && fail "step $want not reached in 120 s"
-    sleep 0.05
-  done
-}
 # Once the launcher is done, nothing of the job is left on the hosts but on a cut one ($1), whose
 # processes no one can reach (they end when the test removes the hosts).
 no_leftovers() {

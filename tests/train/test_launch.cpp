@@ -125,6 +125,12 @@ TEST(Launch, NamesTheCauseOfAFailure) {
                            "kuai train: error: /x.bin: cannot open token file: No such file"}),
             "kuai train: error: /x.bin: cannot open token file: No such file");
   EXPECT_EQ(failure_cause({"step 1", "step 2"}), "");
+  // The lines after which the launcher gives mpirun its grace period, and only those.
+  EXPECT_TRUE(names_a_failure(out[2]));
+  EXPECT_TRUE(names_a_failure(out[3]));
+  EXPECT_TRUE(names_a_failure("MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD"));
+  EXPECT_FALSE(names_a_failure(out[0]));
+  EXPECT_FALSE(names_a_failure("kuai train: error: /x.bin: cannot open token file"));
 }
 
 TEST(Launch, TheRestartLineSaysTheGistOfTheCause) {
