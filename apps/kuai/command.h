@@ -26,6 +26,9 @@ std::string run_captured(const std::string& cmd, int* exit_status);
 // latest checkpoint.
 int run_launch(const std::vector<std::string>& args);
 
+// `kuai tokenize ...` (tokenize.cpp): each input line's token ids, or with --decode its text.
+int run_tokenize(const std::vector<std::string>& args);
+
 // The middle value, or the mean of the two middle ones (with 2 rounds, not the best); 0 for none.
 double median(std::vector<double> v);
 

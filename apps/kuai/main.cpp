@@ -47,8 +47,11 @@ constexpr const char* kUsage =
     "  export [--run DIR | --weights FILE] --hf OUT_DIR [--dtype f32|bf16]\n"
     "                                                      a llama run as Hugging Face's layout\n"
     "                                                      (model.safetensors + config.json)\n"
-    "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2] [--bpe_dir DIR]\n"
+    "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2|PATH/tokenizer.json] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
+    "  tokenize [--tokenizer byte|gpt2|PATH/tokenizer.json] [--file F] [--decode] [--no-special]\n"
+    "                                                      each line's token ids (--decode: the\n"
+    "                                                      text of each line of ids)\n"
     "  bench [--all | precision | accumulation | prefetch | metrics | flash | checkpoint]\n"
     "        [--config FILE] [--steps N] [--rounds R] [--json FILE] [--svg FILE]\n"
     "        [--section.key=value ...]\n"
@@ -342,6 +345,7 @@ int main(int argc, char** argv) {
     if (command == "tune") return tune_command(args);
     if (command == "plan") return kuai::app::run_plan(args);
     if (command == "launch") return kuai::app::run_launch(args);
+    if (command == "tokenize") return kuai::app::run_tokenize(args);
     std::cerr << "kuai: unknown command '" << command << "'\n" << kUsage;
     return 2;
   } catch (const kuai::train::RunDirectoryInUse& e) {

@@ -1,13 +1,5 @@
-// Byte and GPT-2 BPE tokenizers (see tokenizer.h).
-//
-// GPT-2's pre-tokenisation is the regex
-//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-// tried alternative by alternative at each position. It is implemented here by hand over UTF-8
-// code points with the classes of unicode_class.h (Unicode 17.0 tables). What differs from a
-// regex engine: \s is the White_Space property (as in Python's `regex`, which GPT-2 used;
-// JavaScript's \s, used by the npm reference, also counts U+FEFF and not U+0085), and a byte that
-// is not part of valid UTF-8 is a code point of its own in the "other" class (Python would refuse
-// the text, JavaScript would have replaced it by U+FFFD, also "other"), so any bytes round-trip.
+// Byte and GPT-2 BPE tokenizers (see tokenizer.h). GPT-2's pre-tokenisation and byte alphabet
+// are in text_split.h.
 #include "kuai/data/tokenizer.h"
 
 #include <fmt/format.h>
@@ -21,155 +13,20 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "kuai/data/unicode_class.h"
+#include "kuai/data/hf_tokenizer.h"
+#include "kuai/data/text_split.h"
 
 namespace kuai::data {
 namespace {
 
 // Bounds the piece cache; it is emptied when full (a corpus has far fewer distinct pieces).
 constexpr size_t kMaxCacheEntries = size_t{1} << 20;
-constexpr char32_t kInvalidByte = 0xFFFFFFFF;
 constexpr std::string_view kEndOfText = "<|endoftext|>";
-
-// GPT-2's byte alphabet: bytes that print as themselves ('!'..'~', U+00A1..U+00AC,
-// U+00AE..U+00FF) keep their value; the other 68 bytes get U+0100, U+0101, ... in byte order.
-struct ByteAlphabet {
-  char32_t byte_to_char[256];
-  int16_t char_to_byte[0x100 + 68];  // -1 where the code point is not in the alphabet
-
-  ByteAlphabet() {
-    std::fill(std::begin(char_to_byte), std::end(char_to_byte), int16_t{-1});
-    char32_t next = 0x100;
-    for (int b = 0; b < 256; ++b) {
-      const bool prints = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
-      byte_to_char[b] = prints ? static_cast<char32_t>(b) : next++;
-      char_to_byte[byte_to_char[b]] = static_cast<int16_t>(b);
-    }
-  }
-};
-
-const ByteAlphabet& alphabet() {
-  static const ByteAlphabet a;
-  return a;
-}
-
-void append_utf8(std::string& out, char32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xC0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xE0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (c & 0x3F));
-  }
-}
-
-// Decodes the code point starting at s[i] into *cp and returns its length in bytes. A byte that
-// does not start a valid, shortest-form sequence is returned alone as kInvalidByte.
-size_t decode_utf8(std::string_view s, size_t i, char32_t* cp) {
-  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char b0 = byte(i);
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  size_t len;
-  char32_t c, min;
-  if ((b0 & 0xE0) == 0xC0) {
-    len = 2, c = b0 & 0x1F, min = 0x80;
-  } else if ((b0 & 0xF0) == 0xE0) {
-    len = 3, c = b0 & 0x0F, min = 0x800;
-  } else if ((b0 & 0xF8) == 0xF0) {
-    len = 4, c = b0 & 0x07, min = 0x10000;
-  } else {
-    *cp = kInvalidByte;
-    return 1;
-  }
-  if (i + len > s.size()) {
-    *cp = kInvalidByte;
-    return 1;
-  }
-  for (size_t k = 1; k < len; ++k) {
-    if ((byte(i + k) & 0xC0) != 0x80) {
-      *cp = kInvalidByte;
-      return 1;
-    }
-    c = (c << 6) | (byte(i + k) & 0x3F);
-  }
-  if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
-    *cp = kInvalidByte;
-    return 1;
-  }
-  *cp = c;
-  return len;
-}
-
-enum class CharClass : uint8_t { kLetter, kNumber, kSpace, kOther };
-
-CharClass classify(char32_t c) {
-  if (c == kInvalidByte) return CharClass::kOther;
-  if (is_unicode_letter(c)) return CharClass::kLetter;
-  if (is_unicode_number(c)) return CharClass::kNumber;
-  if (is_unicode_space(c)) return CharClass::kSpace;
-  return CharClass::kOther;
-}
-
-// One code point of the text being split: its value, class and byte length.
-struct Unit {
-  char32_t cp = 0;
-  CharClass cls = CharClass::kOther;
-  size_t len = 0;  // 0 past the end of the text
-};
-
-Unit unit_at(std::string_view s, size_t i) {
-  Unit u;
-  if (i >= s.size()) return u;
-  u.len = decode_utf8(s, i, &u.cp);
-  u.cls = classify(u.cp);
-  return u;
-}
-
-// End (byte offset) of the run of class cls that starts at byte offset i.
-size_t run_end(std::string_view s, size_t i, CharClass cls) {
-  for (Unit u = unit_at(s, i); u.len && u.cls == cls; u = unit_at(s, i)) i += u.len;
-  return i;
-}
-
-// Byte offset where the pre-tokenisation piece starting at byte offset i ends (see the top of
-// the file for the regex; the alternatives are tried in its order).
-size_t piece_end(std::string_view s, size_t i) {
-  const Unit u = unit_at(s, i);
-  // 's 't 're 've 'm 'll 'd (lower case only, as in GPT-2).
-  if (u.cp == '\'' && i + 1 < s.size()) {
-    const char a = s[i + 1], b = i + 2 < s.size() ? s[i + 2] : '\0';
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return i + 2;
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return i + 3;
-  }
-  // " ?\p{L}+", " ?\p{N}+", " ?[^\s\p{L}\p{N}]+": an optional ' ' then a run of one class.
-  if (u.cp == ' ') {
-    const Unit v = unit_at(s, i + 1);
-    if (v.len && v.cls != CharClass::kSpace) return run_end(s, i + 1, v.cls);
-  }
-  if (u.cls != CharClass::kSpace) return run_end(s, i, u.cls);
-  // "\s+(?!\S)": the white-space run, less its last code point when a non-space follows it (and
-  // the run is longer than one); otherwise "\s+": the whole run.
-  size_t last = i, j = i;
-  for (Unit w = u; w.len && w.cls == CharClass::kSpace; w = unit_at(s, j)) last = j, j += w.len;
-  if (j < s.size() && last > i) return last;
-  return j;
-}
 
 template <class F>
 void for_each_piece(std::string_view text, F&& f) {
   for (size_t i = 0; i < text.size();) {
-    const size_t j = piece_end(text, i);
+    const size_t j = gpt2_piece_end(text, i);
     f(text.substr(i, j - i));
     i = j;
   }
@@ -194,7 +51,7 @@ std::string token_to_bytes(const std::string& token, const std::string& path) {
   for (size_t i = 0; i < token.size();) {
     char32_t c;
     i += decode_utf8(token, i, &c);
-    const int b = c < std::size(alphabet().char_to_byte) ? alphabet().char_to_byte[c] : -1;
+    const int b = alphabet_to_byte(c);
     if (b < 0)
       throw std::runtime_error(
           fmt::format("{}: token \"{}\" has character U+{:04X}, outside GPT-2's byte alphabet",
@@ -264,7 +121,7 @@ std::unique_ptr<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& encoder_js
   }
   for (int b = 0; b < 256; ++b) {
     std::string symbol;
-    append_utf8(symbol, alphabet().byte_to_char[b]);
+    append_utf8(symbol, byte_to_alphabet(static_cast<unsigned char>(b)));
     const auto it = ids.find(symbol);
     if (it == ids.end())
       throw std::runtime_error(
@@ -405,6 +262,10 @@ std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
 // --- make_tokenizer --------------------------------------------------------------------------
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& bpe_dir) {
+  if (names_tokenizer_json(kind)) {
+    const std::filesystem::path p(kind);
+    return HfTokenizer::load(p.extension() == ".json" ? kind : (p / "tokenizer.json").string());
+  }
   if (kind == "byte") return std::make_unique<ByteTokenizer>();
   if (kind == "gpt2") {
     const std::string encoder = (std::filesystem::path(bpe_dir) / "encoder.json").string();
@@ -415,7 +276,8 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::st
             "{}: not found; run scripts/setup.sh --bpe to fetch the GPT-2 vocabulary", path));
     return Gpt2Tokenizer::load(encoder, vocab);
   }
-  throw std::runtime_error(fmt::format("unknown tokenizer \"{}\" (allowed: byte, gpt2)", kind));
+  throw std::runtime_error(fmt::format(
+      "unknown tokenizer \"{}\" (allowed: byte, gpt2, or the path of a tokenizer.json)", kind));
 }
 
 }  // namespace kuai::data

@@ -1,6 +1,7 @@
-// Tokenizers for `kuai prepare`: text in, token ids out. ByteTokenizer maps each byte to its own
-// id (vocab 256); Gpt2Tokenizer is GPT-2's byte-level BPE, loaded from the encoder.json and
-// vocab.bpe that `scripts/setup.sh --bpe` puts in data/gpt2/.
+// Tokenizers: text in, token ids out. ByteTokenizer maps each byte to its own id (vocab 256);
+// Gpt2Tokenizer is GPT-2's byte-level BPE, loaded from the encoder.json and vocab.bpe that
+// `scripts/setup.sh --bpe` puts in data/gpt2/; HfTokenizer (hf_tokenizer.h) reads a Hugging Face
+// tokenizer.json.
 #pragma once
 
 #include <cstdint>
@@ -82,9 +83,10 @@ class Gpt2Tokenizer : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
-// kind "byte" or "gpt2" (bpe_dir holds encoder.json and vocab.bpe, e.g. kDefaultBpeDir).
-// Throws std::runtime_error for an unknown kind (naming the allowed ones) or a missing vocabulary
-// file (saying to run scripts/setup.sh --bpe).
+// kind "byte", "gpt2" (bpe_dir holds encoder.json and vocab.bpe, e.g. kDefaultBpeDir), or the path
+// of a Hugging Face tokenizer.json (or of a directory holding one; hf_tokenizer.h). Throws
+// std::runtime_error for an unknown kind (naming the allowed ones), a missing vocabulary file
+// (saying to run scripts/setup.sh --bpe), or a tokenizer.json that cannot be used.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& bpe_dir);
 
 }  // namespace kuai::data
