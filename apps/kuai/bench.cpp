@@ -436,6 +436,8 @@ int run_bench(const std::vector<std::string>& args) {
   for (const std::string& a : args)
     if (a == "plan") return run_plan_bench(args);
   for (const std::string& a : args)
+    if (a == "tokenizer") return run_tokenizer_bench(args);
+  for (const std::string& a : args)
     if (a == "disk") return run_disk_bench(args);
   for (const std::string& a : args)
     if (a == "offload-update") return run_offload_update_bench(args);
@@ -458,7 +460,8 @@ int run_bench(const std::vector<std::string>& args) {
         "unknown benchmark '" + what +
         "' (one of: --all, precision, accumulation, prefetch, metrics, checkpoint, flash, compile, "
         "recompute, offload, "
-        "attention, ddp, link, disk, offload-update, plan, machine, gemm, bandwidth, adamw)");
+        "attention, ddp, link, disk, offload-update, plan, tokenizer, machine, gemm, bandwidth, "
+        "adamw)");
   if (what == "gemm" || what == "machine") bench_gemm();
   double triad = 0;
   if (what == "bandwidth" || what == "adamw" || what == "machine") triad = bench_triad();

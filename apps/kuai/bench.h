@@ -23,6 +23,11 @@ int run_ddp_bench(const std::vector<std::string>& args);
 // bandwidth over the ranks, saved for `kuai plan`.
 int run_link_bench(const std::vector<std::string>& args);
 
+// `kuai bench tokenizer [--text FILE] [--rounds N] [--tokenizers=llama2,llama3,gpt2]
+// [--tokenizer PATH] [--no-peer]` (bench_tokenizer.cpp): tokenizer.json encoding MB/s against the
+// JavaScript tokenizers, side by side.
+int run_tokenizer_bench(const std::vector<std::string>& args);
+
 // `kuai bench plan [--rounds=N]` (bench_plan.cpp): predicted against measured peak memory and
 // step time on the validation configs.
 int run_plan_bench(const std::vector<std::string>& args);

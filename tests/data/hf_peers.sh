@@ -30,7 +30,7 @@ compare() {
     if [ "$peer" = kuai-gpt2 ]; then
       "$kuai" tokenize --tokenizer gpt2 --bpe_dir "$root/data/gpt2" --file "$corpus" > "$work/peer"
     else
-      node "$root/tests/data/peers/tokenize.mjs" "$modules" "$peer" "$corpus" > "$work/peer"
+      node "$root/bench/peers/tokenize.mjs" "$modules" "$peer" "$corpus" > "$work/peer"
     fi
     "$kuai" tokenize --tokenizer "$tokenizer" --file "$corpus" > "$work/kuai"
     if cmp -s "$work/peer" "$work/kuai"; then
