@@ -4,12 +4,14 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
 
 #include "bench.h"
 #include "command.h"
+#include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/prepare.h"
 #include "kuai/data/tokenizer.h"
 #include "kuai/distributed/process_group.h"
@@ -42,11 +44,13 @@ constexpr const char* kUsage =
     "  sample [--run DIR | --weights FILE] [--prompt TEXT] [--tokens N] [--temperature T]\n"
     "         [--top_k K] [--seed S] [--attention flash|naive]\n"
     "                                                      generate text from a trained run\n"
-    "  sample --hf DIR [--tokenizer byte|gpt2] [...]        the same from a Hugging Face LLaMA "
+    "  sample --hf DIR [--tokenizer byte|gpt2|PATH] [...]   the same from a Hugging Face LLaMA "
     "directory\n"
+    "                                                      (its tokenizer.json, when it has one)\n"
     "  export [--run DIR | --weights FILE] --hf OUT_DIR [--dtype f32|bf16]\n"
     "                                                      a llama run as Hugging Face's layout\n"
-    "                                                      (model.safetensors + config.json)\n"
+    "                                                      (model.safetensors, config.json,\n"
+    "                                                      tokenizer.json)\n"
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2|PATH/tokenizer.json] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
     "  tokenize [--tokenizer byte|gpt2|PATH/tokenizer.json] [--file F] [--decode] [--no-special]\n"
@@ -162,8 +166,12 @@ std::unique_ptr<kuai::nn::GPT> load_run_model(std::string run, std::string weigh
       kuai::train::CommittedModel latest = kuai::train::read_latest_model(run);
       std::cerr << fmt::format("kuai {}: {} has no model.safetensors yet; using {} (step {})\n",
                                command, run, latest.path, latest.step);
-      if (tokenizer->empty())
-        *tokenizer = latest.model->config().vocab_size <= 256 ? "byte" : "gpt2";
+      if (tokenizer->empty()) {
+        if (std::filesystem::is_regular_file(run + "/tokenizer.json"))
+          *tokenizer = run + "/tokenizer.json";
+        else
+          *tokenizer = latest.model->config().vocab_size <= 256 ? "byte" : "gpt2";
+      }
       return std::move(latest.model);
     }
   }
@@ -171,8 +179,59 @@ std::unique_ptr<kuai::nn::GPT> load_run_model(std::string run, std::string weigh
   const kuai::io::WeightsInfo info = kuai::io::read_weights_info(weights);
   auto model = std::make_unique<kuai::nn::GPT>(info.model, 0);
   kuai::io::load_weights(weights, *model);
-  if (tokenizer->empty()) *tokenizer = info.tokenizer;
+  if (tokenizer->empty()) {
+    *tokenizer = info.tokenizer;
+    if (info.tokenizer == "tokenizer.json")  // the file beside the weights
+      *tokenizer = (std::filesystem::path(weights).parent_path() / "tokenizer.json").string();
+  }
   return model;
+}
+
+// Writes OUT_DIR/tokenizer.json for an export: the run's own tokenizer.json (beside its weights),
+// else kuai's byte or GPT-2 tokenizer written in that format. Returns the kind written, or "" (a
+// note on stderr says why) when there is none to write.
+std::string export_tokenizer(const std::string& weights, const std::string& run,
+                             const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  std::string kind;
+  const fs::path beside = fs::path(weights).parent_path() / "tokenizer.json";
+  if (fs::is_regular_file(beside)) {
+    kind = beside.string();
+  } else if (fs::is_regular_file(fs::path(run) / "tokenizer.json")) {
+    kind = (fs::path(run) / "tokenizer.json").string();
+  } else if (fs::is_regular_file(weights)) {
+    kind = kuai::io::read_weights_info(weights).tokenizer;
+  } else {
+    kind = kuai::train::read_latest_model(run).model->config().vocab_size <= 256 ? "byte" : "gpt2";
+  }
+  std::string text;
+  if (kind == "byte") {
+    text = kuai::data::byte_tokenizer_json();
+  } else if (kind == "gpt2") {
+    const fs::path dir = kuai::data::kDefaultBpeDir;
+    if (!fs::is_regular_file(dir / "encoder.json") || !fs::is_regular_file(dir / "vocab.bpe")) {
+      std::cerr << fmt::format(
+          "kuai export: no tokenizer.json written: GPT-2's files are not in {} (scripts/setup.sh "
+          "--bpe)\n",
+          dir.string());
+      return "";
+    }
+    text = kuai::data::gpt2_tokenizer_json((dir / "encoder.json").string(),
+                                           (dir / "vocab.bpe").string());
+  } else if (kind.size() > 5 && kind.ends_with(".json")) {
+    text = kuai::data::HfTokenizer::load(kind)->json_text();  // checked before it is copied
+  } else {
+    std::cerr << fmt::format("kuai export: no tokenizer.json written: unknown tokenizer \"{}\"\n",
+                             kind);
+    return "";
+  }
+  const fs::path target = fs::path(out_dir) / "tokenizer.json", tmp = target.string() + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  out << text;
+  out.close();
+  if (!out) throw std::runtime_error(tmp.string() + ": cannot write");
+  fs::rename(tmp, target);
+  return kind;
 }
 
 int export_command(const std::vector<std::string>& args) {
@@ -232,8 +291,10 @@ int export_command(const std::vector<std::string>& args) {
       }
     }
   }
-  std::cout << fmt::format("{}: model.safetensors and config.json ({}, {})\n", hf,
-                           kuai::nn::describe(cfg), dtype);
+  const std::string written = export_tokenizer(weights, run, hf);
+  std::cout << fmt::format("{}: model.safetensors, config.json{} ({}, {})\n", hf,
+                           written.empty() ? "" : " and tokenizer.json", kuai::nn::describe(cfg),
+                           dtype);
   return 0;
 }
 
@@ -275,28 +336,44 @@ int sample_command(const std::vector<std::string>& args) {
     throw std::invalid_argument("--tokens, --temperature and --top_k must not be negative");
   std::unique_ptr<kuai::nn::GPT> model;
   if (!hf.empty()) {
-    // A Hugging Face LLaMA directory: its config.json gives the shape. kuai has byte and GPT-2
-    // tokenizers only: a model with another vocabulary needs --tokenizer naming a matching one.
+    // A Hugging Face LLaMA directory: its config.json gives the shape, its tokenizer.json (when
+    // it has one) the tokenizer; --tokenizer overrides it.
     kuai::io::HfCheckpoint c = kuai::io::read_hf(hf);
     model = std::make_unique<kuai::nn::GPT>(c.config, 0);
     model->load_state_dict(c.state);
     if (tokenizer_kind.empty()) {
-      if (c.config.vocab_size > 256)
+      if (std::filesystem::is_regular_file(std::filesystem::path(hf) / "tokenizer.json"))
+        tokenizer_kind = (std::filesystem::path(hf) / "tokenizer.json").string();
+      else if (c.config.vocab_size > 256)
         throw std::invalid_argument(fmt::format(
-            "{}: vocabulary of {} tokens; name its tokenizer with --tokenizer (byte or gpt2)", hf,
-            c.config.vocab_size));
-      tokenizer_kind = "byte";
+            "{}: no tokenizer.json and a vocabulary of {} tokens; name its tokenizer with "
+            "--tokenizer (gpt2 or a tokenizer.json)",
+            hf, c.config.vocab_size));
+      else
+        tokenizer_kind = "byte";
     }
   } else {
     model = load_run_model(run, weights, "sample", &tokenizer_kind);
   }
   kuai::optimize(*model, kuai::nn::parse_attention_impl(attention));
   const auto tok = kuai::data::make_tokenizer(tokenizer_kind, bpe_dir);
+  if (tok->vocab_size() > model->config().vocab_size)
+    throw std::invalid_argument(
+        fmt::format("the tokenizer ({}) has {} tokens, more than the model's vocabulary of {}",
+                    tokenizer_kind, tok->vocab_size(), model->config().vocab_size));
   const std::vector<int32_t> ids = tok->encode(prompt);
   if (ids.empty()) throw std::invalid_argument("--prompt is empty");
+  // Streamed as the text of all ids so far grows: a token's text can depend on its neighbours
+  // (a SentencePiece-style decoder strips the first space; a character's bytes span tokens), and
+  // decoding a prefix of the ids gives a prefix of the text.
   std::cout << prompt << std::flush;
+  std::vector<int32_t> all = ids;
+  size_t shown = tok->decode(all).size();
   kuai::nn::generate(*model, ids, so, [&](int32_t id) {
-    std::cout << tok->decode(std::vector<int32_t>{id}) << std::flush;
+    all.push_back(id);
+    const std::string text = tok->decode(all);
+    if (text.size() > shown) std::cout << text.substr(shown) << std::flush;
+    shown = std::max(shown, text.size());
   });
   std::cout << std::endl;
   return 0;
@@ -317,11 +394,15 @@ int prepare_command(const std::vector<std::string>& args) {
       paths.push_back(args[i]);
   }
   if (paths.size() != 2)
-    throw std::invalid_argument("usage: kuai prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2]");
+    throw std::invalid_argument(
+        "usage: kuai prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2|PATH/tokenizer.json]");
   const auto tok = kuai::data::make_tokenizer(kind, bpe_dir);
   const kuai::data::PrepareStats st = kuai::data::prepare_token_file(paths[0], paths[1], *tok);
-  std::cout << fmt::format("{}: {} bytes -> {} {} tokens ({} bytes each) in {}\n", paths[0],
-                           st.bytes_in, st.tokens, tok->name(), st.token_bytes, paths[1]);
+  std::cout << fmt::format("{}: {} bytes -> {} {} tokens ({} bytes each) in {}{}\n", paths[0],
+                           st.bytes_in, st.tokens, tok->name(), st.token_bytes, paths[1],
+                           tok->name() == "tokenizer.json"
+                               ? ", the tokenizer in " + kuai::data::tokenizer_file_of(paths[1])
+                               : "");
   return 0;
 }
 

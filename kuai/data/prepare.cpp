@@ -5,10 +5,12 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
 
+#include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/token_file.h"
 
 namespace kuai::data {
@@ -17,6 +19,11 @@ int token_bytes_for_vocab(int64_t vocab_size) {
   if (vocab_size <= 256) return 1;
   if (vocab_size <= 65536) return 2;
   return 4;
+}
+
+std::string tokenizer_file_of(const std::string& token_file) {
+  std::filesystem::path p(token_file);
+  return p.replace_extension(".tokenizer.json").string();
 }
 
 PrepareStats prepare_token_file(const std::string& text_path, const std::string& out_path,
@@ -40,6 +47,18 @@ PrepareStats prepare_token_file(const std::string& text_path, const std::string&
   } catch (const std::exception& e) {
     // write_token_file names its temporary file; say which output it was for.
     throw std::runtime_error(fmt::format("{}: cannot write token file: {}", out_path, e.what()));
+  }
+  const std::string side = tokenizer_file_of(out_path);
+  if (const auto* hf = dynamic_cast<const HfTokenizer*>(&tok)) {
+    const std::string tmp = side + ".tmp";
+    std::ofstream out(tmp, std::ios::binary);
+    out << hf->json_text();
+    out.close();
+    if (!out)
+      throw std::runtime_error(fmt::format("{}: cannot write: {}", tmp, std::strerror(errno)));
+    std::filesystem::rename(tmp, side);
+  } else {
+    std::filesystem::remove(side);  // an earlier prepare's, with another tokenizer
   }
   return stats;
 }

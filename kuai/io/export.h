@@ -7,7 +7,7 @@
 //   "kuai.version"   kKuaiVersion of the writer
 //   "kuai.model"     {"vocab_size":..,"n_layer":..,"n_head":..,"d_model":..,"seq_len":..} (JSON)
 //   "kuai.step"      the training step the weights are from (decimal)
-//   "kuai.tokenizer" e.g. "byte"
+//   "kuai.tokenizer" "byte", "gpt2", or "tokenizer.json": the file of that name beside the weights
 //   "kuai.dtype"     "f32" | "bf16": how every tensor is stored
 //   "kuai.checksums" {"<tensor name>": "xxh3:<16 hex>", ...} (JSON) of each tensor's stored bytes
 // Loading is strict: every check that fails throws std::runtime_error naming the file.

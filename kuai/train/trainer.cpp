@@ -31,6 +31,7 @@
 #include "kuai/core/profiler.h"
 #include "kuai/data/batch_source.h"
 #include "kuai/data/loader.h"
+#include "kuai/data/prepare.h"
 #include "kuai/data/token_file.h"
 #include "kuai/distributed/ddp.h"
 #include "kuai/distributed/zero.h"
@@ -213,6 +214,26 @@ io::ExportOptions export_options(const TrainConfig& cfg, int64_t step) {
   return o;
 }
 
+// The tokenizer.json of the run's ids, kept as <run>/tokenizer.json so that its exports carry it:
+// the one `kuai prepare` wrote beside the token file, else the one of the Hugging Face model the
+// run starts from. None: the run's ids are bytes or GPT-2's (by vocabulary size, as before).
+void copy_run_tokenizer(const TrainConfig& cfg, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  fs::path source;
+  if (cfg.data_source == "file" && fs::is_regular_file(data::tokenizer_file_of(cfg.data_path)))
+    source = data::tokenizer_file_of(cfg.data_path);
+  else if (!cfg.init_hf.empty() && fs::is_regular_file(fs::path(cfg.init_hf) / "tokenizer.json"))
+    source = fs::path(cfg.init_hf) / "tokenizer.json";
+  const fs::path target = dir / "tokenizer.json";
+  if (source.empty()) {
+    fs::remove(target);  // an earlier run's under this name
+    return;
+  }
+  const fs::path tmp = dir / "tokenizer.json.tmp";
+  fs::copy_file(source, tmp, fs::copy_options::overwrite_existing);
+  fs::rename(tmp, target);
+}
+
 std::string prepare_run_dir(const TrainConfig& cfg, bool resuming) {
   const std::filesystem::path dir = std::filesystem::path(cfg.run_dir) / cfg.run_name;
   std::error_code ec;
@@ -227,6 +248,7 @@ std::string prepare_run_dir(const TrainConfig& cfg, bool resuming) {
       if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0)
         std::filesystem::remove(entry.path());
   std::ofstream(dir / "config.toml") << to_toml(cfg);
+  copy_run_tokenizer(cfg, dir);
   return dir.string();
 }
 
@@ -317,6 +339,8 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
       return;
     }
     io::ExportOptions o = export_options(cfg, step);
+    if (std::filesystem::is_regular_file(result.run_path + "/tokenizer.json"))
+      o.tokenizer = "tokenizer.json";  // beside the weights (copy_run_tokenizer)
     bool units_gathered = false;
     if (sharded)
       o.sharded = [&](const io::MasterValues& fn) {

@@ -1,12 +1,17 @@
 // The command line with a llama run, end to end: `kuai train` a tiny llama, `kuai sample` from
 // the run, `kuai export --hf` it, `kuai sample --hf` from the export, and a new run started from
 // the export with model.init_hf whose first loss is the trained model's, not a fresh one's.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 
+#include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/token_file.h"
 #include "kuai/io/hf_llama.h"
 #include "kuai/io/tensor_io.h"
@@ -91,6 +96,142 @@ TEST(LlamaCli, TrainSampleExportAndFineTuneFromTheExport) {
       kuai("export --run " + (root / "a").string() + " --hf " + hf.string() + " --dtype f64");
   EXPECT_NE(grc, 0);
   EXPECT_NE(g.find("--dtype"), std::string::npos) << g;
+  fs::remove_all(root);
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// A SentencePiece-style tokenizer.json of LLaMA-2's shape, small: <unk> <s> </s>, the 256 byte
+// tokens, "▁", printable ASCII, and merges that build a few words.
+std::string small_llama_tokenizer_json() {
+  using json = nlohmann::json;
+  const std::string sp = "\u2581";
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  int id = 3;
+  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
+  vocab[sp] = id++;
+  for (char c = '!'; c <= '~'; ++c) vocab[std::string(1, c)] = id++;
+  json merges = json::array();
+  for (const std::string word : {"the", "heaven", "earth", "God", "In", "and", "beginning"}) {
+    std::string left = sp;
+    for (const char c : word) {
+      const std::string right(1, c);
+      merges.push_back(left + " " + right);
+      left += right;
+      if (!vocab.contains(left)) vocab[left] = id++;
+    }
+  }
+  auto added = [](int i, const std::string& c) {
+    return json{{"id", i},         {"content", c},        {"single_word", false}, {"lstrip", false},
+                {"rstrip", false}, {"normalized", false}, {"special", true}};
+  };
+  json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", {added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")}},
+            {"normalizer",
+             {{"type", "Sequence"},
+              {"normalizers",
+               {{{"type", "Prepend"}, {"prepend", sp}},
+                {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}}}}},
+            {"pre_tokenizer", nullptr},
+            {"post_processor",
+             {{"type", "TemplateProcessing"},
+              {"single",
+               {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+              {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
+            {"decoder",
+             {{"type", "Sequence"},
+              {"decoders",
+               {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
+                {{"type", "ByteFallback"}},
+                {{"type", "Fuse"}},
+                {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+            {"model",
+             {{"type", "BPE"},
+              {"unk_token", "<unk>"},
+              {"fuse_unk", true},
+              {"byte_fallback", true},
+              {"vocab", vocab},
+              {"merges", merges}}}};
+  return j.dump();
+}
+
+// A text prompt through the Hugging Face layout: `kuai prepare` with a tokenizer.json keeps it
+// beside the token file, the run copies it, `kuai export --hf` writes it beside the model, and
+// `kuai sample --hf` encodes the prompt and decodes the output with it; a run fine-tuned from the
+// export carries it on.
+TEST(LlamaCli, TokenizerJsonTravelsThroughTheHuggingFaceLayout) {
+  const fs::path root = fs::temp_directory_path() / "kuai_llama_cli_tokenizer";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const std::string tokenizer_json = small_llama_tokenizer_json();
+  {
+    std::ofstream(root / "tokenizer.json", std::ios::binary) << tokenizer_json;
+    std::ofstream text(root / "text.txt", std::ios::binary);
+    for (int i = 0; i < 200; ++i)
+      text << "In the beginning God created the heaven and the earth.\n";
+  }
+  const int64_t vocab = data::HfTokenizer::load((root / "tokenizer.json").string())->vocab_size();
+  auto [prc, plog] =
+      kuai("prepare " + (root / "text.txt").string() + " " + (root / "text.bin").string() +
+           " --tokenizer " + (root / "tokenizer.json").string());
+  ASSERT_EQ(prc, 0) << plog;
+  EXPECT_EQ(read_file(root / "text.tokenizer.json"), tokenizer_json);
+
+  const std::string tiny =
+      "--data.path=" + (root / "text.bin").string() +
+      " --model.family=llama --model.n_layer=2 --model.d_model=48 --model.n_head=4 "
+      "--model.n_kv_head=2 --model.ffn_hidden=96 --model.seq_len=32 --model.vocab_size=" +
+      std::to_string(vocab) +
+      " --train.batch_size=8 --train.eval_every=0 --train.threads=1 --data.workers=1 "
+      "--log.progress=off --log.tensorboard=false --run.dir=" +
+      root.string();
+  auto [rc, log] = kuai("train " + tiny + " --run.name=a --train.steps=60 --train.lr=1e-2");
+  ASSERT_EQ(rc, 0) << log;
+  EXPECT_EQ(read_file(root / "a" / "tokenizer.json"), tokenizer_json);
+
+  const fs::path hf = root / "hf";
+  auto [erc, elog] = kuai("export --run " + (root / "a").string() + " --hf " + hf.string());
+  ASSERT_EQ(erc, 0) << elog;
+  EXPECT_NE(elog.find("tokenizer.json"), std::string::npos) << elog;
+  EXPECT_EQ(read_file(hf / "tokenizer.json"), tokenizer_json);
+
+  const std::string prompt = "In the beginning";
+  auto [src, sample] = kuai("sample --hf " + hf.string() + " --prompt \"" + prompt +
+                            "\" --tokens 12 --temperature 0");
+  ASSERT_EQ(src, 0) << sample;
+  // Text, not ids: the prompt, then the verse the model learned.
+  EXPECT_EQ(sample.rfind(prompt + " God created the", 0), 0u) << sample;
+  // The run itself samples the same text with the same tokenizer.
+  auto [rsrc, rsample] = kuai("sample --run " + (root / "a").string() + " --prompt \"" + prompt +
+                              "\" --tokens 12 --temperature 0");
+  ASSERT_EQ(rsrc, 0) << rsample;
+  EXPECT_EQ(rsample, sample);
+
+  // Fine-tuning from the export (on token files without a tokenizer of their own) keeps it.
+  std::vector<int32_t> ids(4000, 5);
+  data::write_token_file((root / "plain.bin").string(), ids.data(), 4000, 2);
+  auto [trc, tlog] = kuai("train " + tiny + " --data.path=" + (root / "plain.bin").string() +
+                          " --run.name=tuned --train.steps=1 --model.init_hf=" + hf.string());
+  ASSERT_EQ(trc, 0) << tlog;
+  EXPECT_EQ(read_file(root / "tuned" / "tokenizer.json"), tokenizer_json);
+  // A tokenizer larger than the model's vocabulary is refused.
+  nlohmann::json big = nlohmann::json::parse(tokenizer_json);
+  for (int k = 0; k < 10; ++k) big["model"]["vocab"]["extra" + std::to_string(k)] = vocab + k;
+  std::ofstream(root / "big.json", std::ios::binary) << big.dump();
+  auto [brc, bad] = kuai("sample --run " + (root / "a").string() + " --tokenizer " +
+                         (root / "big.json").string() + " --prompt x --tokens 1");
+  EXPECT_NE(brc, 0);
+  EXPECT_NE(bad.find("more than the model's vocabulary of " + std::to_string(vocab)),
+            std::string::npos)
+      << bad;
   fs::remove_all(root);
 }
 
