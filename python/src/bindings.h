@@ -19,15 +19,16 @@ namespace kuai::python {
 
 namespace py = pybind11;
 
-void bind_tensor(py::module_& m);  // bind_tensor.cpp: Tensor, dtypes, devices, interchange, ops
-void bind_nn(py::module_& m);      // bind_nn.cpp: Module, the layers, GPT and LLaMA
-void bind_optim(py::module_& m);   // bind_optim.cpp: AdamW, SGD, schedules, clipping
-void bind_train(py::module_& m);   // bind_train.cpp: data, the training step, memory counters
-void bind_amp(py::module_& m);     // bind_amp.cpp: autocast, GradScaler
-void bind_io(py::module_& m);      // bind_io.cpp: safetensors files, checksums
-void bind_dist(py::module_& m);    // bind_dist.cpp: process groups, DDP, ZeRO, offload
-void bind_log(py::module_& m);     // bind_log.cpp: the metric ring, TensorBoard and JSONL
-void bind_plan(py::module_& m);    // bind_plan.cpp: kuai.plan on a Python-built model
+void bind_tensor(py::module_& m);     // bind_tensor.cpp: Tensor, dtypes, devices, interchange, ops
+void bind_nn(py::module_& m);         // bind_nn.cpp: Module, the layers, GPT and LLaMA
+void bind_optim(py::module_& m);      // bind_optim.cpp: AdamW, SGD, schedules, clipping
+void bind_train(py::module_& m);      // bind_train.cpp: data, the training step, memory counters
+void bind_amp(py::module_& m);        // bind_amp.cpp: autocast, GradScaler
+void bind_io(py::module_& m);         // bind_io.cpp: safetensors files, checksums
+void bind_dist(py::module_& m);       // bind_dist.cpp: process groups, DDP, ZeRO, offload
+void bind_log(py::module_& m);        // bind_log.cpp: the metric ring, TensorBoard and JSONL
+void bind_plan(py::module_& m);       // bind_plan.cpp: kuai.plan on a Python-built model
+void bind_tokenizer(py::module_& m);  // bind_tokenizer.cpp: tokenizer.json, byte, GPT-2
 
 // The generator Python's kuai.manual_seed() seeds: what layers and random tensors draw from when
 // no generator is given (torch's default generator).

@@ -13,6 +13,7 @@ PYBIND11_MODULE(_kuai, m) {
   kuai::python::bind_nn(m);
   kuai::python::bind_optim(m);
   kuai::python::bind_train(m);
+  kuai::python::bind_tokenizer(m);
   kuai::python::bind_amp(m);
   kuai::python::bind_io(m);
   kuai::python::bind_dist(m);
