@@ -82,11 +82,13 @@ test: build build-asan build-tsan
 	@$(MAKE) --no-print-directory fuzz
 	$(call STAMP,test: done)
 
-# Fuzzing (clang-14 libFuzzer + ASan + UBSan): the two parsers of untrusted input, the
+# Fuzzing (clang-14 libFuzzer + ASan + UBSan): the three parsers of untrusted input, the
 # safetensors reader (kuai_fuzz_safetensors: every input is rejected with an error naming the
-# file, or accepted with its promised invariants) and the TOML run config (kuai_fuzz_config:
-# no crash, and an accepted config round-trips through to_toml). Builds only those two targets
-# in $(BUILD_FUZZ), then runs both side by side for FUZZ_SECONDS each from scratch copies of
+# file, or accepted with its promised invariants), the TOML run config (kuai_fuzz_config:
+# no crash, and an accepted config round-trips through to_toml) and the tokenizer.json reader with
+# the text it encodes (kuai_fuzz_tokenizer: ids inside the vocabulary, byte-level round trips,
+# prefix-stable decoding). Builds only those targets in $(BUILD_FUZZ), then runs them side by
+# side for FUZZ_SECONDS each from scratch copies of
 # fuzz/corpus/*; a crash, sanitizer report, leak or hang fails (input kept in
 # $(BUILD_FUZZ)/fuzz-artifacts/).
 BUILD_FUZZ ?= build-fuzz
@@ -95,7 +97,8 @@ FUZZ_SECONDS ?= 60
 fuzz: setup
 	@CC=clang-14 CXX=clang++-14 cmake -S . -B $(BUILD_FUZZ) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DKUAI_FUZZ=ON >/dev/null
-	@cmake --build $(BUILD_FUZZ) -j $(JOBS) --target kuai_fuzz_safetensors kuai_fuzz_config
+	@cmake --build $(BUILD_FUZZ) -j $(JOBS) --target kuai_fuzz_safetensors kuai_fuzz_config \
+	  kuai_fuzz_tokenizer
 	@fuzz/run_fuzzers.sh $(BUILD_FUZZ) $(FUZZ_SECONDS)
 
 bench: build

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs kuai's libFuzzer targets side by side (one per core), each for SECONDS seconds, starting
+# Runs kuai's libFuzzer targets side by side, each for SECONDS seconds, starting
 # from a scratch copy of its committed seed corpus (fuzz/corpus/<name>/ is never written to).
 # A crash, sanitizer report, leak, or an input running longer than 10 s fails the run; the
 # failing input is kept under BUILD_DIR/fuzz-artifacts/ and the fuzzer's log tail is printed.
@@ -11,12 +11,14 @@ seconds=$2
 work=$(mktemp -d "${TMPDIR:-/tmp}/kuai-fuzz.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
-names=(safetensors config)
+names=(safetensors config tokenizer)
 for name in "${names[@]}"; do
   mkdir -p "$work/$name" "$build/fuzz-artifacts/$name"
   cp fuzz/corpus/"$name"/* "$work/$name"/
+  dict=()
+  [ -f "fuzz/$name.dict" ] && dict=(-dict="fuzz/$name.dict")
   "$build/kuai_fuzz_$name" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
-    -dict="fuzz/$name.dict" -artifact_prefix="$build/fuzz-artifacts/$name/" \
+    "${dict[@]}" -artifact_prefix="$build/fuzz-artifacts/$name/" \
     -print_final_stats=1 "$work/$name" >"$work/$name.log" 2>&1 &
   pids+=($!)
 done

@@ -610,6 +610,7 @@ void parse_pre_tokenizer(const Reader& r, const json& j, const std::string& path
     Impl::PreTokenizer p;
     p.kind = Kind::kMetaspace;
     p.replacement = r.str(j, path, "replacement");
+    if (p.replacement.empty()) r.fail(Reader::join(path, "replacement"), "empty");
     if (const auto scheme = r.opt_str(j, path, "prepend_scheme")) {
       if (*scheme == "always")
         p.prepend = Impl::Prepend::kAlways;
@@ -846,6 +847,7 @@ void parse_decoder(const Reader& r, const json& j, const std::string& path, Impl
     Impl::Decoder d;
     d.kind = Kind::kStrip;
     d.content = r.str(j, path, "content");
+    if (d.content.empty()) r.fail(Reader::join(path, "content"), "empty");
     d.start = r.integer(j, path, "start");
     d.stop = r.integer(j, path, "stop");
     impl.decoders.push_back(d);
