@@ -54,6 +54,7 @@ constexpr const char* kUsage =
     "  prepare INPUT.txt OUTPUT.bin [--tokenizer byte|gpt2|PATH/tokenizer.json] [--bpe_dir DIR]\n"
     "                                                      text -> token file\n"
     "  tokenize [--tokenizer byte|gpt2|PATH/tokenizer.json] [--file F] [--decode] [--no-special]\n"
+    "           [--whole]\n"
     "                                                      each line's token ids (--decode: the\n"
     "                                                      text of each line of ids)\n"
     "  bench [--all | precision | accumulation | prefetch | metrics | flash | checkpoint]\n"

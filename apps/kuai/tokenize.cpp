@@ -1,10 +1,12 @@
 // `kuai tokenize`: text lines in, token ids out (or back), with any tokenizer kuai has: what the
 // tests compare against other implementations, and a quick way to see how a text tokenizes.
+// --whole encodes the whole input as one text (newlines and all) onto one line of ids.
 #include <fmt/format.h>
 
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -41,7 +43,7 @@ std::vector<int32_t> parse_ids(const std::string& line, int64_t line_no) {
 
 int run_tokenize(const std::vector<std::string>& args) {
   std::string kind = "byte", bpe_dir = data::kDefaultBpeDir, file;
-  bool decode = false, special = true;
+  bool decode = false, special = true, whole = false;
   for (size_t i = 0; i < args.size(); ++i) {
     std::string v;
     if (take_option(args, i, "tokenizer", v))
@@ -54,6 +56,8 @@ int run_tokenize(const std::vector<std::string>& args) {
       decode = true;
     else if (args[i] == "--no-special")
       special = false;
+    else if (args[i] == "--whole")
+      whole = true;
     else
       throw std::invalid_argument("unknown option '" + args[i] + "' (see kuai --help)");
   }
@@ -67,6 +71,17 @@ int run_tokenize(const std::vector<std::string>& args) {
   std::istream& in = file.empty() ? std::cin : in_file;
   std::string line, out;
   int64_t line_no = 0;
+  if (whole) {  // the whole input as one text: its ids on one line
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    line = std::move(ss).str();
+    const std::vector<int32_t> ids = hf ? hf->encode(line, special) : tok->encode(line);
+    for (size_t k = 0; k < ids.size(); ++k)
+      fmt::format_to(std::back_inserter(out), "{}{}", k ? " " : "", ids[k]);
+    out += '\n';
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  }
   while (std::getline(in, line)) {
     ++line_no;
     out.clear();

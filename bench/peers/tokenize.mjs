@@ -1,6 +1,7 @@
 // The JavaScript tokenizers kuai's tokenizer.json reader is compared with (and timed against):
-//   node tokenize.mjs MODULES PEER CORPUS [--time]
-// prints the token ids of every line of CORPUS (one line of ids per line), or with --time only
+//   node tokenize.mjs MODULES PEER CORPUS [--time | --whole]
+// prints the token ids of every line of CORPUS (one line of ids per line), with --whole the ids of
+// the whole file as one text (newlines and all) on one line, or with --time only
 // the time of encoding all lines, the faster of two passes (the peer at its best), in ms. MODULES is the node_modules folder scripts/setup.sh
 // --hf-tokenizers fills; PEER is one of
 //   llama-tokenizer-js    LLaMA-1/2 (its own vocabulary; BOS and the leading space, its defaults)
@@ -20,6 +21,7 @@ if (!modulesArg || !peer || !corpus) {
 }
 const modules = resolve(modulesArg);
 const timeOnly = rest.includes('--time');
+const whole = rest.includes('--whole');
 const load = async (rel) => import(pathToFileURL(join(modules, rel)).href);
 
 let encode;
@@ -46,9 +48,12 @@ if (peer === 'llama-tokenizer-js') {
   process.exit(2);
 }
 
-let lines = readFileSync(corpus, 'utf8').split('\n');
+const all = readFileSync(corpus, 'utf8');
+let lines = all.split('\n');
 if (lines.length && lines[lines.length - 1] === '') lines.pop();
-if (timeOnly) {
+if (whole) {
+  process.stdout.write(encode(all).join(' ') + '\n');
+} else if (timeOnly) {
   // Two timed passes, the faster reported: the first includes the JIT's compiling, the second
   // was slower on some runs (its collector busier).
   let best = Infinity;

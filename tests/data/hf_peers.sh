@@ -20,31 +20,57 @@ trap 'rm -rf "$work"' EXIT
 tail -c +25 "$root/data/kjv.bin" > "$work/kjv.txt"
 corpora=("$work/kjv.txt" "$root/tests/data/tokenizer_edge.txt")
 
+# The first 2,000 lines of the KJV and the edge corpus are also encoded whole, each as one text:
+# newlines inside a text (LLaMA-3's \s*[\r\n]+, SentencePiece's byte fallback for 0x0A).
+head -n 2000 "$work/kjv.txt" > "$work/kjv-2000.txt"
+wholes=("$work/kjv-2000.txt" "$root/tests/data/tokenizer_edge.txt")
+
 failed=0
-# compare NAME TOKENIZER PEER: ids of kuai and of the peer, line by line.
+# compare NAME TOKENIZER PEER: ids of kuai and of the peer, line by line, then whole texts.
 compare() {
-  local name=$1 tokenizer=$2 peer=$3 corpus
-  for corpus in "${corpora[@]}"; do
-    local label
-    label="$name on $(basename "$corpus")"
-    if [ "$peer" = kuai-gpt2 ]; then
-      "$kuai" tokenize --tokenizer gpt2 --bpe_dir "$root/data/gpt2" --file "$corpus" > "$work/peer"
-    else
-      node "$root/bench/peers/tokenize.mjs" "$modules" "$peer" "$corpus" > "$work/peer"
-    fi
-    "$kuai" tokenize --tokenizer "$tokenizer" --file "$corpus" > "$work/kuai"
-    if cmp -s "$work/peer" "$work/kuai"; then
-      echo "ok: $label: ids identical to $peer on $(wc -l < "$corpus") lines"
-    else
-      local line
-      line=$( (cmp "$work/peer" "$work/kuai" || true) | sed -n 's/.* line \([0-9]*\).*/\1/p')
-      echo "FAIL: $label: ids differ from $peer first on line $line:"
-      echo "  text: $(sed -n "${line}p" "$corpus")"
-      echo "  $peer: $(sed -n "${line}p" "$work/peer")"
-      echo "  kuai: $(sed -n "${line}p" "$work/kuai")"
-      failed=1
-    fi
+  local name=$1 tokenizer=$2 peer=$3 corpus mode
+  for mode in lines whole; do
+    local -a texts=("${corpora[@]}") flag=()
+    [ "$mode" = whole ] && texts=("${wholes[@]}") flag=(--whole)
+    for corpus in "${texts[@]}"; do
+      local label what
+      label="$name on $(basename "$corpus")"
+      what="$(wc -l < "$corpus") lines"
+      [ "$mode" = whole ] && what="the whole text ($(wc -c < "$corpus") bytes)"
+      if [ "$peer" = kuai-gpt2 ]; then
+        "$kuai" tokenize --tokenizer gpt2 --bpe_dir "$root/data/gpt2" --file "$corpus" \
+          "${flag[@]}" > "$work/peer"
+      else
+        node "$root/bench/peers/tokenize.mjs" "$modules" "$peer" "$corpus" "${flag[@]}" > "$work/peer"
+      fi
+      "$kuai" tokenize --tokenizer "$tokenizer" --file "$corpus" "${flag[@]}" > "$work/kuai"
+      check "$label" "$peer" "$what" "$corpus" "$mode"
+    done
   done
+}
+# check LABEL PEER WHAT CORPUS MODE: the two id files equal, else where they first differ.
+check() {
+  local label=$1 peer=$2 what=$3 corpus=$4 mode=$5
+  if cmp -s "$work/peer" "$work/kuai"; then
+    echo "ok: $label: ids identical to $peer on $what"
+    return
+  fi
+  failed=1
+  if [ "$mode" = whole ]; then
+    local at
+    at=$( (cmp <(tr ' ' '\n' < "$work/peer") <(tr ' ' '\n' < "$work/kuai") || true) |
+      sed -n 's/.* line \([0-9]*\).*/\1/p')
+    echo "FAIL: $label: ids of the whole text differ from $peer first at id #$at:"
+    echo "  $peer: ... $(tr ' ' '\n' < "$work/peer" | sed -n "$((at > 5 ? at - 5 : 1)),$((at + 5))p" | tr '\n' ' ')"
+    echo "  kuai: ... $(tr ' ' '\n' < "$work/kuai" | sed -n "$((at > 5 ? at - 5 : 1)),$((at + 5))p" | tr '\n' ' ')"
+    return
+  fi
+  local line
+  line=$( (cmp "$work/peer" "$work/kuai" || true) | sed -n 's/.* line \([0-9]*\).*/\1/p')
+  echo "FAIL: $label: ids differ from $peer first on line $line:"
+  echo "  text: $(sed -n "${line}p" "$corpus")"
+  echo "  $peer: $(sed -n "${line}p" "$work/peer")"
+  echo "  kuai: $(sed -n "${line}p" "$work/kuai")"
 }
 # round_trip NAME TOKENIZER [LOSSY]: decode(encode(line)) == line for every line, but those with
 # the character LOSSY: a SentencePiece-style tokenizer writes spaces as U+2581 and decodes every
