@@ -219,6 +219,12 @@ std::string export_tokenizer(const std::string& weights, const std::string& run,
     }
     text = kuai::data::gpt2_tokenizer_json((dir / "encoder.json").string(),
                                            (dir / "vocab.bpe").string());
+  } else if (kind == "tokenizer.json") {  // named by the weights, but not beside them
+    std::cerr << fmt::format(
+        "kuai export: no tokenizer.json written: {} was trained with a tokenizer.json, which is "
+        "not beside it (copy the run's tokenizer.json to {})\n",
+        weights, beside.string());
+    return "";
   } else if (kind.size() > 5 && kind.ends_with(".json")) {
     text = kuai::data::HfTokenizer::load(kind)->json_text();  // checked before it is copied
   } else {

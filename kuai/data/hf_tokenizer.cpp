@@ -774,16 +774,18 @@ void parse_added(const Reader& r, const json& j, Impl& impl, std::vector<std::st
   });
 }
 
-int32_t special_id(const Reader& r, const json& specials, const std::string& path,
-                   const std::string& name, const Impl& impl) {
-  (void)impl;
+// The ids a template's special token stands for (usually one: <s>).
+void append_special_ids(const Reader& r, const json& specials, const std::string& path,
+                        const std::string& name, std::vector<int32_t>& out) {
   const std::string where = fmt::format("{}.special_tokens[\"{}\"]", path, name);
   const auto it = specials.find(name);
   if (it == specials.end()) r.fail(where, "missing (named by the template)");
   const json& ids = r.array(*it, where, "ids");
-  if (ids.size() != 1 || !ids[0].is_number_integer())
-    r.fail(where + ".ids", "expected one integer id, found " + ids.dump());
-  return ids[0].get<int32_t>();
+  for (const json& id : ids) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+      r.fail(where + ".ids", "expected token ids, found " + ids.dump());
+    out.push_back(id.get<int32_t>());
+  }
 }
 
 void parse_post_processor(const Reader& r, const json& j, const std::string& path, Impl& impl) {
@@ -812,8 +814,7 @@ void parse_post_processor(const Reader& r, const json& j, const std::string& pat
       } else if (item.contains("SpecialToken")) {
         const std::string name = r.str(r.object(item["SpecialToken"], where + ".SpecialToken"),
                                        where + ".SpecialToken", "id");
-        (seen_sequence ? impl.after : impl.before)
-            .push_back(special_id(r, specials, path, name, impl));
+        append_special_ids(r, specials, path, name, seen_sequence ? impl.after : impl.before);
       } else {
         r.fail(where, "expected a Sequence or a SpecialToken");
       }
