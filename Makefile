@@ -13,14 +13,14 @@ KUAI = $(BUILD)/kuai
 # A line with the time as each phase of a build or a test run starts and ends (CI's time budget).
 STAMP = @date '+[%T] $(1)'
 
-# The threaded parts (loader workers, metric logger, trainer) run again under ThreadSanitizer
-# (kuai_tsan_tests: the files that hold these suites).
+# The threaded parts (loader workers, metric logger, trainer, tokenizer cache) run again under
+# ThreadSanitizer (kuai_tsan_tests: the files that hold these suites).
 # The multi-rank tests whose leaks are checked under ASan (the test target says why only these).
 MPI_LEAK_DDP = MpiGroup.*:MpiDDP.*:MpiZero.Stage2*:MpiTrainer.CompiledStepsEqualEagerBitForBit
 MPI_LEAK_ZERO3 = MpiZero3.CompressedReduceScatterEqualsCompressedDdp:MpiZero3.FineTunes*
 MPI_LEAK_RESUME = MpiZero3.ResumeOfATwoRankZero3RunIsBitExact
 MPI_LEAK_TESTS = $(MPI_LEAK_DDP):$(MPI_LEAK_ZERO3):$(MPI_LEAK_RESUME)
-TSAN_TESTS = DataLoader*:RandomWindows*:SequentialWindows*:SyntheticTokens*:MetricRing*:Trainer*:Checkpoint*
+TSAN_TESTS = DataLoader*:RandomWindows*:SequentialWindows*:SyntheticTokens*:MetricRing*:Trainer*:Checkpoint*:HfTokenizer.EncodesOnSeveralThreadsAtOnce
 
 .PHONY: setup build build-asan build-tsan train test test-fast bench bench-peer golden clean format
 

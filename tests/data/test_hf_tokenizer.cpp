@@ -5,9 +5,11 @@
 // JavaScript tokenizers: tests/data/hf_peers.sh.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/text_split.h"
@@ -384,6 +386,34 @@ TEST(HfTokenizer, MalformedFilesNameTheFieldAndTheProblem) {
     EXPECT_NE(std::string(e.what()).find("cut.json: malformed JSON"), std::string::npos);
   }
   EXPECT_THROW(HfTokenizer::load("/nonexistent/tokenizer.json"), std::runtime_error);
+}
+
+// encode is const and may run on several threads at once (its piece cache takes a lock); run
+// under ThreadSanitizer too (the Makefile's TSAN_TESTS).
+TEST(HfTokenizer, EncodesOnSeveralThreadsAtOnce) {
+  auto tok = HfTokenizer::parse(byte_tokenizer_json(), "byte");
+  json j = llama_like();
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kSp}, {"split", true}};
+  j["normalizer"] = nullptr;
+  auto sp = parse(j);  // short pieces: the cache is used
+  std::vector<std::string> texts;
+  for (int k = 0; k < 64; ++k)
+    texts.push_back("ab c abab " + std::to_string(k) + " ab\xe2\x82\xac");
+  std::vector<Ids> expected;
+  for (const std::string& t : texts) expected.push_back(sp->encode(t));
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (int round = 0; round < 20; ++round)
+        for (size_t k = (w + round) % texts.size(), n = 0; n < texts.size();
+             ++n, k = (k + 1) % texts.size()) {
+          if (sp->encode(texts[k]) != expected[k]) ++wrong;
+          if (tok->decode(tok->encode(texts[k])) != texts[k]) ++wrong;
+        }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
 }
 
 TEST(HfTokenizer, MakeTokenizerTakesAFileOrItsDirectory) {
