@@ -718,12 +718,15 @@ void parse_model(const Reader& r, const json& j, Impl& impl, std::vector<std::st
         r.fail(where, fmt::format("\"{}\" is not in the vocabulary", parts[p]));
       ids[p] = it->second;
     }
-    // A repeated pair keeps its first rank, as the library's map does.
-    impl.merges.emplace(pair_key(ids[0], ids[1]), Impl::Merge{static_cast<int32_t>(k), ids[2]});
+    // A repeated pair keeps its last rank, as the library's map (collected in order) does.
+    impl.merges.insert_or_assign(pair_key(ids[0], ids[1]),
+                                 Impl::Merge{static_cast<int32_t>(k), ids[2]});
   }
 }
 
-void finish_byte_level(const Reader& r, Impl& impl) {
+// Byte-level models: each byte's token (its alphabet character), and with ignore_merges the bytes
+// every token stands for.
+void finish_byte_level(Impl& impl) {
   if (!impl.byte_level) return;
   for (int b = 0; b < 256; ++b) {
     std::string symbol;
@@ -744,7 +747,6 @@ void finish_byte_level(const Reader& r, Impl& impl) {
     }
     if (ok) impl.raw_vocab.emplace(std::move(raw), id);
   }
-  (void)r;
 }
 
 void parse_added(const Reader& r, const json& j, Impl& impl, std::vector<std::string>& tokens) {
@@ -894,7 +896,7 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string json_text, const std
   parse_added(r, j.value("added_tokens", json()), impl, tok->id_to_token_);
   parse_normalizer(r, j.value("normalizer", json()), "normalizer", impl);
   parse_pre_tokenizer(r, j.value("pre_tokenizer", json()), "pre_tokenizer", impl);
-  finish_byte_level(r, impl);
+  finish_byte_level(impl);
   parse_post_processor(r, j.value("post_processor", json()), "post_processor", impl);
   parse_decoder(r, j.value("decoder", json()), "decoder", impl);
   impl.special.assign(tok->id_to_token_.size(), false);

@@ -265,6 +265,9 @@ TEST(HfTokenizer, MergesFollowTheLibrarysOrder) {
   j["model"]["vocab"]["cab"] = 17;
   j["model"]["merges"] = {"ca b", "c a"};  // "ca b" outranks the merge that makes "ca"
   EXPECT_EQ(parse(j)->encode("cacab", false), (Ids{16, 17}));
+  // A pair listed twice keeps its last rank (the library collects the list into a map).
+  j["model"]["merges"] = {"a b", kSp + " a", "a b"};
+  EXPECT_EQ(parse(j)->encode(kSp + "ab", false), (Ids{11, 9}));
 }
 
 TEST(HfTokenizer, Llama3RegexPieces) {
