@@ -16,8 +16,9 @@
 //
 // One deliberate difference: decode returns bytes. Where the library writes U+FFFD for a byte
 // sequence that is not valid UTF-8 (a byte-fallback or byte-level token cut off mid-character),
-// kuai returns the bytes themselves, so decode(encode(x)) == x for any bytes and a decode of a
-// prefix of the ids is a prefix of the decode of all (what streaming needs).
+// kuai returns the bytes themselves, so a byte-level tokenizer gives decode(encode(x)) == x for
+// any bytes, and a decode of a prefix of the ids is a prefix of the decode of all (what streaming
+// needs).
 #pragma once
 
 #include <cstdint>
