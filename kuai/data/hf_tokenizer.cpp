@@ -12,6 +12,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "kuai/data/bpe.h"
 #include "kuai/data/text_split.h"
 #include "kuai/data/unicode_class.h"
 
@@ -30,10 +31,6 @@ struct StringHash {
 };
 template <class V>
 using StringMap = std::unordered_map<std::string, V, StringHash, std::equal_to<>>;
-
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
-}
 
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -217,9 +214,6 @@ struct HfTokenizer::Impl {
     std::string content;
     bool special, normalized, lstrip, rstrip;
   };
-  struct Merge {
-    int32_t rank, result;
-  };
 
   std::vector<Normalizer> normalizers;
   std::vector<PreTokenizer> pre_tokenizers;
@@ -232,7 +226,7 @@ struct HfTokenizer::Impl {
   int32_t byte_id[256];  // byte-level: the byte's alphabet token; byte_fallback: "<0xNN>"
   bool byte_fallback = false, ignore_merges = false, fuse_unk = false;
   int32_t unk_id = -1;
-  std::unordered_map<uint64_t, Merge> merges;
+  BpeMerges merges;
 
   std::vector<AddedToken> added;       // longest content first
   bool added_first_byte[2][256] = {};  // [normalized] -> a token of that kind starts with it
@@ -390,50 +384,6 @@ struct HfTokenizer::Impl {
     sym.push_back(unk_id);
   }
 
-  // Merges adjacent symbols, lowest rank first and leftmost among equal ranks (the library's
-  // Word::merge_all), in O(n log n): a linked list over the symbols and a min-heap of candidate
-  // pairs (rank, position), stale entries skipped when popped.
-  void merge(std::vector<int32_t>& sym) const {
-    const int32_t n = static_cast<int32_t>(sym.size());
-    if (n < 2 || merges.empty()) return;
-    std::vector<int32_t> prev(n), next(n);
-    for (int32_t k = 0; k < n; ++k) {
-      prev[k] = k - 1;
-      next[k] = k + 1 < n ? k + 1 : -1;
-    }
-    struct Candidate {
-      int32_t rank, pos, left, right, result;
-      bool operator>(const Candidate& o) const {
-        return rank != o.rank ? rank > o.rank : pos > o.pos;
-      }
-    };
-    std::vector<Candidate> heap;
-    const auto push = [&](int32_t pos) {
-      if (pos < 0 || next[pos] < 0) return;
-      const auto it = merges.find(pair_key(sym[pos], sym[next[pos]]));
-      if (it == merges.end()) return;
-      heap.push_back({it->second.rank, pos, sym[pos], sym[next[pos]], it->second.result});
-      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
-    };
-    for (int32_t k = 0; k + 1 < n; ++k) push(k);
-    while (!heap.empty()) {
-      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
-      const Candidate c = heap.back();
-      heap.pop_back();
-      const int32_t r = next[c.pos];
-      if (sym[c.pos] != c.left || r < 0 || sym[r] != c.right) continue;  // stale
-      sym[c.pos] = c.result;
-      sym[r] = -1;
-      next[c.pos] = next[r];
-      if (next[r] >= 0) prev[next[r]] = c.pos;
-      push(prev[c.pos]);
-      push(c.pos);
-    }
-    int32_t w = 0;
-    for (int32_t k = 0; k >= 0; k = next[k]) sym[w++] = sym[k];
-    sym.resize(w);
-  }
-
   void model(std::string_view piece, std::vector<int32_t>& out,
              std::vector<int32_t>& scratch) const {
     if (ignore_merges) {
@@ -452,7 +402,7 @@ struct HfTokenizer::Impl {
       }
     }
     initial_symbols(piece, scratch);
-    merge(scratch);
+    bpe_merge(scratch, merges, MergeOrder::kBestFirst);  // the library's order
     out.insert(out.end(), scratch.begin(), scratch.end());
     if (cached) {
       std::lock_guard<std::mutex> lock(cache_mutex);
@@ -719,8 +669,8 @@ void parse_model(const Reader& r, const json& j, Impl& impl, std::vector<std::st
       ids[p] = it->second;
     }
     // A repeated pair keeps its last rank, as the library's map (collected in order) does.
-    impl.merges.insert_or_assign(pair_key(ids[0], ids[1]),
-                                 Impl::Merge{static_cast<int32_t>(k), ids[2]});
+    impl.merges.insert_or_assign(bpe_pair_key(ids[0], ids[1]),
+                                 BpeMerge{static_cast<int32_t>(k), ids[2]});
   }
 }
 

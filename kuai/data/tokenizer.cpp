@@ -13,6 +13,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "kuai/data/bpe.h"
 #include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/text_split.h"
 
@@ -39,10 +40,6 @@ std::string read_file(const std::string& path) {
   ss << in.rdbuf();
   if (in.bad()) throw std::runtime_error(fmt::format("{}: read failed", path));
   return std::move(ss).str();
-}
-
-uint64_t pair_key(int32_t left, int32_t right) {
-  return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
 }
 
 // Maps a token string (GPT-2 alphabet characters) back to the raw bytes it stands for.
@@ -159,7 +156,7 @@ std::unique_ptr<Gpt2Tokenizer> Gpt2Tokenizer::load(const std::string& encoder_js
       parts[k] = it->second;
     }
     // A repeated pair keeps its last rank, as GPT-2's dict(zip(merges, range(...))) does.
-    tok->merges_[pair_key(parts[0], parts[1])] = Merge{rank++, parts[2]};
+    tok->merges_[bpe_pair_key(parts[0], parts[1])] = BpeMerge{rank++, parts[2]};
   }
   return tok;
 }
@@ -170,58 +167,13 @@ std::vector<std::string_view> Gpt2Tokenizer::pre_tokenize(std::string_view text)
   return pieces;
 }
 
-// Merges adjacent symbols, lowest rank first, every occurrence of that pair left to right
-// before the next rank (GPT-2's loop), in O(n log n): the symbols are a linked list over the
-// byte positions, the candidate pairs a min-heap on (rank, position) with stale entries skipped.
+// GPT-2's own merge order (bpe.h): every occurrence of the best pair before the next rank.
 std::vector<int32_t> Gpt2Tokenizer::bpe(std::string_view piece) const {
-  const int32_t n = static_cast<int32_t>(piece.size());
-  std::vector<int32_t> sym(n), prev(n), next(n);
-  for (int32_t k = 0; k < n; ++k) {
+  std::vector<int32_t> sym(piece.size());
+  for (size_t k = 0; k < piece.size(); ++k)
     sym[k] = byte_token_[static_cast<unsigned char>(piece[k])];
-    prev[k] = k - 1;
-    next[k] = k + 1 < n ? k + 1 : -1;
-  }
-  struct Candidate {
-    int32_t rank, pos, left, right, result;
-    bool operator>(const Candidate& o) const {
-      return rank != o.rank ? rank > o.rank : pos > o.pos;
-    }
-  };
-  std::vector<Candidate> heap;
-  const auto push = [&](int32_t pos) {  // the pair starting at node pos, if it has a rank
-    if (pos < 0 || next[pos] < 0) return;
-    const auto it = merges_.find(pair_key(sym[pos], sym[next[pos]]));
-    if (it == merges_.end()) return;
-    heap.push_back({it->second.rank, pos, sym[pos], sym[next[pos]], it->second.result});
-    std::push_heap(heap.begin(), heap.end(), std::greater<>{});
-  };
-  for (int32_t k = 0; k + 1 < n; ++k) push(k);
-
-  std::vector<int32_t> merged_at;
-  while (!heap.empty()) {
-    const int32_t rank = heap.front().rank;
-    merged_at.clear();
-    while (!heap.empty() && heap.front().rank == rank) {
-      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
-      const Candidate c = heap.back();
-      heap.pop_back();
-      const int32_t r = next[c.pos];
-      if (sym[c.pos] != c.left || r < 0 || sym[r] != c.right) continue;  // stale
-      sym[c.pos] = c.result;
-      sym[r] = -1;
-      next[c.pos] = next[r];
-      if (next[r] >= 0) prev[next[r]] = c.pos;
-      merged_at.push_back(c.pos);
-    }
-    // New pairs have other ranks, so they join only after this rank is done.
-    for (const int32_t pos : merged_at) {
-      push(prev[pos]);
-      push(pos);
-    }
-  }
-  std::vector<int32_t> out;
-  for (int32_t k = 0; k >= 0; k = next[k]) out.push_back(sym[k]);
-  return out;
+  bpe_merge(sym, merges_, MergeOrder::kRankByRank);
+  return sym;
 }
 
 std::vector<int32_t> Gpt2Tokenizer::encode(std::string_view text) const {

@@ -13,6 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kuai/data/bpe.h"
+
 namespace kuai::data {
 
 // Where `scripts/setup.sh --bpe` puts encoder.json and vocab.bpe (relative to the repository).
@@ -61,10 +63,6 @@ class Gpt2Tokenizer : public Tokenizer {
   static std::vector<std::string_view> pre_tokenize(std::string_view text);
 
  private:
-  struct Merge {
-    int32_t rank;
-    int32_t result;
-  };
   struct StringHash {
     using is_transparent = void;
     size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -74,9 +72,9 @@ class Gpt2Tokenizer : public Tokenizer {
   // BPE of one piece (raw bytes) into token ids.
   std::vector<int32_t> bpe(std::string_view piece) const;
 
-  std::vector<std::string> token_bytes_;        // id -> the raw bytes it stands for
-  int32_t byte_token_[256] = {};                // byte -> id of its single-symbol token
-  std::unordered_map<uint64_t, Merge> merges_;  // (left id << 32 | right id) -> rank, result
+  std::vector<std::string> token_bytes_;  // id -> the raw bytes it stands for
+  int32_t byte_token_[256] = {};          // byte -> id of its single-symbol token
+  BpeMerges merges_;
   int32_t eot_id_ = -1;
 
   mutable std::mutex cache_mutex_;
