@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -171,7 +170,7 @@ std::unique_ptr<kuai::nn::GPT> load_run_model(std::string run, std::string weigh
         if (std::filesystem::is_regular_file(run + "/tokenizer.json"))
           *tokenizer = run + "/tokenizer.json";
         else
-          *tokenizer = latest.model->config().vocab_size <= 256 ? "byte" : "gpt2";
+          *tokenizer = kuai::data::tokenizer_for_vocab(latest.model->config().vocab_size);
       }
       return std::move(latest.model);
     }
@@ -188,57 +187,36 @@ std::unique_ptr<kuai::nn::GPT> load_run_model(std::string run, std::string weigh
   return model;
 }
 
-// Writes OUT_DIR/tokenizer.json for an export: the run's own tokenizer.json (beside its weights),
-// else kuai's byte or GPT-2 tokenizer written in that format. Returns the kind written, or "" (a
-// note on stderr says why) when there is none to write.
-std::string export_tokenizer(const std::string& weights, const std::string& run,
-                             const std::string& out_dir) {
+// The tokenizer.json an export of `weights` (or of `run`'s checkpoint) carries: the run's own
+// (beside its weights), else `kind`, the tokenizer its weights name, written in that format.
+// Empty, with a note on stderr saying why, when there is none to write.
+std::string export_tokenizer_json(const std::string& kind, const std::string& weights,
+                                  const std::string& run) {
   namespace fs = std::filesystem;
-  std::string kind;
   const fs::path beside = fs::path(weights).parent_path() / "tokenizer.json";
-  if (fs::is_regular_file(beside)) {
-    kind = beside.string();
-  } else if (fs::is_regular_file(fs::path(run) / "tokenizer.json")) {
-    kind = (fs::path(run) / "tokenizer.json").string();
-  } else if (fs::is_regular_file(weights)) {
-    kind = kuai::io::read_weights_info(weights).tokenizer;
-  } else {
-    kind = kuai::train::read_latest_model(run).model->config().vocab_size <= 256 ? "byte" : "gpt2";
-  }
-  std::string text;
-  if (kind == "byte") {
-    text = kuai::data::byte_tokenizer_json();
-  } else if (kind == "gpt2") {
+  for (const fs::path& own : {beside, fs::path(run) / "tokenizer.json"})
+    if (fs::is_regular_file(own))
+      return kuai::data::HfTokenizer::load(own.string())->json_text();  // checked, then copied
+  if (kind == "byte") return kuai::data::byte_tokenizer_json();
+  if (kind == "gpt2") {
     const fs::path dir = kuai::data::kDefaultBpeDir;
-    if (!fs::is_regular_file(dir / "encoder.json") || !fs::is_regular_file(dir / "vocab.bpe")) {
-      std::cerr << fmt::format(
-          "kuai export: no tokenizer.json written: GPT-2's files are not in {} (scripts/setup.sh "
-          "--bpe)\n",
-          dir.string());
-      return "";
-    }
-    text = kuai::data::gpt2_tokenizer_json((dir / "encoder.json").string(),
-                                           (dir / "vocab.bpe").string());
+    if (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe"))
+      return kuai::data::gpt2_tokenizer_json((dir / "encoder.json").string(),
+                                             (dir / "vocab.bpe").string());
+    std::cerr << fmt::format(
+        "kuai export: no tokenizer.json written: GPT-2's files are not in {} (scripts/setup.sh "
+        "--bpe)\n",
+        dir.string());
   } else if (kind == "tokenizer.json") {  // named by the weights, but not beside them
     std::cerr << fmt::format(
         "kuai export: no tokenizer.json written: {} was trained with a tokenizer.json, which is "
         "not beside it (copy the run's tokenizer.json to {})\n",
         weights, beside.string());
-    return "";
-  } else if (kind.size() > 5 && kind.ends_with(".json")) {
-    text = kuai::data::HfTokenizer::load(kind)->json_text();  // checked before it is copied
   } else {
     std::cerr << fmt::format("kuai export: no tokenizer.json written: unknown tokenizer \"{}\"\n",
                              kind);
-    return "";
   }
-  const fs::path target = fs::path(out_dir) / "tokenizer.json", tmp = target.string() + ".tmp";
-  std::ofstream out(tmp, std::ios::binary);
-  out << text;
-  out.close();
-  if (!out) throw std::runtime_error(tmp.string() + ": cannot write");
-  fs::rename(tmp, target);
-  return kind;
+  return "";
 }
 
 int export_command(const std::vector<std::string>& args) {
@@ -276,10 +254,15 @@ int export_command(const std::vector<std::string>& args) {
         "{}: no trained model here (no model.safetensors and no checkpoint; run `kuai train` "
         "first)",
         run));
+  std::string tokenizer_json;
   if (!from_checkpoint) {
-    cfg = kuai::io::read_weights_info(weights).model;  // names the file when there is none
+    const kuai::io::WeightsInfo info =
+        kuai::io::read_weights_info(weights);  // names a missing file
+    cfg = info.model;
+    tokenizer_json = export_tokenizer_json(info.tokenizer, weights, run);
     kuai::io::export_hf(
-        hf, cfg, [&](const auto& fn) { (void)kuai::io::read_weights_stream(weights, fn); }, stored);
+        hf, cfg, [&](const auto& fn) { (void)kuai::io::read_weights_stream(weights, fn); }, stored,
+        tokenizer_json);
   } else {
     for (int attempt = 1;; ++attempt) {
       const std::string dir = kuai::train::resolve_checkpoint(run);
@@ -289,8 +272,11 @@ int export_command(const std::vector<std::string>& args) {
         std::cerr << fmt::format(
             "kuai export: {} has no model.safetensors yet; using {} (step {})\n", run, dir,
             c.state.step);
+        tokenizer_json =
+            export_tokenizer_json(kuai::data::tokenizer_for_vocab(cfg.vocab_size), weights, run);
         kuai::io::export_hf(
-            hf, cfg, [&](const auto& fn) { kuai::train::read_model_stream(c, cfg, fn); }, stored);
+            hf, cfg, [&](const auto& fn) { kuai::train::read_model_stream(c, cfg, fn); }, stored,
+            tokenizer_json);
         break;
       } catch (const std::exception&) {
         // Pruned under us by a trainer that saved a newer one: read `latest` again.
@@ -298,10 +284,9 @@ int export_command(const std::vector<std::string>& args) {
       }
     }
   }
-  const std::string written = export_tokenizer(weights, run, hf);
   std::cout << fmt::format("{}: model.safetensors, config.json{} ({}, {})\n", hf,
-                           written.empty() ? "" : " and tokenizer.json", kuai::nn::describe(cfg),
-                           dtype);
+                           tokenizer_json.empty() ? "" : " and tokenizer.json",
+                           kuai::nn::describe(cfg), dtype);
   return 0;
 }
 

@@ -12,6 +12,7 @@
 
 #include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/token_file.h"
+#include "kuai/io/text_file.h"
 
 namespace kuai::data {
 
@@ -50,13 +51,7 @@ PrepareStats prepare_token_file(const std::string& text_path, const std::string&
   }
   const std::string side = tokenizer_file_of(out_path);
   if (const auto* hf = dynamic_cast<const HfTokenizer*>(&tok)) {
-    const std::string tmp = side + ".tmp";
-    std::ofstream out(tmp, std::ios::binary);
-    out << hf->json_text();
-    out.close();
-    if (!out)
-      throw std::runtime_error(fmt::format("{}: cannot write: {}", tmp, std::strerror(errno)));
-    std::filesystem::rename(tmp, side);
+    io::write_text_atomically(side, hf->json_text());
   } else {
     std::filesystem::remove(side);  // an earlier prepare's, with another tokenizer
   }

@@ -213,6 +213,8 @@ std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
 
 // --- make_tokenizer --------------------------------------------------------------------------
 
+std::string tokenizer_for_vocab(int64_t vocab_size) { return vocab_size <= 256 ? "byte" : "gpt2"; }
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& kind, const std::string& bpe_dir) {
   if (names_tokenizer_json(kind)) {
     const std::filesystem::path p(kind);

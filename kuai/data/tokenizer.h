@@ -81,6 +81,9 @@ class Gpt2Tokenizer : public Tokenizer {
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache_;
 };
 
+// kuai's tokenizer for a model of vocab_size ids that names none: "byte" up to 256, else "gpt2".
+std::string tokenizer_for_vocab(int64_t vocab_size);
+
 // kind "byte", "gpt2" (bpe_dir holds encoder.json and vocab.bpe, e.g. kDefaultBpeDir), or the path
 // of a Hugging Face tokenizer.json (or of a directory holding one; hf_tokenizer.h). Throws
 // std::runtime_error for an unknown kind (naming the allowed ones), a missing vocabulary file

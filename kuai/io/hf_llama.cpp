@@ -18,6 +18,7 @@
 #include "kuai/core/ops.h"
 #include "kuai/io/safetensors.h"
 #include "kuai/io/tensor_io.h"
+#include "kuai/io/text_file.h"
 
 namespace kuai::io {
 namespace {
@@ -71,19 +72,6 @@ void require_llama(const nn::GPTConfig& cfg, const char* what) {
     throw std::invalid_argument(
         fmt::format("{}: Hugging Face's LLaMA layout needs model.family = \"llama\", not \"{}\"",
                     what, cfg.family));
-}
-
-void write_text_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) fail(tmp, "cannot write");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) fail(path, "cannot rename " + tmp + " into place (" + ec.message() + ")");
 }
 
 }  // namespace
@@ -277,7 +265,7 @@ void export_hf(const std::string& dir, const nn::GPT& model, DType stored) {
 }
 
 void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const ParameterStream& params,
-               DType stored) {
+               DType stored, const std::string& tokenizer_json) {
   require_llama(cfg, "export_hf");
   if (stored != DType::kF32 && stored != DType::kBF16)
     throw std::invalid_argument("export_hf: stored dtype must be f32 or bf16");
@@ -306,7 +294,9 @@ void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const Parameter
   std::filesystem::create_directories(dir);
   // An older config.json goes first and the new one comes last, so a failure in between leaves
   // weights without a config (refused by read_hf), never a config describing other weights.
+  // An older tokenizer.json goes too: it may be another model's.
   std::filesystem::remove(dir + "/config.json");
+  std::filesystem::remove(dir + "/tokenizer.json");
   SafetensorsWriter file(path, views, {{"format", "pt"}});
   std::set<std::string> done;
   params([&](const std::string& name, const Tensor& t) {
@@ -333,6 +323,7 @@ void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const Parameter
   for (const auto& [name, unused] : first_view)
     if (!done.count(name)) fail(path, fmt::format("parameter \"{}\" was never given", name));
   file.finish();
+  if (!tokenizer_json.empty()) write_text_atomically(dir + "/tokenizer.json", tokenizer_json);
   write_text_atomically(dir + "/config.json", hf_config_json(cfg, stored));
 }
 

@@ -45,7 +45,9 @@ std::string hf_config_json(const nn::GPTConfig& cfg, DType stored);
 nn::GPTConfig parse_hf_config(const std::string& text, const std::string& path);
 
 // Writes dir/model.safetensors and dir/config.json (each atomically, config.json last and an older
-// one removed first; dir is created). `stored` is F32 or BF16.
+// one removed first; dir is created). `stored` is F32 or BF16. With tokenizer_json (the text of a
+// tokenizer.json, data/hf_tokenizer.h) dir/tokenizer.json too, before config.json; an older one is
+// removed either way.
 void export_hf(const std::string& dir, const nn::GPT& model, DType stored = DType::kF32);
 // The same from a stream of the model's parameters under kuai's names (each once, fp32 or any
 // dtype, in any order): each is split and written as it comes, so at most one parameter is held
@@ -54,7 +56,7 @@ void export_hf(const std::string& dir, const nn::GPT& model, DType stored = DTyp
 using ParameterStream =
     std::function<void(const std::function<void(const std::string& name, const Tensor& t)>&)>;
 void export_hf(const std::string& dir, const nn::GPTConfig& cfg, const ParameterStream& params,
-               DType stored = DType::kF32);
+               DType stored = DType::kF32, const std::string& tokenizer_json = "");
 
 // A Hugging Face LLaMA directory read one of kuai's parameters at a time. The constructor reads
 // config.json and maps the weight file (or the shards model.safetensors.index.json names), and

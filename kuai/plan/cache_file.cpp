@@ -3,8 +3,8 @@
 
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <stdexcept>
+
+#include "kuai/io/text_file.h"
 
 namespace kuai::plan {
 
@@ -18,13 +18,7 @@ std::string cache_file(const std::string& name) {
 
 void save_file_atomically(const std::string& path, const std::string& text) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << text;
-    if (!out) throw std::runtime_error(tmp + ": cannot write");
-  }
-  std::filesystem::rename(tmp, path);
+  io::write_text_atomically(path, text);
 }
 
 }  // namespace kuai::plan

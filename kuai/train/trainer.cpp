@@ -210,7 +210,7 @@ io::ExportOptions export_options(const TrainConfig& cfg, int64_t step) {
   io::ExportOptions o;
   o.dtype = cfg.export_dtype == "bf16" ? DType::kBF16 : DType::kF32;
   o.step = step;
-  o.tokenizer = cfg.model.vocab_size <= 256 ? "byte" : "gpt2";
+  o.tokenizer = data::tokenizer_for_vocab(cfg.model.vocab_size);
   return o;
 }
 
