@@ -18,6 +18,7 @@
 #include <string_view>
 
 #include "kuai/data/hf_tokenizer.h"
+#include "tests/support/sentencepiece_json.h"
 
 namespace {
 
@@ -34,60 +35,13 @@ void check_ids(const HfTokenizer& tok, const std::vector<int32_t>& ids, std::str
     if (id < 0 || id >= tok.vocab_size()) fail("an id outside the vocabulary", text);
 }
 
+// With "▁ ▁" too, so that runs of spaces merge.
 std::string sentencepiece_json() {
-  using json = nlohmann::json;
-  const std::string sp = "\u2581";
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
-  int id = 3;
-  char name[8];
-  for (int b = 0; b < 256; ++b) {
-    std::snprintf(name, sizeof name, "<0x%02X>", b);
-    vocab[name] = id++;
-  }
-  vocab[sp] = id++;
-  for (char c = '!'; c <= '~'; ++c) vocab[std::string(1, c)] = id++;
-  json merges = json::array();
-  for (const std::string word : {"the", "and", "<s"}) {
-    std::string left = sp;
-    for (const char c : word) {
-      merges.push_back(left + " " + std::string(1, c));
-      left += c;
-      if (!vocab.contains(left)) vocab[left] = id++;
-    }
-  }
-  merges.push_back(sp + " " + sp);
-  vocab[sp + sp] = id++;
-  const auto added = [](int i, const std::string& c) {
-    return json{{"id", i},         {"content", c},        {"single_word", false}, {"lstrip", false},
-                {"rstrip", false}, {"normalized", false}, {"special", true}};
-  };
-  return json{{"added_tokens", {added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")}},
-              {"normalizer",
-               {{"type", "Sequence"},
-                {"normalizers",
-                 {{{"type", "Prepend"}, {"prepend", sp}},
-                  {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}}}}},
-              {"post_processor",
-               {{"type", "TemplateProcessing"},
-                {"single",
-                 {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                  {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-                {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-              {"decoder",
-               {{"type", "Sequence"},
-                {"decoders",
-                 {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
-                  {{"type", "ByteFallback"}},
-                  {{"type", "Fuse"}},
-                  {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-              {"model",
-               {{"type", "BPE"},
-                {"unk_token", "<unk>"},
-                {"fuse_unk", true},
-                {"byte_fallback", true},
-                {"vocab", vocab},
-                {"merges", merges}}}}
-      .dump();
+  nlohmann::json j = kuai::test::byte_fallback_tokenizer({"the", "and", "<s"});
+  const std::string sp = kuai::test::kSpaceSign;
+  j["model"]["merges"].push_back(sp + " " + sp);
+  j["model"]["vocab"][sp + sp] = static_cast<int>(j["model"]["vocab"].size());
+  return j.dump();
 }
 
 }  // namespace

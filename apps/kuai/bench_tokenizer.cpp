@@ -18,6 +18,7 @@
 #include "bench.h"
 #include "command.h"
 #include "kuai/data/hf_tokenizer.h"
+#include "kuai/data/token_file.h"
 
 namespace kuai::app {
 namespace {
@@ -82,17 +83,17 @@ int run_tokenizer_bench(const std::vector<std::string>& args) {
       if (only.empty() || ("," + only + ",").find("," + c.name + ",") != std::string::npos)
         cases.push_back(c);
   }
-  // The KJV as the default corpus makes it (data/kjv.bin: a 24-byte header, then its bytes).
+  // The KJV, from the default corpus (data/kjv.bin, written by scripts/setup.sh).
   std::string scratch;
   if (text.empty()) {
     scratch =
         (std::filesystem::temp_directory_path() / fmt::format("kuai_bench_kjv_{}.txt", ::getpid()))
             .string();
-    std::ifstream in("data/kjv.bin", std::ios::binary);
-    if (!in)
-      throw std::invalid_argument("data/kjv.bin not found (run scripts/setup.sh, or --text)");
-    in.seekg(24);
-    std::ofstream(scratch, std::ios::binary) << in.rdbuf();
+    // The default corpus is byte-level: its tokens are the text's bytes.
+    const data::TokenFile kjv = data::TokenFile::open("data/kjv.bin");
+    std::string bytes(static_cast<size_t>(kjv.size()), '\0');
+    for (int64_t i = 0; i < kjv.size(); ++i) bytes[i] = static_cast<char>(kjv[i]);
+    std::ofstream(scratch, std::ios::binary) << bytes;
     text = scratch;
   }
   const std::vector<std::string> lines = read_lines(text);

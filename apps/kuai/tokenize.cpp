@@ -69,33 +69,28 @@ int run_tokenize(const std::vector<std::string>& args) {
     if (!in_file) throw std::invalid_argument(file + ": cannot open");
   }
   std::istream& in = file.empty() ? std::cin : in_file;
-  std::string line, out;
-  int64_t line_no = 0;
-  if (whole) {  // the whole input as one text: its ids on one line
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    line = std::move(ss).str();
-    const std::vector<int32_t> ids = hf ? hf->encode(line, special) : tok->encode(line);
-    for (size_t k = 0; k < ids.size(); ++k)
-      fmt::format_to(std::back_inserter(out), "{}{}", k ? " " : "", ids[k]);
-    out += '\n';
-    std::fwrite(out.data(), 1, out.size(), stdout);
-    return 0;
-  }
-  while (std::getline(in, line)) {
-    ++line_no;
-    out.clear();
+  // One line of output: a text's ids, or the text of a line of ids.
+  const auto emit = [&](const std::string& text, int64_t line_no) {
+    std::string out;
     if (decode) {
-      const std::vector<int32_t> ids = parse_ids(line, line_no);
+      const std::vector<int32_t> ids = parse_ids(text, line_no);
       out = hf ? hf->decode(ids, !special) : tok->decode(ids);
     } else {
-      const std::vector<int32_t> ids = hf ? hf->encode(line, special) : tok->encode(line);
+      const std::vector<int32_t> ids = hf ? hf->encode(text, special) : tok->encode(text);
       for (size_t k = 0; k < ids.size(); ++k)
         fmt::format_to(std::back_inserter(out), "{}{}", k ? " " : "", ids[k]);
     }
     out += '\n';
     std::fwrite(out.data(), 1, out.size(), stdout);
+  };
+  if (whole) {  // the whole input as one text
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    emit(std::move(ss).str(), 1);
+    return 0;
   }
+  std::string line;
+  for (int64_t line_no = 1; std::getline(in, line); ++line_no) emit(line, line_no);
   return 0;
 }
 

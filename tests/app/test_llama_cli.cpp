@@ -1,7 +1,6 @@
 // The command line with a llama run, end to end: `kuai train` a tiny llama, `kuai sample` from
 // the run, `kuai export --hf` it, `kuai sample --hf` from the export, and a new run started from
 // the export with model.init_hf whose first loss is the trained model's, not a fresh one's.
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,6 +16,7 @@
 #include "kuai/io/tensor_io.h"
 
 #include "../support/run_kuai.h"
+#include "../support/sentencepiece_json.h"
 
 namespace kuai {
 namespace {
@@ -106,63 +106,6 @@ std::string read_file(const fs::path& p) {
   return ss.str();
 }
 
-// A SentencePiece-style tokenizer.json of LLaMA-2's shape, small: <unk> <s> </s>, the 256 byte
-// tokens, "▁", printable ASCII, and merges that build a few words.
-std::string small_llama_tokenizer_json() {
-  using json = nlohmann::json;
-  const std::string sp = "\u2581";
-  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
-  int id = 3;
-  for (int b = 0; b < 256; ++b) vocab[fmt::format("<0x{:02X}>", b)] = id++;
-  vocab[sp] = id++;
-  for (char c = '!'; c <= '~'; ++c) vocab[std::string(1, c)] = id++;
-  json merges = json::array();
-  for (const std::string word : {"the", "heaven", "earth", "God", "In", "and", "beginning"}) {
-    std::string left = sp;
-    for (const char c : word) {
-      const std::string right(1, c);
-      merges.push_back(left + " " + right);
-      left += right;
-      if (!vocab.contains(left)) vocab[left] = id++;
-    }
-  }
-  auto added = [](int i, const std::string& c) {
-    return json{{"id", i},         {"content", c},        {"single_word", false}, {"lstrip", false},
-                {"rstrip", false}, {"normalized", false}, {"special", true}};
-  };
-  json j = {{"version", "1.0"},
-            {"truncation", nullptr},
-            {"padding", nullptr},
-            {"added_tokens", {added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")}},
-            {"normalizer",
-             {{"type", "Sequence"},
-              {"normalizers",
-               {{{"type", "Prepend"}, {"prepend", sp}},
-                {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", sp}}}}}},
-            {"pre_tokenizer", nullptr},
-            {"post_processor",
-             {{"type", "TemplateProcessing"},
-              {"single",
-               {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-              {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-            {"decoder",
-             {{"type", "Sequence"},
-              {"decoders",
-               {{{"type", "Replace"}, {"pattern", {{"String", sp}}}, {"content", " "}},
-                {{"type", "ByteFallback"}},
-                {{"type", "Fuse"}},
-                {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-            {"model",
-             {{"type", "BPE"},
-              {"unk_token", "<unk>"},
-              {"fuse_unk", true},
-              {"byte_fallback", true},
-              {"vocab", vocab},
-              {"merges", merges}}}};
-  return j.dump();
-}
-
 // A text prompt through the Hugging Face layout: `kuai prepare` with a tokenizer.json keeps it
 // beside the token file, the run copies it, `kuai export --hf` writes it beside the model, and
 // `kuai sample --hf` encodes the prompt and decodes the output with it; a run fine-tuned from the
@@ -171,7 +114,9 @@ TEST(LlamaCli, TokenizerJsonTravelsThroughTheHuggingFaceLayout) {
   const fs::path root = fs::temp_directory_path() / "kuai_llama_cli_tokenizer";
   fs::remove_all(root);
   fs::create_directories(root);
-  const std::string tokenizer_json = small_llama_tokenizer_json();
+  const std::string tokenizer_json =
+      test::byte_fallback_tokenizer({"the", "heaven", "earth", "God", "In", "and", "beginning"})
+          .dump();
   {
     std::ofstream(root / "tokenizer.json", std::ios::binary) << tokenizer_json;
     std::ofstream text(root / "text.txt", std::ios::binary);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "../support/sentencepiece_json.h"
 #include "kuai/data/hf_tokenizer.h"
 #include "kuai/data/text_split.h"
 #include "kuai/data/tokenizer.h"
@@ -23,7 +24,7 @@ using json = nlohmann::json;
 using Ids = std::vector<int32_t>;
 
 const std::string kSourceDir = KUAI_SOURCE_DIR;
-const std::string kSp = "\u2581";  // SentencePiece's space sign
+const std::string& kSp = test::kSpaceSign;
 
 std::string temp_dir(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / ("kuai_hf_tokenizer_" + name);
@@ -36,10 +37,7 @@ void write_text(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-json added(int id, const std::string& content, bool special = true) {
-  return {{"id", id},        {"content", content},  {"single_word", false}, {"lstrip", false},
-          {"rstrip", false}, {"normalized", false}, {"special", special}};
-}
+using test::added_token;
 
 // A small LLaMA-2-shaped file: <unk> <s> </s>, byte tokens for 0xE2 0x82 0xAC (the euro sign)
 // and 0x0A, then characters and merges.
@@ -49,37 +47,7 @@ json llama_like() {
                 {"a", 8},      {"b", 9},         {"c", 10},     {kSp + "a", 11},
                 {"ab", 12},    {kSp + "ab", 13}, {"é", 14},     {kSp + kSp, 15}};
   json merges = {kSp + " a", "a b", kSp + "a b", kSp + " " + kSp};
-  return {{"version", "1.0"},
-          {"truncation", nullptr},
-          {"padding", nullptr},
-          {"added_tokens", {added(0, "<unk>"), added(1, "<s>"), added(2, "</s>")}},
-          {"normalizer",
-           {{"type", "Sequence"},
-            {"normalizers",
-             {{{"type", "Prepend"}, {"prepend", kSp}},
-              {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSp}}}}}},
-          {"pre_tokenizer", nullptr},
-          {"post_processor",
-           {{"type", "TemplateProcessing"},
-            {"single",
-             {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-              {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
-            {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {1}}, {"tokens", {"<s>"}}}}}}}},
-          {"decoder",
-           {{"type", "Sequence"},
-            {"decoders",
-             {{{"type", "Replace"}, {"pattern", {{"String", kSp}}}, {"content", " "}},
-              {{"type", "ByteFallback"}},
-              {{"type", "Fuse"}},
-              {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
-          {"model",
-           {{"type", "BPE"},
-            {"dropout", nullptr},
-            {"unk_token", "<unk>"},
-            {"fuse_unk", true},
-            {"byte_fallback", true},
-            {"vocab", vocab},
-            {"merges", merges}}}};
+  return test::sentencepiece_tokenizer(vocab, merges);
 }
 
 std::unique_ptr<HfTokenizer> parse(const json& j, const std::string& name = "test.json") {
@@ -132,8 +100,8 @@ TEST(HfTokenizer, DecodingAPrefixOfTheIdsGivesAPrefixOfTheText) {
 
 TEST(HfTokenizer, AddedTokensAreCutOutBeforeNormalizing) {
   json j = llama_like();
-  j["added_tokens"].push_back(added(16, "<|x|>"));
-  json strip = added(17, "[S]", false);
+  j["added_tokens"].push_back(added_token(16, "<|x|>"));
+  json strip = added_token(17, "[S]", false);
   strip["lstrip"] = true;
   strip["rstrip"] = true;
   j["added_tokens"].push_back(strip);
@@ -174,7 +142,7 @@ TEST(HfTokenizer, MetaspacePreTokenizerAndDecoder) {
       {"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "first"}, {"split", false}};
   j["decoder"] = {
       {"type", "Metaspace"}, {"replacement", kSp}, {"prepend_scheme", "first"}, {"split", false}};
-  j["added_tokens"].push_back(added(16, "<|x|>"));
+  j["added_tokens"].push_back(added_token(16, "<|x|>"));
   auto tok = parse(j);
   // "first": only the stretch at the start of the text gets the ▁.
   EXPECT_EQ(tok->encode("ab<|x|>ab", false), (Ids{13, 16, 12}));
