@@ -28,6 +28,10 @@ Backend& backend_for(Device device) {
 
 bool backend_available(DeviceType type) { return slots()[static_cast<size_t>(type)] != nullptr; }
 
+AttentionKernel default_attention_kernel(const AttentionShape& s) {
+  return s.seq >= kFlashDefaultMinT ? AttentionKernel::kFlash : AttentionKernel::kNaive;
+}
+
 namespace {
 thread_local Device t_default_device = kCPU;
 }  // namespace

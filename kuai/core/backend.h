@@ -25,6 +25,19 @@ namespace kuai {
 class Primitive;
 class Tensor;
 
+// A causal self-attention a model is about to run (queries, keys and values (B, H, T, d); keys and
+// values with kv_heads heads), for Backend::faster_attention.
+struct AttentionShape {
+  int64_t batch = 1, heads = 1, kv_heads = 1, seq = 1, head_dim = 1;
+  DType dtype = DType::kF32;
+  bool causal = true;
+};
+enum class AttentionKernel { kNaive, kFlash };
+// Without a measurement: flash from this many positions on (where it measured faster on a 2-core
+// AVX2 CPU; docs/flash_attention.md), naive below.
+inline constexpr int64_t kFlashDefaultMinT = 2048;
+AttentionKernel default_attention_kernel(const AttentionShape& s);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -54,6 +67,14 @@ class Backend {
 
   // Runs `p` on inputs and preallocated outputs that live on this device.
   virtual void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> out) = 0;
+
+  // Which attention kernel runs `s` faster on this device, forward and backward together: what a
+  // model with attention = "auto" runs. A backend that can measures both kernels once per shape
+  // and keeps the answer (the CPU's tuning cache), so that every later run makes the same choice;
+  // the default is default_attention_kernel.
+  virtual AttentionKernel faster_attention(const AttentionShape& s) {
+    return default_attention_kernel(s);
+  }
 };
 
 // Called once per device type from the backend's own translation unit, by a constructor function

@@ -34,13 +34,17 @@ void evaluate(const Primitive& p, std::span<const Tensor> in, std::span<Tensor> 
   const Device d =
       in.empty() ? (out.empty() ? p.output_device() : out[0].device()) : in[0].device();
   const bool profile = profiler::enabled();
+  // The bytes are taken before evaluation: an output may take over an input's buffer.
+  Cost cost;
+  if (profile) cost = p.cost(in, {out.data(), out.size()});
   const auto t0 =
       profile ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   backend_for(d).evaluate(p, in, out);
   if (profile)
     profiler::record(
         p.name(),
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+        0.0, static_cast<double>(cost.bytes_read + cost.bytes_written));
 }
 
 namespace {
@@ -58,6 +62,13 @@ ModeGuard::~ModeGuard() {
   std::vector<DispatchMode*>& s = mode_stack();
   if (s.empty() || s.back() != mode_) std::terminate();  // guards must nest
   s.pop_back();
+}
+
+NoModesGuard::NoModesGuard() { saved_.swap(mode_stack()); }
+
+NoModesGuard::~NoModesGuard() {
+  if (!mode_stack().empty()) std::terminate();  // guards must nest
+  saved_.swap(mode_stack());
 }
 
 std::span<DispatchMode* const> active_modes() { return mode_stack(); }

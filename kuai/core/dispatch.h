@@ -53,6 +53,20 @@ class ModeGuard {
   DispatchMode* mode_;
 };
 
+// RAII: no mode is active on this thread while it lives (the stack is set aside and put back):
+// for code that runs ops of its own in the middle of a step, such as a backend measuring which of
+// two kernels is faster, whose ops must neither be recorded by a capture nor cast by autocast.
+class NoModesGuard {
+ public:
+  NoModesGuard();
+  ~NoModesGuard();
+  NoModesGuard(const NoModesGuard&) = delete;
+  NoModesGuard& operator=(const NoModesGuard&) = delete;
+
+ private:
+  std::vector<DispatchMode*> saved_;
+};
+
 // This thread's modes, outermost first.
 std::span<DispatchMode* const> active_modes();
 // Whether one of them records (DispatchMode::records).

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kuai/core/autograd.h"
+#include "kuai/core/backend.h"
 #include "kuai/core/ops.h"
 #include "kuai/nn/llama.h"
 
@@ -32,6 +33,35 @@ AttentionImpl parse_attention_impl(const std::string& name) {
                               "' (one of \"naive\", \"flash\", \"auto\")");
 }
 
+AttentionShape attention_shape(const GPTConfig& cfg, int64_t batch, DType dtype) {
+  AttentionShape s;
+  s.batch = batch;
+  s.heads = cfg.n_head;
+  s.kv_heads = cfg.kv_heads();
+  s.seq = cfg.seq_len;
+  s.head_dim = cfg.d_model / cfg.n_head;
+  s.dtype = dtype;
+  s.causal = true;
+  return s;
+}
+
+bool runs_flash(AttentionImpl impl, const AttentionShape& s, Device device) {
+  if (impl != AttentionImpl::kAuto) return impl == AttentionImpl::kFlash;
+  return backend_for(device).faster_attention(s) == AttentionKernel::kFlash;
+}
+
+bool AttentionModule::use_flash(const Tensor& q, const Tensor& k) const {
+  if (impl_ != AttentionImpl::kAuto) return impl_ == AttentionImpl::kFlash;
+  AttentionShape s;
+  s.batch = q.size(0);
+  s.heads = q.size(1);
+  s.kv_heads = k.size(1);
+  s.seq = q.size(2);
+  s.head_dim = q.size(3);
+  s.dtype = q.dtype();
+  return runs_flash(impl_, s, q.device());
+}
+
 CausalSelfAttention::CausalSelfAttention(int64_t d_model, int64_t n_head, Generator& gen)
     : n_head_(n_head) {
   if (n_head <= 0 || d_model % n_head != 0)
@@ -46,10 +76,9 @@ Tensor CausalSelfAttention::forward(const Tensor& x) const {
   std::vector<Tensor> qkv = chunk(c_attn_->forward(x), 3, -1);  // 3 x (B, T, C) views
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, hd}), 1, 2); };
   // (B, H, T, hd): flash keeps one fp32 lse per row for the backward, naive the probabilities.
-  Tensor y = use_flash(T)
-                 ? flash_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), /*causal=*/true)
-                 : scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                                /*causal=*/true);
+  const Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  Tensor y = use_flash(q, k) ? flash_attention(q, k, v, /*causal=*/true)
+                             : scaled_dot_product_attention(q, k, v, /*causal=*/true);
   y = reshape(transpose(y, 1, 2), {B, T, C});  // a view: y is (B, T, H, hd)
   return c_proj_->forward(y);
 }

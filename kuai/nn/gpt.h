@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kuai/core/backend.h"
 #include "kuai/nn/checkpoint.h"
 #include "kuai/nn/layers.h"
 #include "kuai/nn/units.h"
@@ -51,17 +52,18 @@ int64_t llama_ffn_hidden(int64_t d_model);
 std::string describe(const GPTConfig& cfg);
 
 // How attention is computed: naive (the (B, H, T, T) probabilities materialised and kept for the
-// backward), flash (tiled, O(T) memory: FlashAttention), or auto: flash from kFlashAutoMinT
-// positions on, where it measured faster on a 2-core AVX2 CPU (docs/flash_attention.md: kuai's
-// naive attention is 10-50% faster up to T = 1024, flash 2-7% faster from 2048 on). Flash keeps
+// backward), flash (tiled, O(T) memory: FlashAttention), or auto: whichever of the two runs the
+// model's attention shape faster on the device, forward and backward together, as the device's
+// backend measured it (Backend::faster_attention: the CPU measures each shape once and keeps the
+// answer in its tuning cache; with nothing measured, flash from 2048 positions). Flash keeps
 // 3-36x less memory at every T; choose it explicitly when memory is what limits.
 enum class AttentionImpl { kNaive, kFlash, kAuto };
-inline constexpr int64_t kFlashAutoMinT = 2048;
 const char* attention_impl_name(AttentionImpl impl);  // "naive" | "flash" | "auto"
-// Whether `impl` runs flash attention over T positions (auto: from kFlashAutoMinT on).
-inline bool runs_flash(AttentionImpl impl, int64_t T) {
-  return impl == AttentionImpl::kFlash || (impl == AttentionImpl::kAuto && T >= kFlashAutoMinT);
-}
+// The causal self-attention of `cfg`'s blocks at this batch, in dtype `dtype`.
+AttentionShape attention_shape(const GPTConfig& cfg, int64_t batch, DType dtype);
+// Whether `impl` runs flash attention on `s` (auto: the kernel the backend of `device` finds
+// faster; a meta device answers as the CPU).
+bool runs_flash(AttentionImpl impl, const AttentionShape& s, Device device = kCPU);
 AttentionImpl parse_attention_impl(const std::string& name);  // throws naming the choices
 
 // Keys and values of the positions seen so far, per layer, for incremental decoding: each new
@@ -82,7 +84,8 @@ class AttentionModule : public Module {
   void set_impl(AttentionImpl impl) { impl_ = impl; }
 
  protected:
-  bool use_flash(int64_t T) const { return runs_flash(impl_, T); }
+  // q (B, H, T, d) and k (B, Hkv, T, d) as the kernel will get them.
+  bool use_flash(const Tensor& q, const Tensor& k) const;
   AttentionImpl impl_ = AttentionImpl::kNaive;
 };
 

@@ -112,7 +112,8 @@ StepSpec step_spec(const train::TrainConfig& cfg, int64_t ranks, int threads) {
   s.seq = cfg.model.seq_len;
   s.accum = cfg.accum_steps;
   s.compute = amp::precision_dtype(cfg.precision);
-  s.flash = nn::runs_flash(nn::parse_attention_impl(cfg.attention), s.seq);
+  s.flash = nn::runs_flash(nn::parse_attention_impl(cfg.attention),
+                           nn::attention_shape(s.model, s.batch, s.compute));
   s.ranks = ranks;
   s.zero = ranks > 1 ? cfg.zero : 0;
   s.compression = ranks > 1 ? cfg.compression : "none";
@@ -323,9 +324,11 @@ std::vector<FitOption> fit(const train::TrainConfig& cfg, int64_t ranks, int64_t
   std::vector<int64_t> rank_options = {ranks};
   for (int64_t f : {2, 4, 8, 16, 32, 64})
     if ((B * ranks) % (ranks * f) == 0) rank_options.push_back(ranks * f);
-  // Flash only where the config does not run it already ("auto" does from 2048 tokens).
-  const bool flash_already =
-      nn::runs_flash(nn::parse_attention_impl(cfg.attention), cfg.model.seq_len);
+  // Flash only where the config does not run it already ("auto": where this machine measured it
+  // faster).
+  const bool flash_already = nn::runs_flash(
+      nn::parse_attention_impl(cfg.attention),
+      nn::attention_shape(cfg.model.resolved(), B, amp::precision_dtype(cfg.precision)));
   std::vector<FitOption> out;
   std::set<std::string> seen;
   for (int64_t n : rank_options) {

@@ -45,6 +45,7 @@
 #include "kuai/optim/adamw.h"
 #include "kuai/optim/clip_grad.h"
 #include "kuai/optim/schedule.h"
+#include "kuai/plan/costs.h"
 #include "kuai/train/checkpoint.h"
 
 namespace kuai::train {
@@ -434,7 +435,13 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         nn::describe(cfg.model), T, V, static_cast<double>(model.num_parameters()) / 1e6,
         cfg.attention,
         attention == nn::AttentionImpl::kAuto
-            ? fmt::format(" ({} at seq_len {})", T >= nn::kFlashAutoMinT ? "flash" : "naive", T)
+            ? fmt::format(" ({} at seq_len {})",
+                          nn::runs_flash(attention, nn::attention_shape(cfg.model.resolved(), B,
+                                                                        amp::precision_dtype(
+                                                                            cfg.precision)))
+                              ? "flash"
+                              : "naive",
+                          T)
             : std::string(),
         B, k > 1 ? fmt::format(" x {} micro-batches", k) : std::string(), cfg.steps,
         cfg.precision == "fp32"
@@ -816,7 +823,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
           static_cast<double>(result.compile_arena_bytes) / (1 << 20), cfg.compile_memory);
     if (!result.run_path.empty() && cfg.save_weights)
       out << "weights: " << result.run_path << "/model.safetensors\n";
-    if (profiler::enabled()) out << "profile (KUAI_PROFILE=1), steps 2..N:\n" << profiler::report();
+    if (profiler::enabled())
+      out << "profile (KUAI_PROFILE=1), steps 2..N:\n"
+          << profiler::report(plan::measure_bandwidth().dram());
   }
   return result;
 }

@@ -12,6 +12,8 @@
 #include <string>
 
 #include "kuai/amp/autocast.h"
+#include "kuai/backend/cpu/attention_choice.h"
+#include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/profiler.h"
 #include "kuai/core/rng.h"
@@ -127,12 +129,27 @@ TEST(Optimize, TheSwappedModelRunsTheFlashKernels) {
   EXPECT_FALSE(naive.count("flash_attention") || naive.count("flash_attention_backward"));
 }
 
-TEST(Optimize, AutoTakesFlashFromTheMeasuredLength) {
-  const int64_t below = 70, from = nn::kFlashAutoMinT;
-  EXPECT_EQ(run(nn::AttentionImpl::kAuto, below, DType::kF32).grads,
-            run(nn::AttentionImpl::kNaive, below, DType::kF32).grads);
-  EXPECT_EQ(run(nn::AttentionImpl::kAuto, from, DType::kF32).grads,
-            run(nn::AttentionImpl::kFlash, from, DType::kF32).grads);
+// attention = "auto" runs the kernel this machine measured faster at the model's attention shape
+// (a timer stands in for the clock: flash "faster" at T 400, naive at T 401); an attention too
+// small to time takes the default (naive below 2048 positions). The choice is the tuning cache's.
+TEST(Optimize, AutoRunsTheKernelThisMachineMeasuredFaster) {
+  cpu::set_attention_timer([](const AttentionShape& s, AttentionKernel k) {
+    const bool flash_wins = s.seq == 400;
+    return (k == AttentionKernel::kFlash) == flash_wins ? 1e-3 : 2e-3;
+  });
+  const LossAndGrads auto_400 = run(nn::AttentionImpl::kAuto, 400, DType::kF32);
+  const LossAndGrads auto_401 = run(nn::AttentionImpl::kAuto, 401, DType::kF32);
+  cpu::set_attention_timer({});
+  EXPECT_EQ(auto_400.grads, run(nn::AttentionImpl::kFlash, 400, DType::kF32).grads);
+  EXPECT_NE(auto_400.grads, run(nn::AttentionImpl::kNaive, 400, DType::kF32).grads);
+  EXPECT_EQ(auto_401.grads, run(nn::AttentionImpl::kNaive, 401, DType::kF32).grads);
+  EXPECT_NE(auto_401.grads, run(nn::AttentionImpl::kFlash, 401, DType::kF32).grads);
+  EXPECT_EQ(run(nn::AttentionImpl::kAuto, 70, DType::kF32).grads,
+            run(nn::AttentionImpl::kNaive, 70, DType::kF32).grads);
+  AttentionShape s = nn::attention_shape(small(400), 2, DType::kF32);
+  EXPECT_EQ(cpu::TuningCache::get().find(cpu::attention_key(s)), "flash");
+  s.seq = 401;
+  EXPECT_EQ(cpu::TuningCache::get().find(cpu::attention_key(s)), "naive");
 }
 
 // Per tensor, the relative L2 error against the fp32 model (the max over a tensor is not used

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 
+#include "kuai/backend/cpu/attention_choice.h"
 #include "kuai/backend/cpu/convert.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/core/backend.h"
@@ -40,6 +41,9 @@ class CpuBackend final : public Backend {
     static const bool tier_checked = (isa(), true);  // throws again until KUAI_MAX_ISA is valid
     (void)tier_checked;
     p.eval_cpu(in, out);
+  }
+  AttentionKernel faster_attention(const AttentionShape& s) override {
+    return choose_attention_kernel(s);
   }
 };
 

@@ -53,6 +53,12 @@ class MetaBackend final : public Backend {
       if (bytes > 0)
         held.push_back(std::make_unique<ScratchBytes>(static_cast<size_t>(bytes), kMeta));
   }
+  // A step on meta tensors stands for the step on this machine's CPU (its scratch is the CPU
+  // kernels'): attention = "auto" takes the kernel the CPU takes.
+  AttentionKernel faster_attention(const AttentionShape& s) override {
+    return backend_available(DeviceType::kCPU) ? backend_for(kCPU).faster_attention(s)
+                                               : default_attention_kernel(s);
+  }
 
  private:
   std::atomic<uint64_t> next_{uint64_t{1} << 44};  // far from any host mapping; never mapped

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "kuai/backend/cpu/gemm/product_profile.h"
 #include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/core/profiler.h"
 
@@ -83,6 +84,7 @@ void run_profiled(const GemmShape& shape, const char* impl, const std::function<
                                shape.trans_b ? 'T' : 'N', shape.m, shape.n, shape.k,
                                shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl),
                    ms, shape.flops());
+  note_profiled_product(shape, impl, ms);
 }
 
 std::string routing_key(const GemmShape& s) {
@@ -165,8 +167,9 @@ std::string gemm_routing_report() {
   const auto entries = cache.entries();
   if (entries.empty())
     out += "          (no product measured yet: `kuai tune` measures a step's)\n";
-  for (const TuningEntry& e : entries)
-    out += fmt::format("          {:<46} -> {:<8} ({} GFLOP/s)\n", e.key, e.choice, e.measured);
+  for (const TuningEntry& e : entries)  // products in GFLOP/s; attention (attention_choice.h) in ms
+    out += fmt::format("          {:<46} -> {:<8} ({}{})\n", e.key, e.choice, e.measured,
+                       e.key.rfind("attention ", 0) == 0 ? "" : " GFLOP/s");
   return out;
 }
 

@@ -108,22 +108,38 @@ TEST(GemmProfile, ProductsAreRowsWithShapeImplementationAndRate) {
   const std::string report = profiler::report();
   profiler::reset();
   EXPECT_FLOAT_EQ(c[0], 0.5f * n);
-  std::istringstream lines(report);
-  std::string line;
-  int rows = 0;
-  while (std::getline(lines, line)) {
-    if (line.rfind("gemm ", 0) != 0) continue;
-    ++rows;
-    EXPECT_EQ(line.rfind("gemm NT 96x96x96 ", 0), 0u) << line;  // never the NN of the threads
-    EXPECT_TRUE(line.find("onednn") != std::string::npos ||
-                line.find("openblas") != std::string::npos)
-        << line;
-    std::istringstream fields(line.substr(line.rfind(' ') + 1));
-    double gflops = 0;
-    fields >> gflops;
-    EXPECT_GT(gflops, 0.0) << line;
-  }
-  EXPECT_EQ(rows, 1) << report;
+  // The profile's table, then the "products alone" section: the same product, run again.
+  const size_t alone = report.find("\nproducts alone");
+  ASSERT_NE(alone, std::string::npos) << report;
+  auto gemm_rows = [](const std::string& text) {
+    std::vector<std::vector<std::string>> rows;
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line)) {
+      if (line.rfind("gemm ", 0) != 0) continue;
+      std::istringstream in(line);
+      std::vector<std::string> fields;
+      for (std::string f; in >> f;) fields.push_back(f);
+      rows.push_back(fields);
+    }
+    return rows;
+  };
+  // gemm NT 96x96x96 onednn | calls total-ms mean-ms share GFLOP/s
+  const auto table = gemm_rows(report.substr(0, alone));
+  ASSERT_EQ(table.size(), 1u) << report;
+  EXPECT_EQ(table[0][1] + " " + table[0][2], "NT 96x96x96") << report;  // never the threads' NN
+  EXPECT_TRUE(table[0][3] == "onednn" || table[0][3] == "openblas") << report;
+  ASSERT_GE(table[0].size(), 9u) << report;
+  EXPECT_EQ(table[0][4], "1");
+  EXPECT_GT(std::stod(table[0][8]), 0.0) << report;  // GFLOP/s
+  // gemm NT 96x96x96 impl | calls step-ms in-step hot cold step/hot step/cold
+  const auto rerun = gemm_rows(report.substr(alone));
+  ASSERT_EQ(rerun.size(), 1u) << report;
+  ASSERT_EQ(rerun[0].size(), 11u) << report;
+  EXPECT_EQ(rerun[0][3], table[0][3]);
+  EXPECT_DOUBLE_EQ(std::stod(rerun[0][6]), std::stod(table[0][8])) << report;
+  EXPECT_GT(std::stod(rerun[0][7]), 0.0) << report;  // hot
+  EXPECT_GT(std::stod(rerun[0][8]), 0.0) << report;  // cold
 }
 
 }  // namespace
