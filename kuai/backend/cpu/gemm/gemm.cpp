@@ -28,6 +28,20 @@ std::atomic<GemmBackend> g_backend{GemmBackend::kAuto};
 // already keeps every core busy.
 constexpr int64_t kSmallProductMacs = int64_t{512} * 512 * 512;
 
+// A product with a long K is also offered to the router as a sequence of K slices of about
+// kSplitKSlice, each accumulating into C (the caller's beta for the first, 1 after). oneDNN 2.6
+// ran the GPT-2 lm_head's input gradient (1024 x 768 x 50257, NN) at 217 GFLOP/s whole and 363 in
+// slices of 4096 on 2 threads of an AMD Zen 5; at K <= 4096 slicing bought nothing there. Offered
+// from kSplitKMin on; the router measures it against the whole product on the machine at hand.
+constexpr int64_t kSplitKSlice = 4096;
+constexpr int64_t kSplitKMin = 4 * kSplitKSlice;
+
+// The slices of K: as equal as possible, each a multiple of 64 but the last.
+int64_t split_k_slice(int64_t K) {
+  const int64_t n = (K + kSplitKSlice - 1) / kSplitKSlice;
+  return ((K + n - 1) / n + 63) / 64 * 64;
+}
+
 // The fp32 oneDNN primitive for this product (oneDNN implements every fp32 matmul).
 const OneDnnMatmul& fp32_matmul(OneDnnMatmulKey key, std::shared_ptr<const OneDnnMatmul>& hold) {
   hold = cached_onednn_matmul(key);
@@ -70,16 +84,21 @@ bool handle_degenerate(int64_t M, int64_t N, int64_t K, float alpha, float beta,
   return true;
 }
 
-// Runs the product on the forced backend, else on the router's choice between the two. `snapshot`
-// keeps a C that the product reads (beta != 0) while the router measures.
+// Runs the product on the forced backend, else on the router's choice among oneDNN, OpenBLAS
+// and, when given (a long K), oneDNN over slices of K. `snapshot` keeps a C that the product
+// reads (beta != 0) while the router measures.
 void run_routed(const GemmShape& shape, std::function<void()> onednn,
-                std::function<void()> openblas, MatrixSnapshot* snapshot = nullptr) {
+                std::function<void()> openblas, MatrixSnapshot* snapshot = nullptr,
+                std::function<void()> onednn_split_k = {}) {
   GemmBackend backend = gemm_backend();
   if (backend == GemmBackend::kAuto) {
-    const GemmCandidate candidates[] = {{"onednn", onednn}, {"openblas", openblas}};
+    const GemmCandidate candidates[] = {
+        {"onednn", onednn}, {"openblas", openblas}, {"onednn_split_k", onednn_split_k}};
+    const std::span<const GemmCandidate> offered(candidates, onednn_split_k ? 3 : 2);
     const size_t i = snapshot != nullptr
-                         ? route(shape, candidates, 0, snapshot->save_fn(), snapshot->restore_fn())
-                         : route(shape, candidates, 0);
+                         ? route(shape, offered, 0, snapshot->save_fn(), snapshot->restore_fn())
+                         : route(shape, offered, 0);
+    if (i == 2) return run_profiled(shape, "onednn_split_k", onednn_split_k);
     backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
   }
   if (backend == GemmBackend::kOpenBLAS)
@@ -106,8 +125,30 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   auto openblas = [&] {
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   };
+  auto onednn_split_k = [&] {
+    gemm_split_k(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
   MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, sizeof(float));
-  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, &snapshot);
+  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, &snapshot,
+             K >= kSplitKMin ? std::function<void()>(onednn_split_k) : std::function<void()>());
+}
+
+void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                  int64_t ldc) {
+  if (handle_degenerate(M, N, K, alpha, beta, C, ldc)) return;
+  // C = alpha op(A)[:, k0:k0+kn] op(B)[k0:k0+kn, :] + beta' C, slice after slice (beta' = the
+  // caller's beta for the first, 1 after).
+  const int64_t kc = split_k_slice(K);
+  for (int64_t k0 = 0; k0 < K; k0 += kc) {
+    const int64_t kn = std::min(kc, K - k0);
+    std::shared_ptr<const OneDnnMatmul> hold;
+    run_onednn_matmul(
+        fp32_matmul(matmul_key(trans_a, trans_b, M, N, kn, alpha, lda, ldb, k0 == 0 ? beta : 1.0f,
+                               ldc),
+                    hold),
+        trans_a ? A + k0 * lda : A + k0, trans_b ? B + k0 : B + k0 * ldb, C);
+  }
 }
 
 void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,

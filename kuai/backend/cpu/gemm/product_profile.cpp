@@ -70,10 +70,12 @@ class CacheSweep {
   ScratchBytes buf_;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+// The mean, as the in-step figure is the mean over the step's calls (a median would leave out
+// the slow runs that the step's mean includes).
+double mean(const std::vector<double>& v) {
+  double sum = 0;
+  for (double x : v) sum += x;
+  return v.empty() ? 0.0 : sum / static_cast<double>(v.size());
 }
 
 // Runs the noted product on operands of its shape with the implementation it ran in the step.
@@ -167,7 +169,7 @@ std::string products_alone_report() {
   for (const auto& r : rows) width = std::max(width, r.first.size());
   std::string out = fmt::format(
       "\nproducts alone (each run again on fresh operands, same implementation; hot: right after "
-      "itself, cold: after a {:.0f} MiB sweep; medians of 3-7 runs), GFLOP/s:\n",
+      "itself, cold: after a {:.0f} MiB sweep; means of 5-9 runs), GFLOP/s:\n",
       static_cast<double>(sweep_bytes()) / (1 << 20));
   out += fmt::format("{:<{}} {:>6} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9}\n", "product", width,
                      "calls", "step ms", "in step", "hot", "cold", "step/hot", "step/cold");
@@ -187,7 +189,7 @@ std::string products_alone_report() {
     product.run();  // warm-up: the implementation's first-use costs, the operands' pages
     std::vector<double> hot, cold;
     const double start = now_s();
-    for (int r = 0; r < 7; ++r) {
+    for (int r = 0; r < 9; ++r) {
       sweep.run();
       double t0 = now_s();
       product.run();
@@ -195,15 +197,15 @@ std::string products_alone_report() {
       t0 = now_s();
       product.run();
       hot.push_back(now_s() - t0);
-      if (r >= 2 && now_s() - start > 0.5) break;
+      if (r >= 4 && now_s() - start > 0.5) break;
     }
-    const double hot_rate = flops / median(hot) * 1e-9, cold_rate = flops / median(cold) * 1e-9;
+    const double hot_rate = flops / mean(hot) * 1e-9, cold_rate = flops / mean(cold) * 1e-9;
     out += fmt::format("{:<{}} {:>6} {:>10.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>9.2f} {:>9.2f}\n",
                        name, width, p.calls, p.ms, in_step, hot_rate, cold_rate,
                        in_step / hot_rate, in_step / cold_rate);
     step_ms += p.ms;
-    hot_ms += static_cast<double>(p.calls) * median(hot) * 1e3;
-    cold_ms += static_cast<double>(p.calls) * median(cold) * 1e3;
+    hot_ms += static_cast<double>(p.calls) * mean(hot) * 1e3;
+    cold_ms += static_cast<double>(p.calls) * mean(cold) * 1e3;
   }
   out += fmt::format(
       "fp32 products: {:.1f} ms in the steps; alone they take {:.1f} ms hot ({:.2f}x), {:.1f} ms "

@@ -52,13 +52,18 @@ TuningCache& TuningCache::get() {
   return cache;
 }
 
+// The set of choices the cache may hold. A cache measured when the router had fewer candidates
+// (before oneDNN over slices of K, before attention's entries) would keep its old answers for
+// ever, entries never being replaced: a new set is a new file.
+constexpr int kChoiceSet = 2;
+
 TuningCache::TuningCache() {
   const GemmLibraries& libs = gemm_libraries();
   const CpuId& id = cpu_id();
   fingerprint_ = fmt::format(
-      "cpu={}|{}|family {} model {} stepping {}|tier={}|onednn={}|openblas={} {}|kuai={}",
+      "cpu={}|{}|family {} model {} stepping {}|tier={}|onednn={}|openblas={} {}|kuai={}|choices={}",
       id.vendor, id.model_name, id.family, id.model, id.stepping, isa_name(isa()),
-      libs.onednn_version, libs.openblas_config, libs.openblas_core, kKuaiVersion);
+      libs.onednn_version, libs.openblas_config, libs.openblas_core, kKuaiVersion, kChoiceSet);
   const char* env = std::getenv("KUAI_GEMM_TUNING");
   const std::string setting = env != nullptr ? env : "";
   if (setting == "off" || setting == "0") return;  // disabled
