@@ -28,17 +28,21 @@ std::atomic<GemmBackend> g_backend{GemmBackend::kAuto};
 // already keeps every core busy.
 constexpr int64_t kSmallProductMacs = int64_t{512} * 512 * 512;
 
-// A product with a long K is also offered to the router as a sequence of K slices of about
-// kSplitKSlice, each accumulating into C (the caller's beta for the first, 1 after). oneDNN 2.6
-// ran the GPT-2 lm_head's input gradient (1024 x 768 x 50257, NN) at 217 GFLOP/s whole and 363 in
-// slices of 4096 on 2 threads of an AMD Zen 5; at K <= 4096 slicing bought nothing there. Offered
-// from kSplitKMin on; the router measures it against the whole product on the machine at hand.
-constexpr int64_t kSplitKSlice = 4096;
-constexpr int64_t kSplitKMin = 4 * kSplitKSlice;
+// A product with a long K is also offered to the router as a sequence of K slices, each
+// accumulating into C (the caller's beta for the first, 1 after), at each slice size below that
+// K holds at least twice. On 2 threads of an AMD Zen 5, oneDNN 2.6 ran the input gradients of
+// GPT-2's projections (NN, 1024 x 768 x 2304 and x 3072) at 254-260 GFLOP/s whole and 349-366 in
+// slices of 1024, and the lm_head's (1024 x 768 x 50257) at 217 whole and 363 in slices of 4096,
+// while NT products ran slower sliced; the router measures which wins on the machine at hand.
+struct SplitK {
+  const char* name;
+  int64_t slice;
+};
+constexpr SplitK kSplitKCandidates[] = {{"onednn_k1024", 1024}, {"onednn_k4096", 4096}};
 
-// The slices of K: as equal as possible, each a multiple of 64 but the last.
-int64_t split_k_slice(int64_t K) {
-  const int64_t n = (K + kSplitKSlice - 1) / kSplitKSlice;
+// The slices of K for a target size: as equal as possible, each a multiple of 64 but the last.
+int64_t split_k_slice(int64_t K, int64_t target) {
+  const int64_t n = (K + target - 1) / target;
   return ((K + n - 1) / n + 63) / 64 * 64;
 }
 
@@ -85,20 +89,24 @@ bool handle_degenerate(int64_t M, int64_t N, int64_t K, float alpha, float beta,
 }
 
 // Runs the product on the forced backend, else on the router's choice among oneDNN, OpenBLAS
-// and, when given (a long K), oneDNN over slices of K. `snapshot` keeps a C that the product
-// reads (beta != 0) while the router measures.
-void run_routed(const GemmShape& shape, std::function<void()> onednn,
-                std::function<void()> openblas, MatrixSnapshot* snapshot = nullptr,
-                std::function<void()> onednn_split_k = {}) {
+// and, when `split_k` is given, oneDNN over slices of K (kSplitKCandidates). `snapshot` keeps a C
+// that the product reads (beta != 0) while the router measures.
+void run_routed(const GemmShape& shape, const std::function<void()>& onednn,
+                const std::function<void()>& openblas, MatrixSnapshot* snapshot = nullptr,
+                const std::function<void(int64_t)>& split_k = {}) {
   GemmBackend backend = gemm_backend();
   if (backend == GemmBackend::kAuto) {
-    const GemmCandidate candidates[] = {
-        {"onednn", onednn}, {"openblas", openblas}, {"onednn_split_k", onednn_split_k}};
-    const std::span<const GemmCandidate> offered(candidates, onednn_split_k ? 3 : 2);
+    GemmCandidate candidates[2 + std::size(kSplitKCandidates)] = {{"onednn", onednn},
+                                                                   {"openblas", openblas}};
+    size_t n = 2;
+    for (const SplitK& sk : kSplitKCandidates)
+      if (split_k && shape.k >= 2 * sk.slice)
+        candidates[n++] = {sk.name, [&split_k, slice = sk.slice] { split_k(slice); }};
+    const std::span<const GemmCandidate> offered(candidates, n);
     const size_t i = snapshot != nullptr
                          ? route(shape, offered, 0, snapshot->save_fn(), snapshot->restore_fn())
                          : route(shape, offered, 0);
-    if (i == 2) return run_profiled(shape, "onednn_split_k", onednn_split_k);
+    if (i >= 2) return run_profiled(shape, candidates[i].name, candidates[i].run);
     backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
   }
   if (backend == GemmBackend::kOpenBLAS)
@@ -125,21 +133,20 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   auto openblas = [&] {
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   };
-  auto onednn_split_k = [&] {
-    gemm_split_k(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  auto split_k = [&](int64_t slice) {
+    gemm_split_k(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, slice);
   };
   MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, sizeof(float));
-  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, &snapshot,
-             K >= kSplitKMin ? std::function<void()>(onednn_split_k) : std::function<void()>());
+  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, &snapshot, split_k);
 }
 
 void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                  int64_t ldc) {
+                  int64_t ldc, int64_t slice) {
   if (handle_degenerate(M, N, K, alpha, beta, C, ldc)) return;
   // C = alpha op(A)[:, k0:k0+kn] op(B)[k0:k0+kn, :] + beta' C, slice after slice (beta' = the
   // caller's beta for the first, 1 after).
-  const int64_t kc = split_k_slice(K);
+  const int64_t kc = split_k_slice(K, std::max<int64_t>(slice, 1));
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
     const int64_t kn = std::min(kc, K - k0);
     std::shared_ptr<const OneDnnMatmul> hold;

@@ -32,11 +32,12 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                   const int64_t* b_off, float beta, float* C, int64_t ldc, const int64_t* c_off,
                   int64_t batch);
 
-// The same product on oneDNN as a sequence of slices of K (about 4096 each), each accumulating
-// into C: the router's third candidate for products with a long K (gemm.cpp says why).
+// The same product on oneDNN as a sequence of slices of K (of about `slice` each, multiples of
+// 64), each accumulating into C: the router's candidates "onednn_k1024" and "onednn_k4096" for
+// products with a long K (gemm.cpp says why).
 void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                  int64_t ldc);
+                  int64_t ldc, int64_t slice);
 
 // Naive triple loop in double accumulation: the oracle.
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

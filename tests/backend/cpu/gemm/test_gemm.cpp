@@ -286,11 +286,13 @@ TEST_F(GemmTest, GemmInsideParallelRegionMatchesReference) {
   }
 }
 
-// oneDNN over slices of K (the router's candidate for a long K): three slices of K 9001 (3008,
-// 3008, 2985), every transpose, beta 0 over NaN and beta 1, padded leading dimensions.
+// oneDNN over slices of K (the router's candidates for a long K): K 9001 in slices of about 4096
+// (3008, 3008, 2985) and 1024 (9 of 1024, then 809), every transpose, beta 0 over NaN and beta
+// 1, padded leading dimensions.
 TEST_F(GemmTest, SplitKMatchesReference) {
   const int64_t M = 7, N = 13, K = 9001, pad = 3;
-  for (int t = 0; t < 4; ++t) {
+  for (int t = 0; t < 8; ++t) {
+    const int64_t slice = t < 4 ? 4096 : 1024;
     const bool ta = t & 1, tb = t & 2;
     for (auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{-1.5f, 1.0f}}) {
       const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
@@ -299,25 +301,27 @@ TEST_F(GemmTest, SplitKMatchesReference) {
       std::vector<float> c = random_buffer(M * ldc, 23);
       if (beta == 0.0f) c.assign(c.size(), std::numeric_limits<float>::quiet_NaN());
       std::vector<float> got = c, want = c;
-      gemm_split_k(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, got.data(), ldc);
+      gemm_split_k(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, got.data(), ldc,
+                   slice);
       gemm_reference(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
       expect_close(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
                    got.data(), want.data(), ldc,
-                   std::string("split K ") + (ta ? "T" : "N") + (tb ? "T" : "N"));
+                   std::string("split K ") + std::to_string(slice) + (ta ? " T" : " N") +
+                       (tb ? "T" : "N"));
     }
   }
 }
 
-// A long-K product is offered to the router with the split-K candidate; when it measures
+// A long-K product is offered to the router with the split-K candidates; when one measures
 // fastest (a timer stands in for the clock), gemm() records and runs it, and the result matches
-// the reference (C read: beta 1). Products with a short K are not offered it.
+// the reference (C read: beta 1). Products with a short K are not offered them.
 TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
   TuningCache& cache = TuningCache::get();
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
   std::vector<std::string> offered;
   set_calibration_timer([&](const GemmShape&, const char* name) {
     offered.push_back(name);
-    return std::string(name) == "onednn_split_k" ? 1e-3 : 2e-3;
+    return std::string(name) == "onednn_k4096" ? 1e-3 : 2e-3;
   });
   const int64_t M = 8 + getpid() % 997, N = 8, K = 16500;  // a shape this process measures
   const std::vector<float> a = random_buffer(M * K, 31), b = random_buffer(K * N, 32);
@@ -328,18 +332,19 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
   gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c.data(), N);
   set_calibration_timer({});
   if (fresh)
-    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas", "onednn_split_k"}));
-  EXPECT_EQ(cache.find(routing_key({"gemm", false, false, M, N, K})), "onednn_split_k");
+    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas", "onednn_k1024",
+                                                  "onednn_k4096"}));
+  EXPECT_EQ(cache.find(routing_key({"gemm", false, false, M, N, K})), "onednn_k4096");
   gemm_reference(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, want.data(), N);
   expect_close(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c_init.data(),
                c.data(), want.data(), N, "routed split K");
-  // K below the split's threshold: two candidates.
+  // K below twice the smallest slice: no split offered.
   offered.clear();
   set_calibration_timer([&](const GemmShape&, const char* name) {
     offered.push_back(name);
     return 1e-3;
   });
-  const int64_t k_short = 4096;
+  const int64_t k_short = 2047;
   const std::vector<float> a2 = random_buffer(M * k_short, 34), b2 = random_buffer(k_short * 64, 35);
   std::vector<float> c2(M * 64);
   const bool fresh_short =
