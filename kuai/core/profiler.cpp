@@ -68,8 +68,8 @@ std::string report(double bandwidth_gbs) {
   size_t width = 24;
   for (const auto& r : rows) width = std::max(width, r.first.size());
   const bool bw = bandwidth_gbs > 0;
-  std::string out = fmt::format("{:<{}} {:>8} {:>11} {:>9} {:>6} {:>8} {:>7}", "op", width,
-                                "calls", "total ms", "mean ms", "share", "GFLOP/s", "GB/s");
+  std::string out = fmt::format("{:<{}} {:>8} {:>11} {:>9} {:>6} {:>8} {:>7}", "op", width, "calls",
+                                "total ms", "mean ms", "share", "GFLOP/s", "GB/s");
   out += bw ? fmt::format(" {:>9} {:>7}\n", "at bw ms", "x at bw") : "\n";
   for (const auto& [name, e] : rows) {
     const std::string rate =

@@ -30,8 +30,9 @@ Tensor LlamaAttention::forward(const Tensor& x) const {
   const int64_t B = x.size(0), T = x.size(1);
   const std::vector<Tensor> qkv = project(x, 0);
   // (B, H, T, hd); the key/value heads are shared by their groups inside the kernels.
-  Tensor y = use_flash(qkv[0], qkv[1]) ? flash_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true)
-                          : scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true);
+  Tensor y = use_flash(qkv[0], qkv[1])
+                 ? flash_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true)
+                 : scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], /*causal=*/true);
   return o_proj_->forward(reshape(transpose(y, 1, 2), {B, T, n_head_ * head_dim_}));
 }
 

@@ -436,9 +436,9 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         cfg.attention,
         attention == nn::AttentionImpl::kAuto
             ? fmt::format(" ({} at seq_len {})",
-                          nn::runs_flash(attention, nn::attention_shape(cfg.model.resolved(), B,
-                                                                        amp::precision_dtype(
-                                                                            cfg.precision)))
+                          nn::runs_flash(attention,
+                                         nn::attention_shape(cfg.model.resolved(), B,
+                                                             amp::precision_dtype(cfg.precision)))
                               ? "flash"
                               : "naive",
                           T)

@@ -42,7 +42,9 @@ double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-const char* kernel_name(AttentionKernel k) { return k == AttentionKernel::kFlash ? "flash" : "naive"; }
+const char* kernel_name(AttentionKernel k) {
+  return k == AttentionKernel::kFlash ? "flash" : "naive";
+}
 
 // Forward and backward of one kernel on the operands, as a training step runs them (the
 // primitives the model's attention and its vjp dispatch).
@@ -51,7 +53,8 @@ void run_kernel(AttentionKernel kernel, const Tensor& q, const Tensor& k, const 
   const float scale = 1.0f / std::sqrt(static_cast<float>(q.size(3)));
   if (kernel == AttentionKernel::kFlash) {
     std::vector<Tensor> out = dispatch(std::make_shared<FlashAttention>(scale, causal), {q, k, v});
-    dispatch(std::make_shared<FlashAttentionBackward>(scale, causal), {q, k, v, out[0], out[1], dy});
+    dispatch(std::make_shared<FlashAttentionBackward>(scale, causal),
+             {q, k, v, out[0], out[1], dy});
   } else {
     std::vector<Tensor> out = dispatch(std::make_shared<Attention>(scale, causal), {q, k, v});
     dispatch(std::make_shared<AttentionBackward>(scale, causal), {q, k, v, out[1], dy});
@@ -61,9 +64,8 @@ void run_kernel(AttentionKernel kernel, const Tensor& q, const Tensor& k, const 
 }  // namespace
 
 std::string attention_key(const AttentionShape& s) {
-  return fmt::format("attention H{} kv{} T{} d{} {} {} t{}", s.heads, s.kv_heads, s.seq,
-                     s.head_dim, dtype_name(s.dtype), s.causal ? "causal" : "full",
-                     omp_get_max_threads());
+  return fmt::format("attention H{} kv{} T{} d{} {} {} t{}", s.heads, s.kv_heads, s.seq, s.head_dim,
+                     dtype_name(s.dtype), s.causal ? "causal" : "full", omp_get_max_threads());
 }
 
 AttentionKernel choose_attention_kernel(const AttentionShape& s) {
@@ -81,15 +83,16 @@ AttentionKernel choose_attention_kernel(const AttentionShape& s) {
   // Enough (batch, head) pairs for every thread several times over.
   const int64_t threads = omp_get_max_threads();
   const int64_t batch = std::max<int64_t>(1, (4 * threads + s.heads - 1) / s.heads);
-  const double macs = double(batch) * double(s.heads) * double(s.seq) * double(s.seq) *
-                      double(s.head_dim);
+  const double macs =
+      double(batch) * double(s.heads) * double(s.seq) * double(s.seq) * double(s.head_dim);
   if (macs < kMinMeasuredMacs) return fallback;
-  const double p_bytes = double(batch) * double(s.heads) * double(s.seq) * double(s.seq) *
-                         double(dtype_size(s.dtype));
+  const double p_bytes =
+      double(batch) * double(s.heads) * double(s.seq) * double(s.seq) * double(dtype_size(s.dtype));
   if (p_bytes > kMaxProbabilityBytes) {
-    return from_name(cache.record(
-        {key, "flash",
-         fmt::format("naive not run: its probabilities would take {:.1f} GiB", p_bytes / (1 << 30))}));
+    return from_name(
+        cache.record({key, "flash",
+                      fmt::format("naive not run: its probabilities would take {:.1f} GiB",
+                                  p_bytes / (1 << 30))}));
   }
 
   // Ops of its own in the middle of a step: no capture records them, no autocast casts them, no

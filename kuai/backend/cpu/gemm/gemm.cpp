@@ -97,7 +97,7 @@ void run_routed(const GemmShape& shape, const std::function<void()>& onednn,
   GemmBackend backend = gemm_backend();
   if (backend == GemmBackend::kAuto) {
     GemmCandidate candidates[2 + std::size(kSplitKCandidates)] = {{"onednn", onednn},
-                                                                   {"openblas", openblas}};
+                                                                  {"openblas", openblas}};
     size_t n = 2;
     for (const SplitK& sk : kSplitKCandidates)
       if (split_k && shape.k >= 2 * sk.slice)
@@ -150,11 +150,10 @@ void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   for (int64_t k0 = 0; k0 < K; k0 += kc) {
     const int64_t kn = std::min(kc, K - k0);
     std::shared_ptr<const OneDnnMatmul> hold;
-    run_onednn_matmul(
-        fp32_matmul(matmul_key(trans_a, trans_b, M, N, kn, alpha, lda, ldb, k0 == 0 ? beta : 1.0f,
-                               ldc),
-                    hold),
-        trans_a ? A + k0 * lda : A + k0, trans_b ? B + k0 : B + k0 * ldb, C);
+    run_onednn_matmul(fp32_matmul(matmul_key(trans_a, trans_b, M, N, kn, alpha, lda, ldb,
+                                             k0 == 0 ? beta : 1.0f, ldc),
+                                  hold),
+                      trans_a ? A + k0 * lda : A + k0, trans_b ? B + k0 : B + k0 * ldb, C);
   }
 }
 

@@ -55,8 +55,7 @@ int64_t sweep_bytes() {
 class CacheSweep {
  public:
   CacheSweep()
-      : n_(static_cast<size_t>(sweep_bytes()) / sizeof(int64_t)),
-        buf_(n_ * sizeof(int64_t)) {
+      : n_(static_cast<size_t>(sweep_bytes()) / sizeof(int64_t)), buf_(n_ * sizeof(int64_t)) {
     std::memset(buf_.data(), 1, n_ * sizeof(int64_t));
   }
   void run() {
@@ -140,10 +139,9 @@ void note_profiled_product(const GemmShape& shape, const char* impl, double ms) 
     return true;
   }();
   (void)registered;
-  const std::string key =
-      fmt::format("{} {}{} {}x{}x{}{} {}", shape.op, shape.trans_a ? 'T' : 'N',
-                  shape.trans_b ? 'T' : 'N', shape.m, shape.n, shape.k,
-                  shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl);
+  const std::string key = fmt::format(
+      "{} {}{} {}x{}x{}{} {}", shape.op, shape.trans_a ? 'T' : 'N', shape.trans_b ? 'T' : 'N',
+      shape.m, shape.n, shape.k, shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   Noted& n = r.products[key];
@@ -201,8 +199,8 @@ std::string products_alone_report() {
     }
     const double hot_rate = flops / mean(hot) * 1e-9, cold_rate = flops / mean(cold) * 1e-9;
     out += fmt::format("{:<{}} {:>6} {:>10.1f} {:>8.1f} {:>8.1f} {:>8.1f} {:>9.2f} {:>9.2f}\n",
-                       name, width, p.calls, p.ms, in_step, hot_rate, cold_rate,
-                       in_step / hot_rate, in_step / cold_rate);
+                       name, width, p.calls, p.ms, in_step, hot_rate, cold_rate, in_step / hot_rate,
+                       in_step / cold_rate);
     step_ms += p.ms;
     hot_ms += static_cast<double>(p.calls) * mean(hot) * 1e3;
     cold_ms += static_cast<double>(p.calls) * mean(cold) * 1e3;

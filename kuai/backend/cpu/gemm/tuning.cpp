@@ -61,7 +61,8 @@ TuningCache::TuningCache() {
   const GemmLibraries& libs = gemm_libraries();
   const CpuId& id = cpu_id();
   fingerprint_ = fmt::format(
-      "cpu={}|{}|family {} model {} stepping {}|tier={}|onednn={}|openblas={} {}|kuai={}|choices={}",
+      "cpu={}|{}|family {} model {} stepping {}|tier={}|onednn={}|openblas={} "
+      "{}|kuai={}|choices={}",
       id.vendor, id.model_name, id.family, id.model, id.stepping, isa_name(isa()),
       libs.onednn_version, libs.openblas_config, libs.openblas_core, kKuaiVersion, kChoiceSet);
   const char* env = std::getenv("KUAI_GEMM_TUNING");

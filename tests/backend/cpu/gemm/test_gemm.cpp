@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -12,7 +13,6 @@
 #include <random>
 #include <string>
 #include <tuple>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -304,10 +304,10 @@ TEST_F(GemmTest, SplitKMatchesReference) {
       gemm_split_k(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, got.data(), ldc,
                    slice);
       gemm_reference(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
-      expect_close(ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c.data(),
-                   got.data(), want.data(), ldc,
-                   std::string("split K ") + std::to_string(slice) + (ta ? " T" : " N") +
-                       (tb ? "T" : "N"));
+      expect_close(
+          ta, tb, M, N, K, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), got.data(),
+          want.data(), ldc,
+          std::string("split K ") + std::to_string(slice) + (ta ? " T" : " N") + (tb ? "T" : "N"));
     }
   }
 }
@@ -332,12 +332,12 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
   gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c.data(), N);
   set_calibration_timer({});
   if (fresh)
-    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas", "onednn_k1024",
-                                                  "onednn_k4096"}));
+    EXPECT_EQ(offered,
+              (std::vector<std::string>{"onednn", "openblas", "onednn_k1024", "onednn_k4096"}));
   EXPECT_EQ(cache.find(routing_key({"gemm", false, false, M, N, K})), "onednn_k4096");
   gemm_reference(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, want.data(), N);
-  expect_close(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c_init.data(),
-               c.data(), want.data(), N, "routed split K");
+  expect_close(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c_init.data(), c.data(),
+               want.data(), N, "routed split K");
   // K below twice the smallest slice: no split offered.
   offered.clear();
   set_calibration_timer([&](const GemmShape&, const char* name) {
@@ -345,7 +345,8 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
     return 1e-3;
   });
   const int64_t k_short = 2047;
-  const std::vector<float> a2 = random_buffer(M * k_short, 34), b2 = random_buffer(k_short * 64, 35);
+  const std::vector<float> a2 = random_buffer(M * k_short, 34),
+                           b2 = random_buffer(k_short * 64, 35);
   std::vector<float> c2(M * 64);
   const bool fresh_short =
       !cache.find(routing_key({"gemm", false, false, M, 64, k_short})).has_value();
