@@ -427,6 +427,12 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
   }
   if (opts.write_run_dir) result.run_path = prepare_run_dir(cfg, resuming);
   result.steps_done = result.start_step;
+  // auto's kernel, decided before the first step (measured here the first time this machine sees
+  // the shape), so that no step carries the measurement's time or memory.
+  const bool auto_flash =
+      attention == nn::AttentionImpl::kAuto &&
+      nn::runs_flash(attention, nn::attention_shape(cfg.model.resolved(), B,
+                                                    amp::precision_dtype(cfg.precision)));
   if (!opts.quiet) {
     out << fmt::format(
         "kuai train: {}, seq_len {}, vocab {} ({:.2f}M "
@@ -435,13 +441,7 @@ TrainResult run_training(const TrainConfig& cfg, std::ostream& out, const TrainO
         nn::describe(cfg.model), T, V, static_cast<double>(model.num_parameters()) / 1e6,
         cfg.attention,
         attention == nn::AttentionImpl::kAuto
-            ? fmt::format(" ({} at seq_len {})",
-                          nn::runs_flash(attention,
-                                         nn::attention_shape(cfg.model.resolved(), B,
-                                                             amp::precision_dtype(cfg.precision)))
-                              ? "flash"
-                              : "naive",
-                          T)
+            ? fmt::format(" ({} at seq_len {})", auto_flash ? "flash" : "naive", T)
             : std::string(),
         B, k > 1 ? fmt::format(" x {} micro-batches", k) : std::string(), cfg.steps,
         cfg.precision == "fp32"

@@ -331,9 +331,10 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
   const bool fresh = !cache.find(routing_key({"gemm", false, false, M, N, K})).has_value();
   gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c.data(), N);
   set_calibration_timer({});
-  if (fresh)
+  if (fresh) {
     EXPECT_EQ(offered,
               (std::vector<std::string>{"onednn", "openblas", "onednn_k1024", "onednn_k4096"}));
+  }
   EXPECT_EQ(cache.find(routing_key({"gemm", false, false, M, N, K})), "onednn_k4096");
   gemm_reference(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, want.data(), N);
   expect_close(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c_init.data(), c.data(),
@@ -352,7 +353,9 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
       !cache.find(routing_key({"gemm", false, false, M, 64, k_short})).has_value();
   gemm(false, false, M, 64, k_short, 1.0f, a2.data(), k_short, b2.data(), 64, 0.0f, c2.data(), 64);
   set_calibration_timer({});
-  if (fresh_short) EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas"}));
+  if (fresh_short) {
+    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas"}));
+  }
 }
 
 TEST_F(GemmTest, BackendSelectionRoundTrips) {
