@@ -5,12 +5,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <limits>
 #include <mutex>
 #include <vector>
 
+#include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/core/autograd.h"
 #include "kuai/core/dispatch.h"
@@ -36,10 +35,6 @@ struct FakeTimer {
 FakeTimer& fake_timer() {
   static FakeTimer t;
   return t;
-}
-
-double seconds_now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 const char* kernel_name(AttentionKernel k) {
@@ -112,21 +107,12 @@ AttentionKernel choose_attention_kernel(const AttentionShape& s) {
     fake = fake_timer().fn;
   }
   const AttentionKernel kernels[] = {AttentionKernel::kNaive, AttentionKernel::kFlash};
-  double best[2] = {std::numeric_limits<double>::infinity(),
-                    std::numeric_limits<double>::infinity()};
-  for (int i = 0; i < 2; ++i) {
-    run_kernel(kernels[i], q, k, v, dy, s.causal);  // warm-up: first-use costs, pages
-    if (fake) best[i] = fake(s, kernels[i]);
-  }
-  const double start = seconds_now();
-  for (int r = 0; !fake && r < kMaxRounds; ++r) {
-    for (int i = 0; i < 2; ++i) {
-      const double t0 = seconds_now();
-      run_kernel(kernels[i], q, k, v, dy, s.causal);
-      best[i] = std::min(best[i], seconds_now() - t0);
-    }
-    if (r + 1 >= kMinRounds && seconds_now() - start >= kMinSeconds) break;
-  }
+  const std::function<void()> runs[] = {[&] { run_kernel(kernels[0], q, k, v, dy, s.causal); },
+                                        [&] { run_kernel(kernels[1], q, k, v, dy, s.causal); }};
+  const std::vector<double> best =
+      race(runs, {kMinRounds, kMaxRounds, kMinSeconds}, {},
+           fake ? std::function<double(size_t)>([&](size_t i) { return fake(s, kernels[i]); })
+                : std::function<double(size_t)>());
   const int winner = best[1] < best[0] ? 1 : 0;  // a tie keeps naive
   const std::string measured =
       fmt::format("naive {:.2f} flash {:.2f} ms, forward+backward at batch {}", best[0] * 1e3,

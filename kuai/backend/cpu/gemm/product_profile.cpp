@@ -101,9 +101,11 @@ class Product {
     const float *a = a_.data<float>(), *b = b_.data<float>();
     float* c = c_.data<float>();
     const std::string_view op = s.op;
+    // The other implementations (a batch's "loop", oneDNN over slices of K) are the router's
+    // recorded choice for the shape: automatic mode runs them again.
     GemmBackend forced = p_.impl == "openblas" ? GemmBackend::kOpenBLAS
                          : p_.impl == "onednn" ? GemmBackend::kOneDNN
-                                               : GemmBackend::kAuto;  // batched "loop"
+                                               : GemmBackend::kAuto;
     set_gemm_backend(forced);
     if (op == "bias")
       gemm_bias(s.trans_a, s.trans_b, s.m, s.n, s.k, a, lda, b, ldb, bias_.data<float>(), c, s.n);
@@ -129,7 +131,8 @@ bool is_fp32(const GemmShape& s) {
 
 }  // namespace
 
-void note_profiled_product(const GemmShape& shape, const char* impl, double ms) {
+void note_profiled_product(const std::string& row, const GemmShape& shape, const char* impl,
+                           double ms) {
   static const bool registered = [] {
     profiler::add_section("products alone", products_alone_report, [] {
       Registry& r = registry();
@@ -139,12 +142,9 @@ void note_profiled_product(const GemmShape& shape, const char* impl, double ms) 
     return true;
   }();
   (void)registered;
-  const std::string key = fmt::format(
-      "{} {}{} {}x{}x{}{} {}", shape.op, shape.trans_a ? 'T' : 'N', shape.trans_b ? 'T' : 'N',
-      shape.m, shape.n, shape.k, shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl);
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
-  Noted& n = r.products[key];
+  Noted& n = r.products[row];
   if (n.calls == 0) {
     n.shape = shape;
     n.impl = impl;

@@ -13,8 +13,10 @@
 
 namespace kuai::cpu {
 
-// Called by run_profiled for each product run at top level with the profiler on.
-void note_profiled_product(const GemmShape& shape, const char* impl, double ms);
+// Called by run_profiled for each product run at top level with the profiler on; `row` is the
+// profile's name of the product ("gemm NT 1024x2304x768 onednn").
+void note_profiled_product(const std::string& row, const GemmShape& shape, const char* impl,
+                           double ms);
 
 // The section's text: products by total time in the step, heaviest first. Runs every fp32
 // product again (a few seconds for a GPT-2-sized step); low-precision rows are listed without.

@@ -53,38 +53,49 @@ std::vector<double> time_candidates(const GemmShape& shape,
     std::lock_guard<std::mutex> lock(fake_timer().mu);
     fake = fake_timer().fn;
   }
-  std::vector<double> best(candidates.size(), std::numeric_limits<double>::infinity());
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (restore_c) restore_c();
-    candidates[i].run();  // warm-up
-    if (fake) best[i] = fake(shape, candidates[i].name);
-  }
-  if (fake) return best;
-  const double start = seconds_now();
-  for (int r = 0; r < kMaxRounds; ++r) {
-    for (size_t i = 0; i < candidates.size(); ++i) {
-      if (restore_c) restore_c();
-      const double t0 = seconds_now();
-      candidates[i].run();
-      best[i] = std::min(best[i], seconds_now() - t0);
-    }
-    if (r + 1 >= kMinRounds && seconds_now() - start >= kMinSeconds) break;
-  }
-  return best;
+  std::vector<std::function<void()>> runs;
+  for (const GemmCandidate& c : candidates) runs.push_back(c.run);
+  return race(runs, {kMinRounds, kMaxRounds, kMinSeconds}, restore_c,
+              fake ? std::function<double(size_t)>(
+                         [&](size_t i) { return fake(shape, candidates[i].name); })
+                   : std::function<double(size_t)>());
 }
 
 }  // namespace
+
+std::vector<double> race(std::span<const std::function<void()>> runs, const RaceLimits& limits,
+                         const std::function<void()>& before,
+                         const std::function<double(size_t)>& fake) {
+  std::vector<double> best(runs.size(), std::numeric_limits<double>::infinity());
+  for (size_t i = 0; i < runs.size(); ++i) {
+    if (before) before();
+    runs[i]();  // warm-up
+    if (fake) best[i] = fake(i);
+  }
+  if (fake) return best;
+  const double start = seconds_now();
+  for (int r = 0; r < limits.max_rounds; ++r) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (before) before();
+      const double t0 = seconds_now();
+      runs[i]();
+      best[i] = std::min(best[i], seconds_now() - t0);
+    }
+    if (r + 1 >= limits.min_rounds && seconds_now() - start >= limits.min_seconds) break;
+  }
+  return best;
+}
 
 void run_profiled(const GemmShape& shape, const char* impl, const std::function<void()>& fn) {
   if (!profiler::enabled() || omp_get_level() > 0) return fn();
   const double t0 = seconds_now();
   fn();
   const double ms = (seconds_now() - t0) * 1e3;
-  profiler::record(fmt::format("{} {}{} {}x{}x{}{} {}", shape.op, shape.trans_a ? 'T' : 'N',
-                               shape.trans_b ? 'T' : 'N', shape.m, shape.n, shape.k,
-                               shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl),
-                   ms, shape.flops());
-  note_profiled_product(shape, impl, ms);
+  const std::string row = fmt::format(
+      "{} {}{} {}x{}x{}{} {}", shape.op, shape.trans_a ? 'T' : 'N', shape.trans_b ? 'T' : 'N',
+      shape.m, shape.n, shape.k, shape.batch > 1 ? fmt::format(" b{}", shape.batch) : "", impl);
+  profiler::record(row, ms, shape.flops());
+  note_profiled_product(row, shape, impl, ms);
 }
 
 std::string routing_key(const GemmShape& s) {

@@ -19,6 +19,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
@@ -68,6 +69,20 @@ class MatrixSnapshot {
   size_t row_bytes_, ld_bytes_;
   std::optional<ScratchBytes> copy_;
 };
+
+// How long a race of candidates runs (route() measures with one, attention_choice.h with another):
+// after a warm-up of each, rounds of every candidate in turn, A B A B ..., at least min_rounds,
+// more until min_seconds have passed, at most max_rounds.
+struct RaceLimits {
+  int min_rounds, max_rounds;
+  double min_seconds;
+};
+// The best time (seconds) of each of `runs` over such a race; `before` runs, untimed, before
+// every run, the warm-ups included. With `fake` (tests), only the warm-ups run and fake(i) stands
+// for the time of runs[i].
+std::vector<double> race(std::span<const std::function<void()>> runs, const RaceLimits& limits,
+                         const std::function<void()>& before = {},
+                         const std::function<double(size_t)>& fake = {});
 
 // Runs `fn`, the implementation `impl` of a product of `shape`. With the profiler on
 // (KUAI_PROFILE=1) and outside parallel regions, its time and FLOPs are recorded under the shape
