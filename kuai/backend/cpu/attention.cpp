@@ -3,12 +3,14 @@
 // caller's parallel loop over heads, where it runs on one thread.
 #include "kuai/backend/cpu/attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
-#include <cstring>
 
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
 #include "kuai/backend/cpu/kernels.h"
+#include "kuai/backend/cpu/parallel_chunks.h"
 
 namespace kuai::cpu {
 namespace {
@@ -53,7 +55,12 @@ void attention_head_forward(const TypedHeadView& h, float* p, void* y, int64_t l
     product(false, true, rn, cols, d, scale, at(h.q, t, h.ldq, r0), t, h.ldq, h.k, t, h.ldk,
             s + r0 * T, kF32, T);
   }
-  softmax_forward(s, p, T, T, 1.0f, causal);  // reads only the unmasked entries; zeros the rest
+  // Reads only the unmasked entries; zeros the rest. Inside the caller's loop over heads on this
+  // thread alone (a nested team of one would only add its fork).
+  if (omp_in_parallel())
+    softmax_forward_serial(s, p, T, T, 1.0f, causal);
+  else
+    softmax_forward(s, p, T, T, 1.0f, causal);
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;
@@ -74,11 +81,20 @@ void attention_head_backward(const TypedHeadView& h, const float* p, const void*
     // dp_blk = dy_blk v[0:cols]^T   (rn, cols); the masked rest of the rows is zero
     product(false, true, rn, cols, d, 1.0f, at(dy, t, lddy, r0), t, lddy, h.v, t, h.ldv,
             dp + r0 * T, kF32, T);
-    for (int64_t r = r0; r < r0 + rn && cols < T; ++r)
-      std::memset(dp + r * T + cols, 0, static_cast<size_t>(T - cols) * sizeof(float));
   }
-  // ds = scale * p * (dp - rowsum(p * dp)), in place over dp (masked entries: p = 0, so 0).
-  softmax_backward(p, dp, dp, T, T, scale);
+  // ds = scale * p * (dp - rowsum(p * dp)), in place over dp, over the keys each row block
+  // computed (masked entries among them: p = 0, so 0); the products below read no other entry.
+  const int64_t blocks = (T + B - 1) / B;
+  auto softmax_block = [&](int64_t b) {
+    const int64_t r0 = b * B, rn = std::min(B, T - r0);
+    softmax_backward_serial(p + r0 * T, dp + r0 * T, dp + r0 * T, rn, causal ? r0 + rn : T, T,
+                            scale);
+  };
+  if (omp_in_parallel()) {
+    for (int64_t b = 0; b < blocks; ++b) softmax_block(b);
+  } else {
+    parallel_tasks(blocks, true, softmax_block);
+  }
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;

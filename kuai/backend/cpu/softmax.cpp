@@ -42,14 +42,26 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
       lane[k] += e;
     }
   }
-  for (int k = 0; j + k < len; ++k) {
-    const float e = vm::exp(scale * x[j + k] - mx);
-    y[j + k] = e;
-    lane[k] += e;
+  if (j < len && j + kLanes <= cols) {
+    // The last partial block of a masked row as one full block: its masked entries (never read,
+    // they may hold anything) give exp(-inf) = 0, which leaves their lanes' sums as they were.
+    for (int k = 0; k < kLanes; ++k) {
+      const float e = vm::exp(vm::select(j + k < len, scale * x[j + k] - mx, -__builtin_inff()));
+      y[j + k] = e;
+      lane[k] += e;
+    }
+    j += kLanes;
+  } else {
+    for (int k = 0; j + k < len; ++k) {
+      const float e = vm::exp(scale * x[j + k] - mx);
+      y[j + k] = e;
+      lane[k] += e;
+    }
+    j = len;
   }
   const float inv = 1.0f / combine_sum(lane);
-  for (j = 0; j < len; ++j) y[j] *= inv;
-  for (j = len; j < cols; ++j) y[j] = 0.0f;
+  for (int64_t i = 0; i < j; ++i) y[i] *= inv;
+  for (; j < cols; ++j) y[j] = 0.0f;
 }
 
 // Rows [r0, r0 + nrows) of x, y (rows, cols).
@@ -62,22 +74,23 @@ KUAI_KERNEL void softmax_forward_rows_kernel(const float* x, float* y, int64_t r
 }
 KUAI_CLONE(softmax_forward_rows, softmax_forward_rows_kernel)
 
-// dx = scale * y * (dy - sum(y * dy)) for rows [r0, r0 + nrows).
+// dx = scale * y * (dy - sum(y * dy)) over the first len entries of rows [r0, r0 + nrows) of
+// row stride ld.
 KUAI_KERNEL void softmax_backward_rows_kernel(const float* y, const float* dy, float* dx,
-                                              int64_t r0, int64_t nrows, int64_t cols,
+                                              int64_t r0, int64_t nrows, int64_t len, int64_t ld,
                                               float scale) {
   for (int64_t r = r0; r < r0 + nrows; ++r) {
-    const float* yr = y + r * cols;
-    const float* dyr = dy + r * cols;
-    float* dxr = dx + r * cols;
+    const float* yr = y + r * ld;
+    const float* dyr = dy + r * ld;
+    float* dxr = dx + r * ld;
     float lane[kLanes] = {};
     int64_t j = 0;
-    for (; j + kLanes <= cols; j += kLanes)
+    for (; j + kLanes <= len; j += kLanes)
       for (int k = 0; k < kLanes; ++k) lane[k] += yr[j + k] * dyr[j + k];
-    for (int k = 0; j + k < cols; ++k) lane[k] += yr[j + k] * dyr[j + k];
+    for (int k = 0; j + k < len; ++k) lane[k] += yr[j + k] * dyr[j + k];
     const float dot = combine_sum(lane);
 #pragma GCC ivdep
-    for (j = 0; j < cols; ++j) dxr[j] = scale * yr[j] * (dyr[j] - dot);
+    for (j = 0; j < len; ++j) dxr[j] = scale * yr[j] * (dyr[j] - dot);
   }
 }
 KUAI_CLONE(softmax_backward_rows, softmax_backward_rows_kernel)
@@ -100,8 +113,18 @@ void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, 
   if (rows <= 0 || cols <= 0) return;
   const int64_t rows_per_chunk = std::max<int64_t>(1, kChunk / cols);
   parallel_chunks(rows, rows_per_chunk, [&](int64_t r, int64_t e) {
-    softmax_backward_rows(y, dy, dx, r, e - r, cols, scale);
+    softmax_backward_rows(y, dy, dx, r, e - r, cols, cols, scale);
   });
+}
+
+void softmax_forward_serial(const float* x, float* y, int64_t rows, int64_t cols, float scale,
+                            bool causal) {
+  if (rows > 0 && cols > 0) softmax_forward_rows(x, y, 0, rows, cols, scale, causal);
+}
+
+void softmax_backward_serial(const float* y, const float* dy, float* dx, int64_t rows, int64_t len,
+                             int64_t ld, float scale) {
+  if (rows > 0 && len > 0) softmax_backward_rows(y, dy, dx, 0, rows, len, ld, scale);
 }
 
 }  // namespace kuai::cpu

@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <atomic>
 #include <functional>
 #include <unordered_map>
 
@@ -11,6 +12,12 @@
 
 namespace kuai::cpu {
 namespace {
+
+// Identities of created primitives (OneDnnMatmul::id), never reused.
+std::atomic<uint64_t> g_next_id{1};
+
+// Primitives a thread keeps memory objects for (run_onednn_matmul); beyond that it starts over.
+constexpr size_t kMaxBoundPerThread = 1024;
 
 struct KeyHash {
   size_t operator()(const OneDnnMatmulKey& key) const {
@@ -65,9 +72,9 @@ std::shared_ptr<const OneDnnMatmul> create(const OneDnnMatmulKey& key) {
                                              : dnnl::matmul::desc(a_md, b_md, c_md),
                                     attr, onednn_engine());
     const dnnl::memory::desc scratch_md = pd.scratchpad_desc();
-    made = std::make_shared<OneDnnMatmul>(OneDnnMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md,
-                                                       scratch_md, scratch_md.get_size(),
-                                                       pd.impl_info_str()});
+    made = std::make_shared<OneDnnMatmul>(
+        OneDnnMatmul{dnnl::matmul(pd), a_md, b_md, c_md, bias_md, scratch_md, scratch_md.get_size(),
+                     pd.impl_info_str(), g_next_id.fetch_add(1, std::memory_order_relaxed)});
   } catch (const dnnl::error&) {
     made = nullptr;  // no implementation for this combination
   }
@@ -87,26 +94,57 @@ OneDnnMatmulKey onednn_matmul_key(bool trans_a, bool trans_b, int64_t M, int64_t
 
 std::shared_ptr<const OneDnnMatmul> cached_onednn_matmul(const OneDnnMatmulKey& key) {
   static OneDnnCache<OneDnnMatmulKey, OneDnnMatmul, KeyHash> cache;
-  return cache.get(key, create);
+  // Each thread first asks its own copy of the entries it used, without the shared cache's lock.
+  thread_local std::unordered_map<OneDnnMatmulKey, std::shared_ptr<const OneDnnMatmul>, KeyHash>
+      local;
+  if (auto it = local.find(key); it != local.end()) return it->second;
+  std::shared_ptr<const OneDnnMatmul> found = cache.get(key, create);
+  if (local.size() >= kMaxBoundPerThread) local.clear();
+  local.emplace(key, found);
+  return found;
 }
 
 void run_onednn_matmul(const OneDnnMatmul& mm, const void* A, const void* B, void* C,
                        const float* bias) {
+  // The calling thread's memory objects for this primitive, made on its first execution here and
+  // pointed at the operands of each call: a small product (attention's per-head tiles run
+  // thousands a step) then pays no allocation for them, and the arguments go to oneDNN's C API as
+  // an array on the stack.
+  struct Bound {
+    dnnl::memory a, b, c, bias, scratch;
+  };
+  thread_local std::unordered_map<uint64_t, Bound> bound;
   const dnnl::engine& engine = onednn_engine();
   thread_local dnnl::stream stream(engine);
-  dnnl::memory a(mm.a_md, engine, const_cast<void*>(A));
-  dnnl::memory b(mm.b_md, engine, const_cast<void*>(B));
-  dnnl::memory c(mm.c_md, engine, C);
-  std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}};
-  if (bias != nullptr)
-    args.emplace(DNNL_ARG_BIAS, dnnl::memory(mm.bias_md, engine, const_cast<float*>(bias)));
+  auto it = bound.find(mm.id);
+  if (it == bound.end()) {
+    if (bound.size() >= kMaxBoundPerThread) bound.clear();
+    Bound made{
+        dnnl::memory(mm.a_md, engine, nullptr), dnnl::memory(mm.b_md, engine, nullptr),
+        dnnl::memory(mm.c_md, engine, nullptr), dnnl::memory(mm.bias_md, engine, nullptr),
+        mm.scratch_bytes > 0 ? dnnl::memory(mm.scratch_md, engine, nullptr) : dnnl::memory()};
+    it = bound.emplace(mm.id, std::move(made)).first;
+  }
+  Bound& m = it->second;
+  m.a.set_data_handle(const_cast<void*>(A));
+  m.b.set_data_handle(const_cast<void*>(B));
+  m.c.set_data_handle(C);
+  dnnl_exec_arg_t args[5] = {
+      {DNNL_ARG_SRC, m.a.get()}, {DNNL_ARG_WEIGHTS, m.b.get()}, {DNNL_ARG_DST, m.c.get()}};
+  int nargs = 3;
+  if (bias != nullptr) {
+    m.bias.set_data_handle(const_cast<float*>(bias));
+    args[nargs++] = {DNNL_ARG_BIAS, m.bias.get()};
+  }
   // This execution's own scratchpad (64-byte aligned, a cached block after the first step).
   ScratchBytes scratch(mm.scratch_bytes);
-  if (mm.scratch_bytes > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(mm.scratch_md, engine, scratch.data()));
-  mm.primitive.execute(stream, args);
-  stream.wait();
+  if (mm.scratch_bytes > 0) {
+    m.scratch.set_data_handle(scratch.data());
+    args[nargs++] = {DNNL_ARG_SCRATCHPAD, m.scratch.get()};
+  }
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(mm.primitive.get(), stream.get(), nargs, args),
+                          "oneDNN: matmul execution failed");
+  dnnl::error::wrap_c_api(dnnl_stream_wait(stream.get()), "oneDNN: stream wait failed");
 }
 
 }  // namespace kuai::cpu

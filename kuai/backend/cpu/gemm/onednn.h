@@ -36,6 +36,7 @@ struct OneDnnMatmul {
   dnnl::memory::desc a_md, b_md, c_md, bias_md, scratch_md;
   size_t scratch_bytes = 0;
   std::string impl;  // oneDNN's implementation name ("brg:avx512_core_amx", "jit:gemm:any", ...)
+  uint64_t id = 0;   // unique per created primitive: threads keep their memory objects by it
 };
 
 // The key for this product, with the calling thread's team size.
