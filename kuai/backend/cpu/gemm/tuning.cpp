@@ -52,10 +52,12 @@ TuningCache& TuningCache::get() {
   return cache;
 }
 
-// The set of choices the cache may hold. A cache measured when the router had fewer candidates
-// (before oneDNN over slices of K, before attention's entries) would keep its old answers for
-// ever, entries never being replaced: a new set is a new file.
-constexpr int kChoiceSet = 2;
+// The set of choices the cache may hold, and what they were measured on. A cache measured when
+// the router had fewer candidates (before oneDNN over slices of K, before attention's entries),
+// or when a candidate ran differently (3: oneDNN's per-call cost cut, which made attention's
+// per-head kernels faster), would keep its old answers for ever, entries never being replaced: a
+// new set is a new file.
+constexpr int kChoiceSet = 3;
 
 TuningCache::TuningCache() {
   const GemmLibraries& libs = gemm_libraries();

@@ -107,5 +107,51 @@ TEST(OneDnnMatmul, OnePrimitiveExecutedByAllThreadsAtOnceMatchesReference) {
   }
 }
 
+// Each thread keeps its own memory objects per primitive and points them at the operands of every
+// call (run_onednn_matmul): threads alternating between primitives (one with a bias) and between
+// operand buffers must get the product of exactly the buffers of that call.
+TEST(OneDnnMatmul, ThreadsAlternatingPrimitivesAndBuffersGetTheirOwnOperands) {
+  const Case cases[] = {{false, false, 40, 36, 52, DType::kF32},
+                        {false, true, 64, 64, 64, DType::kF32},
+                        {true, false, 24, 48, 96, DType::kF32}};
+  constexpr int kCases = 3, kBuffers = 2, kRepetitions = 24;
+  const int threads = std::max(4, omp_get_max_threads());
+  std::vector<float> bias(64);
+  for (size_t j = 0; j < bias.size(); ++j) bias[j] = 0.25f * static_cast<float>(j) - 3.0f;
+  std::atomic<int> wrong{0};
+#pragma omp parallel num_threads(threads)
+  {
+    const int t = omp_get_thread_num();
+    std::vector<Operands> ops;  // (case, buffer)
+    for (int c = 0; c < kCases; ++c)
+      for (int b = 0; b < kBuffers; ++b)
+        ops.push_back(make_operands(cases[c], static_cast<uint32_t>(1000 + 97 * t + 7 * c + b)));
+    for (int r = 0; r < kRepetitions; ++r) {
+      const int ci = r % kCases, bi = (r / kCases) % kBuffers;
+      const bool with_bias = r % 2 == 1;
+      const Case& c = cases[ci];
+      const Operands& o = ops[static_cast<size_t>(ci * kBuffers + bi)];
+      const int64_t lda = c.ta ? c.m : c.k, ldb = c.tb ? c.k : c.n;
+      OneDnnMatmulKey key{c.m,  c.n,         c.k,         lda,         ldb,  c.n,  c.ta,
+                          c.tb, DType::kF32, DType::kF32, DType::kF32, 1.0f, 0.0f, 1};
+      key.bias = with_bias;
+      const auto mm = cached_onednn_matmul(key);
+      std::vector<float> got(o.want.size(), NAN);
+      run_onednn_matmul(*mm, o.a.data(), o.b.data(), got.data(), with_bias ? bias.data() : nullptr);
+      const double tol = 1e-5 * std::sqrt(static_cast<double>(c.k)) * c.k;
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          const double want = o.want[i * c.n + j] + (with_bias ? bias[j] : 0.0f);
+          if (!(std::abs(got[i * c.n + j] - want) <= tol)) {
+            wrong.fetch_add(1);
+            i = c.m;
+            break;
+          }
+        }
+    }
+  }
+  EXPECT_EQ(wrong.load(), 0) << "of " << threads * kRepetitions << " executions gave wrong results";
+}
+
 }  // namespace
 }  // namespace kuai::cpu
