@@ -244,6 +244,47 @@ void bench_batched_crossover(benchmark::State& state, GemmBackend backend) {
   set_gflops(state, 2.0 * static_cast<double>(count * n * n * n), timer);
 }
 
+// What one small product costs inside a parallel region, each thread running its own (as
+// attention's per-head tiles do): microseconds per call and GFLOP/s per thread, for the tile
+// shapes of a 256-position head with d 64. Arguments: transposes (bit 1: A, bit 0: B), M, N, K.
+void BM_SmallProductPerThread(benchmark::State& state) {
+  const bool ta = (state.range(0) & 2) != 0, tb = (state.range(0) & 1) != 0;
+  const int64_t m = state.range(1), n = state.range(2), k = state.range(3);
+  const int64_t lda = ta ? m : k, ldb = tb ? k : n;
+  constexpr int kCalls = 1000;
+  const int threads = omp_get_max_threads();
+  std::vector<std::vector<float>> a(threads), b(threads), c(threads);
+  for (int t = 0; t < threads; ++t) {
+    a[t].assign(static_cast<size_t>(m * k), 0.5f);
+    b[t].assign(static_cast<size_t>(k * n), 0.25f);
+    c[t].resize(static_cast<size_t>(m * n));
+  }
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads)
+    {
+      const int t = omp_get_thread_num();
+      for (int r = 0; r < kCalls; ++r)
+        kuai::cpu::gemm(ta, tb, m, n, k, 1.0f, a[t].data(), lda, b[t].data(), ldb, 0.0f,
+                        c[t].data(), n);
+    }
+  }
+  const double calls = static_cast<double>(state.iterations()) * kCalls;
+  state.counters["us/call"] =
+      benchmark::Counter(calls * 1e-6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["GFLOP/s/thread"] =
+      benchmark::Counter(2.0 * m * n * k * calls * 1e-9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_SmallProductPerThread)
+    ->ArgNames({"t", "m", "n", "k"})
+    ->Args({1, 64, 64, 64})
+    ->Args({1, 64, 256, 64})
+    ->Args({0, 64, 64, 256})
+    ->Args({2, 64, 64, 192})
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
 void BM_GemmCeiling(benchmark::State& state) {
   bench_gemm(state, GemmBackend::kAuto, {false, false, 2048, 2048, 2048, 0.0f});
 }
