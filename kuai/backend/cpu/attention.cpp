@@ -3,8 +3,6 @@
 // caller's parallel loop over heads, where it runs on one thread.
 #include "kuai/backend/cpu/attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 
 #include "kuai/backend/cpu/gemm/gemm.h"
@@ -55,12 +53,7 @@ void attention_head_forward(const TypedHeadView& h, float* p, void* y, int64_t l
     product(false, true, rn, cols, d, scale, at(h.q, t, h.ldq, r0), t, h.ldq, h.k, t, h.ldk,
             s + r0 * T, kF32, T);
   }
-  // Reads only the unmasked entries; zeros the rest. Inside the caller's loop over heads on this
-  // thread alone (a nested team of one would only add its fork).
-  if (omp_in_parallel())
-    softmax_forward_serial(s, p, T, T, 1.0f, causal);
-  else
-    softmax_forward(s, p, T, T, 1.0f, causal);
+  softmax_forward(s, p, T, T, 1.0f, causal);  // reads only the unmasked entries; zeros the rest
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;
@@ -90,11 +83,7 @@ void attention_head_backward(const TypedHeadView& h, const float* p, const void*
     softmax_backward_serial(p + r0 * T, dp + r0 * T, dp + r0 * T, rn, causal ? r0 + rn : T, T,
                             scale);
   };
-  if (omp_in_parallel()) {
-    for (int64_t b = 0; b < blocks; ++b) softmax_block(b);
-  } else {
-    parallel_tasks(blocks, true, softmax_block);
-  }
+  parallel_tasks(blocks, true, softmax_block);  // inline inside the caller's loop over heads
   for (int64_t r0 = 0; r0 < T; r0 += B) {
     const int64_t rn = std::min(B, T - r0);
     const int64_t cols = causal ? r0 + rn : T;

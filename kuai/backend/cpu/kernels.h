@@ -78,11 +78,8 @@ void softmax_forward(const float* x, float* y, int64_t rows, int64_t cols, float
 // dx = scale * y * (dy - sum(y * dy)) per row.
 void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols,
                       float scale);
-// The same on the calling thread only (attention's per-head kernels, inside a parallel loop).
-void softmax_forward_serial(const float* x, float* y, int64_t rows, int64_t cols, float scale,
-                            bool causal);
-// The backward over the first `len` entries of each row, rows `ld` apart; the rest of each row
-// is neither read nor written.
+// The backward on the calling thread, over the first `len` entries of each row, rows `ld` apart;
+// the rest of each row is neither read nor written.
 void softmax_backward_serial(const float* y, const float* dy, float* dx, int64_t rows, int64_t len,
                              int64_t ld, float scale);
 

@@ -42,26 +42,14 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
       lane[k] += e;
     }
   }
-  if (j < len && j + kLanes <= cols) {
-    // The last partial block of a masked row as one full block: its masked entries (never read,
-    // they may hold anything) give exp(-inf) = 0, which leaves their lanes' sums as they were.
-    for (int k = 0; k < kLanes; ++k) {
-      const float e = vm::exp(vm::select(j + k < len, scale * x[j + k] - mx, -__builtin_inff()));
-      y[j + k] = e;
-      lane[k] += e;
-    }
-    j += kLanes;
-  } else {
-    for (int k = 0; j + k < len; ++k) {
-      const float e = vm::exp(scale * x[j + k] - mx);
-      y[j + k] = e;
-      lane[k] += e;
-    }
-    j = len;
+  for (int k = 0; j + k < len; ++k) {
+    const float e = vm::exp(scale * x[j + k] - mx);
+    y[j + k] = e;
+    lane[k] += e;
   }
   const float inv = 1.0f / combine_sum(lane);
-  for (int64_t i = 0; i < j; ++i) y[i] *= inv;
-  for (; j < cols; ++j) y[j] = 0.0f;
+  for (j = 0; j < len; ++j) y[j] *= inv;
+  for (j = len; j < cols; ++j) y[j] = 0.0f;
 }
 
 // Rows [r0, r0 + nrows) of x, y (rows, cols).
@@ -115,11 +103,6 @@ void softmax_backward(const float* y, const float* dy, float* dx, int64_t rows, 
   parallel_chunks(rows, rows_per_chunk, [&](int64_t r, int64_t e) {
     softmax_backward_rows(y, dy, dx, r, e - r, cols, cols, scale);
   });
-}
-
-void softmax_forward_serial(const float* x, float* y, int64_t rows, int64_t cols, float scale,
-                            bool causal) {
-  if (rows > 0 && cols > 0) softmax_forward_rows(x, y, 0, rows, cols, scale, causal);
 }
 
 void softmax_backward_serial(const float* y, const float* dy, float* dx, int64_t rows, int64_t len,
