@@ -66,7 +66,7 @@ std::string attention_key(const AttentionShape& s) {
 AttentionKernel choose_attention_kernel(const AttentionShape& s) {
   const AttentionKernel fallback = default_attention_kernel(s);
   TuningCache& cache = TuningCache::get();
-  if (!cache.enabled() || omp_get_level() > 0) return fallback;
+  if (!cache.enabled() || routes_to_default_here()) return fallback;
   const std::string key = attention_key(s);
   auto from_name = [](const std::string& name) {
     return name == "flash" ? AttentionKernel::kFlash : AttentionKernel::kNaive;

@@ -86,8 +86,10 @@ std::vector<double> race(std::span<const std::function<void()>> runs, const Race
   return best;
 }
 
+bool routes_to_default_here() { return omp_get_level() > 0; }
+
 void run_profiled(const GemmShape& shape, const char* impl, const std::function<void()>& fn) {
-  if (!profiler::enabled() || omp_get_level() > 0) return fn();
+  if (!profiler::enabled() || routes_to_default_here()) return fn();
   const double t0 = seconds_now();
   fn();
   const double ms = (seconds_now() - t0) * 1e3;
@@ -108,11 +110,7 @@ size_t route(const GemmShape& shape, std::span<const GemmCandidate> candidates, 
              const std::function<void()>& save_c, const std::function<void()>& restore_c) {
   if (candidates.size() <= 1) return 0;
   TuningCache& cache = TuningCache::get();
-  // Inside a parallel construct (active or not: a team of one still runs its products
-  // single-threaded) every product takes the default: a measured choice made for the threaded
-  // product of that shape does not apply, and kernels such as flash attention promise the same
-  // bits whatever the team size.
-  if (!cache.enabled() || omp_get_level() > 0) return fallback;
+  if (!cache.enabled() || routes_to_default_here()) return fallback;
   const std::string key = routing_key(shape);
   auto index_of = [&](const std::string& name) -> std::optional<size_t> {
     for (size_t i = 0; i < candidates.size(); ++i)

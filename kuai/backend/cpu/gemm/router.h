@@ -84,6 +84,13 @@ std::vector<double> race(std::span<const std::function<void()>> runs, const Race
                          const std::function<void()>& before = {},
                          const std::function<double(size_t)>& fake = {});
 
+// True inside a parallel construct (active or not: a team of one still runs its products
+// single-threaded). There every product takes the router's default without measuring or looking
+// anything up (a measured choice made for the threaded product of that shape does not apply, and
+// kernels such as flash attention promise the same bits whatever the team size), and nothing is
+// profiled.
+bool routes_to_default_here();
+
 // Runs `fn`, the implementation `impl` of a product of `shape`. With the profiler on
 // (KUAI_PROFILE=1) and outside parallel regions, its time and FLOPs are recorded under the shape
 // and implementation ("gemm NN 1024x768x50257 openblas"), so the profile shows the GFLOP/s each
