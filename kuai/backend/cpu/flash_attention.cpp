@@ -37,12 +37,8 @@ constexpr int kLanes = 16;  // independent accumulators: the row sums vectorise,
   return acc[0];
 }
 
-KUAI_KERNEL float row_max_kernel(const float* s, int64_t n) {
-  float m = kNegInf;  // a NaN score is skipped here but propagates through exp and the sum
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, s[j]);
-  return m;
-}
+// A NaN score is skipped here but propagates through exp and the sum.
+KUAI_KERNEL float row_max_kernel(const float* s, int64_t n) { return vm::max_of(s, n); }
 KUAI_CLONE(row_max, row_max_kernel)
 
 // p[j] = exp(s[j] - m) in place; returns their sum.

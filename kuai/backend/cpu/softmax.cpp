@@ -28,9 +28,7 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
 [[gnu::always_inline]] inline void softmax_row(const float* x, float* y, int64_t len, int64_t cols,
                                                float scale) {
   // NaN in x propagates through the exp/sum below whatever the max makes of it.
-  float mx = -__builtin_inff();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < len; ++j) mx = std::max(mx, scale * x[j]);
+  const float mx = vm::max_of(x, len, scale);
 
   float lane[kLanes];
   for (int k = 0; k < kLanes; ++k) lane[k] = 0.0f;

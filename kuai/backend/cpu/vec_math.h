@@ -50,6 +50,47 @@ namespace kuai::cpu::vm {
   return vm::select(x != x, x, y);
 }
 
+// max over j < n of scale * x[j] (-inf for n = 0). A NaN entry is skipped (its comparison is
+// false), as std::max(m, v) skips it. Four 8-float GCC vectors of running maxima (each ISA
+// clone lowers one to an AVX register, two SSE ones or half an AVX-512 one): a plain max chain
+// (std::max, or `omp simd reduction(max)`, which GCC leaves scalar under the default
+// -ftrapping-math) runs one vmaxss per element on the latency of the last, about four times the
+// time of the exp a softmax does per element. The maximum is exact, so the result is the same
+// as the chain's in any order (up to which of +0 and -0 is returned for a zero maximum).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+[[gnu::always_inline]] inline float max_of(const float* x, int64_t n, float scale = 1.0f) {
+  typedef float f32x8 __attribute__((vector_size(32)));
+  constexpr int kVecs = 4, kWidth = 8;
+  const f32x8 lowest = f32x8{} - __builtin_inff();
+  f32x8 acc[kVecs] = {lowest, lowest, lowest, lowest};
+  int64_t j = 0;
+  for (; j + kVecs * kWidth <= n; j += kVecs * kWidth)
+    for (int k = 0; k < kVecs; ++k) {
+      f32x8 v;
+      __builtin_memcpy(&v, x + j + k * kWidth, sizeof(v));
+      v *= scale;
+      acc[k] = v > acc[k] ? v : acc[k];
+    }
+  for (; j + kWidth <= n; j += kWidth) {
+    f32x8 v;
+    __builtin_memcpy(&v, x + j, sizeof(v));
+    v *= scale;
+    acc[0] = v > acc[0] ? v : acc[0];
+  }
+  float m = -__builtin_inff();
+  for (; j < n; ++j) {
+    const float v = scale * x[j];
+    m = v > m ? v : m;
+  }
+  const f32x8 a = acc[0] > acc[1] ? acc[0] : acc[1];
+  const f32x8 b = acc[2] > acc[3] ? acc[2] : acc[3];
+  const f32x8 c = a > b ? a : b;
+  for (int k = 0; k < kWidth; ++k) m = c[k] > m ? c[k] : m;
+  return m;
+}
+#pragma GCC diagnostic pop
+
 // Logistic sigmoid 1 / (1 + exp(-z)) and its complement 1 - sigmoid(z) = sigmoid(-z), both with
 // small relative error everywhere (no cancellation): with t = exp(-|z|) <= 1, the one on the
 // side of z is 1 / (1 + t) and the other t / (1 + t).

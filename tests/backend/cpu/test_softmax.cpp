@@ -3,6 +3,7 @@
 // subtraction would overflow float.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -12,6 +13,7 @@
 #include "../../support/random.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
+#include "kuai/backend/cpu/vec_math.h"
 
 namespace kuai::cpu {
 namespace {
@@ -92,6 +94,35 @@ TEST(Softmax, ForwardInPlace) {
   softmax_forward(x.data(), want.data(), rows, cols, 0.5f, true);
   softmax_forward(x.data(), x.data(), rows, cols, 0.5f, true);
   EXPECT_EQ(x, want);
+}
+
+// The lane-parallel row maximum (softmax's and flash attention's) against the one-element-at-a-
+// time chain m = max(m, scale * x[j]): equal (the maximum is exact), at every length around its
+// 8- and 32-element steps, with the maximum in the vector body and in the tail, NaN skipped,
+// -inf rows and scales below and above 1.
+TEST(VecMath, MaxOfEqualsTheChain) {
+  auto chain = [](const float* x, int64_t n, float scale) {
+    float m = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
+    return m;
+  };
+  for (int64_t n = 0; n <= 100; ++n) {
+    for (float scale : {1.0f, 0.125f, 0.37f, 3.0f}) {
+      auto x = uniform(n, -50.0f, 50.0f, static_cast<uint32_t>(7 + n));
+      EXPECT_EQ(vm::max_of(x.data(), n, scale), chain(x.data(), n, scale)) << n;
+      for (int64_t at : {int64_t{0}, n / 2, n - 1}) {  // the maximum at the head, middle, tail
+        if (n == 0) continue;
+        auto y = x;
+        y[at] = 60.0f;
+        EXPECT_EQ(vm::max_of(y.data(), n, scale), 60.0f * scale) << n << " " << at;
+        y[(at + 1) % n] = NAN;  // skipped, wherever it lands
+        if ((at + 1) % n != at)
+          EXPECT_EQ(vm::max_of(y.data(), n, scale), 60.0f * scale) << n << " " << at;
+      }
+    }
+    std::vector<float> ninf(n, -INFINITY);
+    EXPECT_EQ(vm::max_of(ninf.data(), n), -INFINITY) << n;
+  }
 }
 
 }  // namespace
