@@ -52,10 +52,16 @@ KUAI_KERNEL float exp_shifted_kernel(float* s, int64_t n, float m) {
       lane[k] += p;
     }
   }
-  for (int k = 0; j + k < n; ++k) {
-    const float p = vm::exp(s[j + k] - m);
-    s[j + k] = p;
-    lane[k] += p;
+  // The tail as one more kLanes-wide step through a buffer (see softmax.cpp): lanes past it add +0.
+  if (const int64_t rem = n - j; rem > 0) {
+    float t[kLanes] = {};
+    std::memcpy(t, s + j, static_cast<size_t>(rem) * sizeof(float));
+    for (int k = 0; k < kLanes; ++k) {
+      const float p = vm::select(k < rem, vm::exp(t[k] - m), 0.0f);
+      t[k] = p;
+      lane[k] += p;
+    }
+    std::memcpy(s + j, t, static_cast<size_t>(rem) * sizeof(float));
   }
   return combine_lanes(lane);
 }

@@ -5,6 +5,7 @@
 // vectorised exp of vec_math.h; row sums use fixed lanes, so results do not depend on threads.
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
@@ -40,10 +41,18 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
       lane[k] += e;
     }
   }
-  for (int k = 0; j + k < len; ++k) {
-    const float e = vm::exp(scale * x[j + k] - mx);
-    y[j + k] = e;
-    lane[k] += e;
+  // The last len % kLanes entries as one more kLanes-wide step through a buffer, not one scalar
+  // exp each (a causal row's tail was about as costly as its vector body); lanes past the tail
+  // add +0, so every lane's sum is the one the scalar tail gave.
+  if (const int64_t rem = len - j; rem > 0) {
+    float xt[kLanes] = {}, yt[kLanes];
+    std::memcpy(xt, x + j, static_cast<size_t>(rem) * sizeof(float));
+    for (int k = 0; k < kLanes; ++k) {
+      const float e = vm::select(k < rem, vm::exp(scale * xt[k] - mx), 0.0f);
+      yt[k] = e;
+      lane[k] += e;
+    }
+    std::memcpy(y + j, yt, static_cast<size_t>(rem) * sizeof(float));
   }
   const float inv = 1.0f / combine_sum(lane);
   for (j = 0; j < len; ++j) y[j] *= inv;
