@@ -15,9 +15,12 @@ For each configuration the two trainers run alternately (kuai, torch, kuai, torc
 machine noise hits both alike; each run prints a final line
     RESULT tokens_per_s=<f> step_ms_median=<f> peak_rss_mib=<f> final_loss=<f>
 and the table reports medians over rounds. Both run with 2 threads; torch additionally with
-OMP_WAIT_POLICY=PASSIVE. Before the runs, `<kuai> bench gemm` supplies the measured fp32 GEMM
-ceiling (`RESULT gemm_gflops=<f>`), and /proc/cpuinfo the theoretical fp32 peak. Achieved
-model GFLOP/s are reported against both. The table is also written as JSON.
+OMP_WAIT_POLICY=PASSIVE. `<kuai> bench gemm` supplies the measured fp32 GEMM ceiling (`RESULT
+gemm_gflops=<f>`) before the runs and again after each configuration's; a configuration's share
+of the ceiling is against the higher of the two readings around its runs (on a shared host the
+ceiling moves by a third within an hour, and a share against a reading taken minutes away says
+more about the neighbours than about the trainers). /proc/cpuinfo gives the theoretical fp32
+peak. Achieved model GFLOP/s are reported against both. The table is also written as JSON.
 """
 
 import argparse
@@ -402,6 +405,7 @@ def main(argv=None):
         "flops_formula": FLOPS_FORMULA,
         "configs": {},
     }
+    gemm_before = gemm  # the reading just before the next configuration's runs
     for name in args.configs:
         cfg = CONFIGS[name]
         steps = args.steps or cfg["steps"]
@@ -421,9 +425,15 @@ def main(argv=None):
                 )
                 print(f"[{name} round {r + 1}/{args.rounds}] {label}: {status} ({wall:.1f} s)")
                 sys.stdout.flush()
-        k = summarize(kuai_runs, cfg, peak, gemm)
-        t = summarize(torch_runs, cfg, peak, gemm)
+        gemm_after, _ = measure_gemm(kuai, args.timeout)
+        readings = [g for g in (gemm_before, gemm_after) if g is not None]
+        gemm_here = max(readings) if readings else None
+        k = summarize(kuai_runs, cfg, peak, gemm_here)
+        t = summarize(torch_runs, cfg, peak, gemm_here)
         print_table(name, cfg, k, t, steps, args.rounds)
+        print(f"   GEMM ceiling around these runs: {fmt(gemm_before)} before, {fmt(gemm_after)} "
+              f"after; the share is of the higher, {fmt(gemm_here)} GFLOP/s")
+        gemm_before = gemm_after
         report["configs"][name] = {
             "config": {key: value for key, value in cfg.items() if key != "steps"},
             "steps": steps,
@@ -434,6 +444,7 @@ def main(argv=None):
             "torch": {**t, "runs": torch_runs},
             "ratio_tokens_per_s": ratio(k["tokens_per_s"], t["tokens_per_s"]),
             "ratio_peak_rss": ratio(k["peak_rss_mib"], t["peak_rss_mib"]),
+            "gemm_gflops_around": gemm_here,
         }
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
