@@ -52,11 +52,12 @@ namespace kuai::cpu::vm {
 
 // max over j < n of scale * x[j] (-inf for n = 0). A NaN entry is skipped (its comparison is
 // false), as std::max(m, v) skips it. Four 8-float GCC vectors of running maxima (each ISA
-// clone lowers one to an AVX register, two SSE ones or half an AVX-512 one): a plain max chain
-// (std::max, or `omp simd reduction(max)`, which GCC leaves scalar under the default
-// -ftrapping-math) runs one vmaxss per element on the latency of the last, about four times the
-// time of the exp a softmax does per element. The maximum is exact, so the result is the same
-// as the chain's in any order (up to which of +0 and -0 is returned for a zero maximum).
+// clone lowers one to an AVX register, two SSE ones or half an AVX-512 one). A plain chain,
+// m = std::max(m, x[j]) under `omp simd reduction(max)`, was left scalar by GCC 12 in flash
+// attention's row maximum (std::max's NaN and signed-zero rules are not a vector max): one vmaxss
+// per element on the latency of the last, twice the time of the exp after it (29% against 14% of
+// flash's forward on Emerald Rapids). The maximum is exact, so the result is the chain's in any
+// order (up to which of +0 and -0 is returned for a zero maximum).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 [[gnu::always_inline]] inline float max_of(const float* x, int64_t n, float scale = 1.0f) {
