@@ -43,27 +43,7 @@ KUAI_CLONE(row_max, row_max_kernel)
 
 // p[j] = exp(s[j] - m) in place; returns their sum.
 KUAI_KERNEL float exp_shifted_kernel(float* s, int64_t n, float m) {
-  float lane[kLanes] = {};
-  int64_t j = 0;
-  for (; j + kLanes <= n; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const float p = vm::exp(s[j + k] - m);
-      s[j + k] = p;
-      lane[k] += p;
-    }
-  }
-  // The tail as one more kLanes-wide step through a buffer (see softmax.cpp): lanes past it add +0.
-  if (const int64_t rem = n - j; rem > 0) {
-    float t[kLanes] = {};
-    std::memcpy(t, s + j, static_cast<size_t>(rem) * sizeof(float));
-    for (int k = 0; k < kLanes; ++k) {
-      const float p = vm::select(k < rem, vm::exp(t[k] - m), 0.0f);
-      t[k] = p;
-      lane[k] += p;
-    }
-    std::memcpy(s + j, t, static_cast<size_t>(rem) * sizeof(float));
-  }
-  return combine_lanes(lane);
+  return vm::exp_sum(s, s, n, 1.0f, m);
 }
 KUAI_CLONE(exp_shifted, exp_shifted_kernel)
 

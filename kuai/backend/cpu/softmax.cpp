@@ -5,7 +5,6 @@
 // vectorised exp of vec_math.h; row sums use fixed lanes, so results do not depend on threads.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
@@ -30,33 +29,9 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
                                                float scale) {
   // NaN in x propagates through the exp/sum below whatever the max makes of it.
   const float mx = vm::max_of(x, len, scale);
-
-  float lane[kLanes];
-  for (int k = 0; k < kLanes; ++k) lane[k] = 0.0f;
-  int64_t j = 0;
-  for (; j + kLanes <= len; j += kLanes) {
-    for (int k = 0; k < kLanes; ++k) {
-      const float e = vm::exp(scale * x[j + k] - mx);
-      y[j + k] = e;
-      lane[k] += e;
-    }
-  }
-  // The last len % kLanes entries as one more kLanes-wide step through a buffer, not one scalar
-  // exp each (a causal row's tail was about as costly as its vector body); lanes past the tail
-  // add +0, so every lane's sum is the one the scalar tail gave.
-  if (const int64_t rem = len - j; rem > 0) {
-    float xt[kLanes] = {}, yt[kLanes];
-    std::memcpy(xt, x + j, static_cast<size_t>(rem) * sizeof(float));
-    for (int k = 0; k < kLanes; ++k) {
-      const float e = vm::select(k < rem, vm::exp(scale * xt[k] - mx), 0.0f);
-      yt[k] = e;
-      lane[k] += e;
-    }
-    std::memcpy(y + j, yt, static_cast<size_t>(rem) * sizeof(float));
-  }
-  const float inv = 1.0f / combine_sum(lane);
-  for (j = 0; j < len; ++j) y[j] *= inv;
-  for (j = len; j < cols; ++j) y[j] = 0.0f;
+  const float inv = 1.0f / vm::exp_sum(x, y, len, scale, mx);
+  for (int64_t j = 0; j < len; ++j) y[j] *= inv;
+  for (int64_t j = len; j < cols; ++j) y[j] = 0.0f;
 }
 
 // Rows [r0, r0 + nrows) of x, y (rows, cols).

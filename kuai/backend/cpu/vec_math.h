@@ -92,6 +92,37 @@ namespace kuai::cpu::vm {
 }
 #pragma GCC diagnostic pop
 
+// y[j] = exp(scale * x[j] - shift) for j < n (y may be x), and their sum: sixteen lanes, lane k
+// adding the entries j = k mod 16 in order, then the lanes added pairwise in a fixed order, so the
+// sum does not depend on threads or on where a row starts. The last n % 16 entries run as one
+// more 16-wide step through a buffer rather than one scalar exp each (a causal row's tail was
+// about as costly as its vector body); lanes past the tail add +0, which leaves them as they were.
+[[gnu::always_inline]] inline float exp_sum(const float* x, float* y, int64_t n, float scale,
+                                            float shift) {
+  constexpr int kLanes = 16;
+  float lane[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int k = 0; k < kLanes; ++k) {
+      const float e = vm::exp(scale * x[j + k] - shift);
+      y[j + k] = e;
+      lane[k] += e;
+    }
+  if (const int64_t rem = n - j; rem > 0) {
+    float t[kLanes] = {};
+    __builtin_memcpy(t, x + j, static_cast<size_t>(rem) * sizeof(float));
+    for (int k = 0; k < kLanes; ++k) {
+      const float e = vm::select(k < rem, vm::exp(scale * t[k] - shift), 0.0f);
+      t[k] = e;
+      lane[k] += e;
+    }
+    __builtin_memcpy(y + j, t, static_cast<size_t>(rem) * sizeof(float));
+  }
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int k = 0; k < w; ++k) lane[k] += lane[k + w];
+  return lane[0];
+}
+
 // Logistic sigmoid 1 / (1 + exp(-z)) and its complement 1 - sigmoid(z) = sigmoid(-z), both with
 // small relative error everywhere (no cancellation): with t = exp(-|z|) <= 1, the one on the
 // side of z is 1 / (1 + t) and the other t / (1 + t).

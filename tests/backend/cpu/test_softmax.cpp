@@ -116,8 +116,9 @@ TEST(VecMath, MaxOfEqualsTheChain) {
         y[at] = 60.0f;
         EXPECT_EQ(vm::max_of(y.data(), n, scale), 60.0f * scale) << n << " " << at;
         y[(at + 1) % n] = NAN;  // skipped, wherever it lands
-        if ((at + 1) % n != at)
+        if ((at + 1) % n != at) {
           EXPECT_EQ(vm::max_of(y.data(), n, scale), 60.0f * scale) << n << " " << at;
+        }
       }
     }
     std::vector<float> ninf(n, -INFINITY);
