@@ -76,14 +76,23 @@ void BM_FlashForward(benchmark::State& state) {
                                                  benchmark::Counter::kIsRate);
 }
 
-void BM_FlashBackward(benchmark::State& state) {
+// The backward with its block products on the libraries (BM_FlashBackward) or on the small GEMM
+// (BM_FlashBackwardSmall); the model's flash takes whichever the machine measured faster.
+void flash_backward(benchmark::State& state, kuai::cpu::FlashProducts products) {
   Qkv x(state.range(0));
   auto hs = x.heads();
   kuai::cpu::flash_attention_forward(hs, {x.T, x.T, kDim, kScale, true});
   auto gs = x.grads();
-  for (auto _ : state) kuai::cpu::flash_attention_backward(gs, {x.T, x.T, kDim, kScale, true});
+  for (auto _ : state)
+    kuai::cpu::flash_attention_backward(gs, {x.T, x.T, kDim, kScale, true}, products);
   state.counters["GFLOP/s"] = benchmark::Counter(causal_flops(x.T, 4) * state.iterations() / 1e9,
                                                  benchmark::Counter::kIsRate);
+}
+void BM_FlashBackward(benchmark::State& state) {
+  flash_backward(state, kuai::cpu::FlashProducts::kLibrary);
+}
+void BM_FlashBackwardSmall(benchmark::State& state) {
+  flash_backward(state, kuai::cpu::FlashProducts::kSmall);
 }
 
 void BM_NaiveForward(benchmark::State& state) {
@@ -144,6 +153,13 @@ BENCHMARK(BM_FlashForward)
     ->Arg(4096)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_FlashBackward)
+    ->Arg(256)
+    ->Arg(512)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_FlashBackwardSmall)
     ->Arg(256)
     ->Arg(512)
     ->Arg(1024)

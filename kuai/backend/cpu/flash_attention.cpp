@@ -3,8 +3,10 @@
 // and the accumulator, and the block's probabilities are multiplied into the accumulator by a
 // second GEMM. Backward: the probabilities of a block pair are recomputed from lse; key_block()
 // does a key block's dk and dv (and, in the one-head-per-thread schedule, its part of dq),
-// query_block() a query block's dq (the second pass of the split schedule). The row loops are
-// KUAI_CLONE kernels, so exp, max and the dot products vectorise, with fixed-lane sums.
+// query_block() a query block's dq (the second pass of the split schedule); its fp32 products run
+// on the GEMM libraries or on the register-blocked small GEMM, whichever this machine measured
+// faster (flash_products()). The row loops are KUAI_CLONE kernels, so exp, max and the dot
+// products vectorise, with fixed-lane sums.
 #include "kuai/backend/cpu/flash_attention.h"
 #include "kuai/backend/cpu/convert.h"
 
@@ -12,13 +14,22 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <mutex>
+#include <random>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
+#include "kuai/backend/cpu/gemm/router.h"
+#include "kuai/backend/cpu/gemm/small_gemm.h"
+#include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/vec_math.h"
 #include "kuai/core/allocator.h"
@@ -192,18 +203,42 @@ constexpr int64_t kBQ = kFlashBlockQBackward;
 constexpr int64_t kBK = kFlashBlockKBackward;
 constexpr int64_t kTile = kBQ * kBK;
 
+// The backward's fp32 block products on the register-blocked small GEMM (small_gemm.h) instead of
+// the libraries': the scores' and dp's products then read k and v of the key block transposed
+// (kt, vt: (d, cn) with row stride cn), made once per key block, so every product is NN or TN.
+struct Small {
+  bool on = false;
+  const float* kt = nullptr;
+  const float* vt = nullptr;
+};
+
+// kt, vt (d, cn) = the key block's k and v transposed (fp32 heads only).
+void transpose_block(const FlashHeadGrad& h, int64_t c0, int64_t cn, int64_t d, float* kt,
+                     float* vt) {
+  transpose_floats(static_cast<const float*>(h.k) + c0 * h.ldk, h.ldk, cn, d, kt, cn);
+  transpose_floats(static_cast<const float*>(h.v) + c0 * h.ldv, h.ldv, cn, d, vt, cn);
+}
+
 // For query rows [r0, r0 + rn) and keys [c0, c0 + cn) of one head: pr = the probabilities
 // recomputed from lse (0 where masked), then ds = pr * (dp - D) with dp = dout v^T; pr and dp
 // (rn, cn) with row stride cn. The dv product needs pr before it becomes ds, so it runs here.
 void block_grads(const FlashHeadGrad& h, const FlashParams& p, const float* D, int64_t r0,
-                 int64_t rn, int64_t c0, int64_t cn, float* pr, float* dp, float* dv_acc) {
+                 int64_t rn, int64_t c0, int64_t cn, float* pr, float* dp, float* dv_acc,
+                 const Small& sm) {
   const DType t = p.dtype;
   const void* q = row(h.q, t, h.ldq, r0);
   const void* dout = row(h.dout, t, h.lddout, r0);
-  product(false, true, rn, cn, p.d, p.scale, q, t, h.ldq, row(h.k, t, h.ldk, c0), t, h.ldk, 0.0f,
-          pr, cn);
-  product(false, true, rn, cn, p.d, 1.0f, dout, t, h.lddout, row(h.v, t, h.ldv, c0), t, h.ldv, 0.0f,
-          dp, cn);
+  if (sm.on) {
+    const auto* qf = static_cast<const float*>(q);
+    const auto* df = static_cast<const float*>(dout);
+    small_gemm(false, false, rn, cn, p.d, p.scale, qf, h.ldq, sm.kt, cn, 0.0f, pr, cn, nullptr);
+    small_gemm(false, false, rn, cn, p.d, 1.0f, df, h.lddout, sm.vt, cn, 0.0f, dp, cn, nullptr);
+  } else {
+    product(false, true, rn, cn, p.d, p.scale, q, t, h.ldq, row(h.k, t, h.ldk, c0), t, h.ldk, 0.0f,
+            pr, cn);
+    product(false, true, rn, cn, p.d, 1.0f, dout, t, h.lddout, row(h.v, t, h.ldv, c0), t, h.ldv,
+            0.0f, dp, cn);
+  }
   for (int64_t i = 0; i < rn; ++i) {
     float* pi = pr + i * cn;
     const int64_t visible = std::clamp<int64_t>(keys_seen(p, r0 + i) - c0, 0, cn);
@@ -211,10 +246,25 @@ void block_grads(const FlashHeadGrad& h, const FlashParams& p, const float* D, i
     std::fill(pi + visible, pi + cn, 0.0f);
   }
   // dv_blk += p^T dout_blk   (cn, d)
-  if (dv_acc != nullptr)
-    product(true, false, cn, p.d, rn, 1.0f, pr, DType::kF32, cn, dout, t, h.lddout, 1.0f, dv_acc,
-            p.d);
+  if (dv_acc != nullptr) {
+    if (sm.on)
+      small_gemm(true, false, cn, p.d, rn, 1.0f, pr, cn, static_cast<const float*>(dout), h.lddout,
+                 1.0f, dv_acc, p.d, nullptr);
+    else
+      product(true, false, cn, p.d, rn, 1.0f, pr, DType::kF32, cn, dout, t, h.lddout, 1.0f, dv_acc,
+              p.d);
+  }
   for (int64_t i = 0; i < rn; ++i) ds_from(pr + i * cn, dp + i * cn, D[r0 + i], pr + i * cn, cn);
+}
+
+// acc (M, d) += alpha op(ds) x (rows of x with row stride ldx): dk's and dq's products.
+void grad_product(bool t_ds, int64_t M, int64_t d, int64_t K, float alpha, const float* ds,
+                  int64_t ld_ds, const void* x, DType t, int64_t ldx, float* acc, const Small& sm) {
+  if (sm.on)
+    small_gemm(t_ds, false, M, d, K, alpha, ds, ld_ds, static_cast<const float*>(x), ldx, 1.0f, acc,
+               d, nullptr);
+  else
+    product(t_ds, false, M, d, K, alpha, ds, DType::kF32, ld_ds, x, t, ldx, 1.0f, acc, d);
 }
 
 // The first query block that sees key c0.
@@ -224,26 +274,32 @@ int64_t first_query_block(const FlashParams& p, int64_t c0) {
 }
 
 // dk, dv of key block [c0, c0 + cn) of one head; with dq_acc (tq, d) fp32, also accumulates the
-// block's part of dq there. Work: two tiles, then (cn, d) accumulators for dk and dv.
+// block's part of dq there. Work: two tiles, (cn, d) accumulators for dk and dv, then (with the
+// small GEMM) the block's k and v transposed.
 void key_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, int64_t c0, int64_t cn,
-               float* work, float* dq_acc) {
+               float* work, float* dq_acc, bool small) {
   const int64_t d = p.d;
   const DType t = p.dtype;
   float* pr = work;
   float* dp = pr + kTile;
   float* dk_acc = dp + kTile;
   float* dv_acc = dk_acc + kBK * d;
+  Small sm;
+  if (small) {
+    float* kt = dv_acc + kBK * d;
+    transpose_block(h, c0, cn, d, kt, kt + kBK * d);
+    sm = {true, kt, kt + kBK * d};
+  }
   std::fill(dk_acc, dk_acc + 2 * kBK * d, 0.0f);
   for (int64_t r0 = first_query_block(p, c0); r0 < p.tq; r0 += kBQ) {
     const int64_t rn = std::min(kBQ, p.tq - r0);
-    block_grads(h, p, D, r0, rn, c0, cn, pr, dp, dv_acc);
+    block_grads(h, p, D, r0, rn, c0, cn, pr, dp, dv_acc, sm);
     // dk_blk += scale ds^T q_blk   (cn, d)
-    product(true, false, cn, d, rn, p.scale, pr, DType::kF32, cn, row(h.q, t, h.ldq, r0), t, h.ldq,
-            1.0f, dk_acc, d);
+    grad_product(true, cn, d, rn, p.scale, pr, cn, row(h.q, t, h.ldq, r0), t, h.ldq, dk_acc, sm);
     // dq_blk += scale ds k_blk   (rn, d)
     if (dq_acc != nullptr)
-      product(false, false, rn, d, cn, p.scale, pr, DType::kF32, cn, row(h.k, t, h.ldk, c0), t,
-              h.ldk, 1.0f, dq_acc + r0 * d, d);
+      grad_product(false, rn, d, cn, p.scale, pr, cn, row(h.k, t, h.ldk, c0), t, h.ldk,
+                   dq_acc + r0 * d, sm);
   }
   store_rows(dk_acc, d, row(h.dk, t, h.lddk, c0), t, h.lddk, cn, d);
   store_rows(dv_acc, d, row(h.dv, t, h.lddv, c0), t, h.lddv, cn, d);
@@ -252,23 +308,38 @@ void key_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, int
 // dq of query block [r0, r0 + rn) of one head, into dq_acc (rn, d): the same products, in the
 // same order, as key_block's dq part, so both paths agree bit for bit.
 void query_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, int64_t r0,
-                 int64_t rn, float* work, float* dq_acc) {
+                 int64_t rn, float* work, float* dq_acc, bool small) {
   float* pr = work;
   float* dp = pr + kTile;
+  float* kt = dp + kTile + 2 * kBK * p.d;  // key_block's transposes' place
   std::fill(dq_acc, dq_acc + rn * p.d, 0.0f);
   const int64_t kend = keys_seen(p, r0 + rn - 1);
   for (int64_t c0 = 0; c0 < kend; c0 += kBK) {
     const int64_t cn = std::min(kBK, p.tk - c0);  // whole blocks, as key_block multiplies them
-    block_grads(h, p, D, r0, rn, c0, cn, pr, dp, nullptr);
-    product(false, false, rn, p.d, cn, p.scale, pr, DType::kF32, cn, row(h.k, p.dtype, h.ldk, c0),
-            p.dtype, h.ldk, 1.0f, dq_acc, p.d);
+    Small sm;
+    if (small) {
+      transpose_block(h, c0, cn, p.d, kt, kt + kBK * p.d);
+      sm = {true, kt, kt + kBK * p.d};
+    }
+    block_grads(h, p, D, r0, rn, c0, cn, pr, dp, nullptr, sm);
+    grad_product(false, rn, p.d, cn, p.scale, pr, cn, row(h.k, p.dtype, h.ldk, c0), p.dtype, h.ldk,
+                 dq_acc, sm);
   }
   store_rows(dq_acc, p.d, row(h.dq, p.dtype, h.lddq, r0), p.dtype, h.lddq, rn, p.d);
 }
 
 }  // namespace
 
+int64_t flash_backward_work_floats(int64_t tq, int64_t d, bool per_head) {
+  return 2 * kTile + 4 * kBK * d + (per_head ? tq * d : kBQ * d) + 2 * d;
+}
+
 void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p) {
+  flash_attention_backward(heads, p, flash_products(p));
+}
+
+void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p,
+                              FlashProducts products) {
   check(p, "flash_attention_backward");
   if (heads.empty() || p.tk == 0) return;
   const int64_t nh = static_cast<int64_t>(heads.size());
@@ -280,7 +351,8 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
   // One head per thread when the heads divide evenly or are many; else split heads by blocks.
   const bool per_head = nh % threads_max == 0 || nh >= 4 * threads_max;
   const int threads = threads_for(per_head ? nh : nh * std::max(q_blocks, k_blocks));
-  const int64_t per_thread = 2 * kTile + 2 * kBK * d + (per_head ? tq * d : kBQ * d) + 2 * d;
+  const int64_t per_thread = flash_backward_work_floats(tq, d, per_head);
+  const bool small = products == FlashProducts::kSmall && t == DType::kF32;
   ScratchFloats work(per_thread * threads);
   ScratchFloats Ds(nh * tq);  // D = rowsum(dout * o) per head
   if (tq == 0) {              // no queries: no gradient reaches the keys
@@ -309,14 +381,14 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
         Ds.data()[r] = dot(rows2, rows2 + d, d);
       }
     }
-    float* acc = w + 2 * kTile + 2 * kBK * d;  // dq accumulator
+    float* acc = w + 2 * kTile + 4 * kBK * d;  // dq accumulator
     if (per_head) {
 #pragma omp for schedule(dynamic, 1)
       for (int64_t head = 0; head < nh; ++head) {
         const FlashHeadGrad& h = heads[head];
         std::fill(acc, acc + tq * d, 0.0f);
         for (int64_t c0 = 0; c0 < tk; c0 += kBK)
-          key_block(h, p, Ds.data() + head * tq, c0, std::min(kBK, tk - c0), w, acc);
+          key_block(h, p, Ds.data() + head * tq, c0, std::min(kBK, tk - c0), w, acc, small);
         store_rows(acc, d, h.dq, t, h.lddq, tq, d);
       }
     } else {
@@ -324,17 +396,88 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
 #pragma omp for schedule(dynamic, 1)
       for (int64_t item = 0; item < nh * k_blocks; ++item) {
         const int64_t head = item % nh, c0 = item / nh * kBK;
-        key_block(heads[head], p, Ds.data() + head * tq, c0, std::min(kBK, tk - c0), w, nullptr);
+        key_block(heads[head], p, Ds.data() + head * tq, c0, std::min(kBK, tk - c0), w, nullptr,
+                  small);
       }
       // dq by query block: the key blocks it sees; the costly causal blocks first.
 #pragma omp for schedule(dynamic, 1)
       for (int64_t it = 0; it < nh * q_blocks; ++it) {
         const int64_t item = nh * q_blocks - 1 - it;
         const int64_t head = item % nh, r0 = item / nh * kBQ;
-        query_block(heads[head], p, Ds.data() + head * tq, r0, std::min(kBQ, tq - r0), w, acc);
+        query_block(heads[head], p, Ds.data() + head * tq, r0, std::min(kBQ, tq - r0), w, acc,
+                    small);
       }
     }
   }
 }
+
+}  // namespace kuai::cpu
+
+namespace kuai::cpu {
+namespace {
+
+std::atomic<FlashProducts>& forced_products() {
+  static std::atomic<FlashProducts> f{FlashProducts::kAuto};
+  return f;
+}
+
+const char* products_name(FlashProducts p) {
+  return p == FlashProducts::kSmall ? "small" : "library";
+}
+
+// Seconds of each backward (library, small) at T 512, two heads per thread, best of a race.
+std::vector<double> race_products(int64_t d, float scale) {
+  const int64_t T = 512, nh = 2 * std::max(1, omp_get_max_threads());
+  const int64_t n = nh * T * d;
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(n), k(n), v(n), dout(n), o(n), lse(nh * T), dq(n), dk(n), dv(n);
+  for (std::vector<float>* x : {&q, &k, &v, &dout})
+    for (float& e : *x) e = normal(rng);
+  std::vector<FlashHead> fwd;
+  std::vector<FlashHeadGrad> bwd;
+  for (int64_t h = 0; h < nh; ++h) {
+    const int64_t off = h * T * d;
+    fwd.push_back({q.data() + off, k.data() + off, v.data() + off, o.data() + off,
+                   lse.data() + h * T, d, d, d, d});
+    bwd.push_back({q.data() + off, k.data() + off, v.data() + off, o.data() + off,
+                   dout.data() + off, lse.data() + h * T, dq.data() + off, dk.data() + off,
+                   dv.data() + off, d, d, d, d, d, d, d, d});
+  }
+  const FlashParams p{T, T, d, scale, true};
+  flash_attention_forward(fwd, p);
+  const std::function<void()> runs[] = {
+      [&] { flash_attention_backward(bwd, p, FlashProducts::kLibrary); },
+      [&] { flash_attention_backward(bwd, p, FlashProducts::kSmall); }};
+  return race(runs, {3, 20, 0.2});
+}
+
+}  // namespace
+
+FlashProducts flash_products(const FlashParams& p) {
+  const FlashProducts forced = forced_products().load();
+  if (forced != FlashProducts::kAuto) return forced;
+  if (p.dtype != DType::kF32) return FlashProducts::kLibrary;
+  TuningCache& cache = TuningCache::get();
+  if (!cache.enabled() || routes_to_default_here()) return FlashProducts::kLibrary;
+  const std::string key = fmt::format("flash products d{} t{}", p.d, omp_get_max_threads());
+  auto from_name = [](const std::string& name) {
+    return name == "small" ? FlashProducts::kSmall : FlashProducts::kLibrary;
+  };
+  if (const auto cached = cache.find(key)) return from_name(*cached);
+  if (!cache.may_calibrate()) return FlashProducts::kLibrary;
+  static std::mutex measuring;  // one measurement at a time; the first recorded stands
+  std::lock_guard<std::mutex> lock(measuring);
+  if (const auto cached = cache.find(key)) return from_name(*cached);
+  const std::vector<double> best = race_products(p.d, p.scale);
+  const FlashProducts winner =
+      best[1] < best[0] ? FlashProducts::kSmall : FlashProducts::kLibrary;  // a tie: library
+  const std::string measured =
+      fmt::format("library {:.2f} small {:.2f} ms, backward at T 512, {} heads", best[0] * 1e3,
+                  best[1] * 1e3, 2 * std::max(1, omp_get_max_threads()));
+  return from_name(cache.record({key, products_name(winner), measured}));
+}
+
+void set_flash_products(FlashProducts products) { forced_products().store(products); }
 
 }  // namespace kuai::cpu

@@ -82,7 +82,7 @@ std::vector<int64_t> FlashAttentionBackward::cpu_scratch(std::span<const Tensor>
   const int64_t tmax = std::max(1, omp_get_max_threads());
   const bool per_head = nh % tmax == 0 || nh >= 4 * tmax;
   const int64_t n = threads_for(per_head ? nh : nh * std::max(qb, kb));
-  const int64_t per_thread = 2 * bq * bk + 2 * bk * d + (per_head ? tq * d : bq * d) + 2 * d;
+  const int64_t per_thread = cpu::flash_backward_work_floats(tq, d, per_head);
   s.push_back(rounded(4 * per_thread * n));
   s.push_back(rounded(4 * nh * tq));
   return s;

@@ -7,18 +7,24 @@
 // 1e-6 where both are near exact. lse is checked against the reference log-sum-exp. The backward
 // is the same bit for bit whatever the thread count; the work space is O(d) per thread: the
 // allocator sees no T x T buffer.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "../../support/random.h"
 #include "kuai/backend/cpu/attention.h"
 #include "kuai/backend/cpu/flash_attention.h"
+#include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/core/allocator.h"
 #include "kuai/core/dtype.h"
 
@@ -154,11 +160,19 @@ double max_error(const float* got, int64_t ld, const std::vector<double>& want, 
   return e;
 }
 
+// Both kernels for the block products: the libraries' and the small GEMM (flash_attention.h).
+constexpr FlashProducts kProducts[] = {FlashProducts::kLibrary, FlashProducts::kSmall};
+const char* products_label(FlashProducts p) {
+  return p == FlashProducts::kSmall ? "small" : "library";
+}
+
 TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
-  const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},   {2, 65, 64},
-                          {1, 130, 16}, {2, 200, 33}, {1, 150, 128}};
+  const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},    {2, 65, 64}, {1, 130, 16},
+                          {2, 200, 33}, {1, 150, 128}, {4, 257, 64}};
   for (const Shape& sh : shapes) {
-    for (bool causal : {true, false}) {
+    for (auto [causal, products] :
+         {std::pair{true, kProducts[0]}, std::pair{true, kProducts[1]},
+          std::pair{false, kProducts[0]}, std::pair{false, kProducts[1]}}) {
       const Problem p = make(sh, static_cast<uint32_t>(sh.T * 11 + sh.d));
       const float scale = 1.0f / std::sqrt(static_cast<float>(sh.d));
       const int64_t T = sh.T, d = sh.d, H = sh.heads;
@@ -176,7 +190,7 @@ TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
                        3 * d, 3 * d});
       }
       flash_attention_forward(fwd, FlashParams{T, T, d, scale, causal});
-      flash_attention_backward(bwd, FlashParams{T, T, d, scale, causal});
+      flash_attention_backward(bwd, FlashParams{T, T, d, scale, causal}, products);
       for (int64_t h = 0; h < H; ++h) {
         const std::vector<float> gh(g.begin() + h * T * d, g.begin() + (h + 1) * T * d);
         std::vector<double> dq_ref, dk_ref, dv_ref;
@@ -196,7 +210,8 @@ TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
           const double e_naive = max_error(naive.data() + x * T * d, d, *refs[x], T, d);
           EXPECT_LE(e_flash, 2.0 * e_naive + 1e-6)
               << names[x] << " heads " << H << " T " << T << " d " << d << " causal " << causal
-              << " head " << h << ": naive error " << e_naive;
+              << " head " << h << " products " << products_label(products) << ": naive error "
+              << e_naive;
         }
       }
     }
@@ -356,7 +371,7 @@ TEST(FlashAttention, BackwardIsTheSameBitForBitWhateverTheThreads) {
     fwd.push_back(
         {p.q(h), p.k(h), p.v(h), o.data() + h * T * d, lse.data() + h * T, p.ld, p.ld, p.ld, d});
   flash_attention_forward(fwd, fp);
-  auto run = [&](int threads, bool one_head_at_a_time) {
+  auto run = [&](int threads, bool one_head_at_a_time, FlashProducts products) {
     std::vector<float> dqkv(H * T * 3 * d, NAN);
     std::vector<FlashHeadGrad> bwd;
     for (int64_t h = 0; h < H; ++h) {
@@ -368,20 +383,68 @@ TEST(FlashAttention, BackwardIsTheSameBitForBitWhateverTheThreads) {
     const int saved = omp_get_max_threads();
     omp_set_num_threads(threads);
     if (one_head_at_a_time) {
-      for (int64_t h = 0; h < H; ++h) flash_attention_backward({&bwd[h], 1}, fp);
+      for (int64_t h = 0; h < H; ++h) flash_attention_backward({&bwd[h], 1}, fp, products);
     } else {
-      flash_attention_backward(bwd, fp);
+      flash_attention_backward(bwd, fp, products);
     }
     omp_set_num_threads(saved);
     return dqkv;
   };
-  const std::vector<float> one_thread = run(1, false);  // one head per thread
-  for (auto [threads, split] :
-       {std::pair{2, true}, std::pair{2, false}, std::pair{3, true}, std::pair{3, false}}) {
-    const std::vector<float> other = run(threads, split);
-    ASSERT_EQ(std::memcmp(one_thread.data(), other.data(), other.size() * sizeof(float)), 0)
-        << threads << " threads, heads " << (split ? "one at a time" : "together");
+  for (FlashProducts products : kProducts) {
+    const std::vector<float> one_thread = run(1, false, products);  // one head per thread
+    for (auto [threads, split] :
+         {std::pair{2, true}, std::pair{2, false}, std::pair{3, true}, std::pair{3, false}}) {
+      const std::vector<float> other = run(threads, split, products);
+      ASSERT_EQ(std::memcmp(one_thread.data(), other.data(), other.size() * sizeof(float)), 0)
+          << threads << " threads, heads " << (split ? "one at a time" : "together") << ", "
+          << products_label(products) << " products";
+    }
   }
+}
+
+// The backward's products by measurement: the choice is recorded in the tuning cache with both
+// times, is the faster of the two (swapping the comparison fails this), and stands when asked
+// again; a forced choice wins; low-precision heads and calls inside a parallel region take the
+// libraries without an entry.
+TEST(FlashAttention, TheBackwardsProductsAreTheFasterMeasured) {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  const FlashParams fp{64, 64, 24, 0.2f, true};  // a head_dim of its own: measured here
+  const FlashProducts got = flash_products(fp);
+  const std::string key = fmt::format("flash products d24 t{}", omp_get_max_threads());
+  const std::optional<std::string> recorded = cache.find(key);
+  ASSERT_TRUE(recorded.has_value()) << key;
+  EXPECT_EQ(*recorded, products_label(got));
+  std::string measured;
+  for (const TuningEntry& e : cache.entries())
+    if (e.key == key) measured = e.measured;
+  double library_ms = 0, small_ms = 0;
+  ASSERT_EQ(std::sscanf(measured.c_str(), "library %lf small %lf ms", &library_ms, &small_ms), 2)
+      << measured;
+  EXPECT_GT(library_ms, 0.0);
+  EXPECT_GT(small_ms, 0.0);
+  EXPECT_EQ(got, small_ms < library_ms ? FlashProducts::kSmall : FlashProducts::kLibrary)
+      << measured;
+  EXPECT_EQ(flash_products(fp), got);
+
+  const FlashProducts other =
+      got == FlashProducts::kSmall ? FlashProducts::kLibrary : FlashProducts::kSmall;
+  set_flash_products(other);
+  EXPECT_EQ(flash_products(fp), other);
+  set_flash_products(FlashProducts::kAuto);
+  EXPECT_EQ(flash_products(fp), got);
+
+  const FlashParams bf16{64, 64, 40, 0.2f, true, DType::kBF16};
+  EXPECT_EQ(flash_products(bf16), FlashProducts::kLibrary);
+  const FlashParams d40{64, 64, 40, 0.2f, true};
+  FlashProducts inside = FlashProducts::kSmall;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    inside = flash_products(d40);
+  }
+  EXPECT_EQ(inside, FlashProducts::kLibrary);
+  EXPECT_FALSE(cache.find(fmt::format("flash products d40 t{}", omp_get_max_threads())));
 }
 
 }  // namespace

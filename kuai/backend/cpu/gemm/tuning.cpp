@@ -56,9 +56,10 @@ TuningCache& TuningCache::get() {
 // the router had fewer candidates (before oneDNN over slices of K, before attention's entries),
 // or when a candidate ran differently (3: oneDNN's per-call cost cut, which made attention's
 // per-head kernels faster; 4: flash attention's row maximum and row tails vectorised, its forward
-// 1.2-1.7x faster), would keep its old answers for ever, entries never being replaced: a new set
+// 1.2-1.7x faster; 5: flash's backward may run its products on the small GEMM, 1.3-1.5x faster
+// where it does), would keep its old answers for ever, entries never being replaced: a new set
 // is a new file.
-constexpr int kChoiceSet = 4;
+constexpr int kChoiceSet = 5;
 
 TuningCache::TuningCache() {
   const GemmLibraries& libs = gemm_libraries();
