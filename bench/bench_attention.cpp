@@ -78,7 +78,7 @@ void BM_FlashForward(benchmark::State& state) {
 
 // The backward with its block products on the libraries (BM_FlashBackward) or on the small GEMM
 // (BM_FlashBackwardSmall); the model's flash takes whichever the machine measured faster.
-void flash_backward(benchmark::State& state, kuai::cpu::FlashProducts products) {
+void flash_backward(benchmark::State& state, kuai::cpu::BlockProducts products) {
   Qkv x(state.range(0));
   auto hs = x.heads();
   kuai::cpu::flash_attention_forward(hs, {x.T, x.T, kDim, kScale, true});
@@ -89,10 +89,10 @@ void flash_backward(benchmark::State& state, kuai::cpu::FlashProducts products) 
                                                  benchmark::Counter::kIsRate);
 }
 void BM_FlashBackward(benchmark::State& state) {
-  flash_backward(state, kuai::cpu::FlashProducts::kLibrary);
+  flash_backward(state, kuai::cpu::BlockProducts::kLibrary);
 }
 void BM_FlashBackwardSmall(benchmark::State& state) {
-  flash_backward(state, kuai::cpu::FlashProducts::kSmall);
+  flash_backward(state, kuai::cpu::BlockProducts::kSmall);
 }
 
 void BM_NaiveForward(benchmark::State& state) {

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "../support/grad_check.h"
+#include "kuai/backend/cpu/block_products.h"
 #include "kuai/core/ops.h"
 #include "kuai/core/primitives.h"
 
@@ -593,46 +594,52 @@ TEST(Ops, Attention) {
   // and the flash primitive against the same reference; for flash, T = 135 also crosses its
   // 128-key backward blocks (its 256-key forward blocks are crossed in test_flash_attention).
   using Op = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, bool);
-  for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
-                          std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
-    auto shapes = std::vector<std::array<int64_t, 4>>{
-        {1, 1, 1, 3}, {2, 2, 5, 3}, {1, 1, 64, 4}, {1, 1, 70, 3}, {1, 1, 131, 1}};
-    if (std::string(name) == "flash_attention") shapes.push_back({1, 1, 135, 2});
-    for (auto [B, H, T, d] : shapes) {
-      for (bool causal : {true, false}) {
-        Tensor qkv = rand_tensor({B, T, 3 * H * d}, 80 + T, 1.5f);
-        auto heads = [&](const Tensor& t, int i) {
-          return transpose(reshape(chunk(t, 3, -1)[i], {B, T, H, d}), 1, 2);
-        };
-        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-        check_op({name,
-                  {qkv},
-                  [&](auto& in) {
-                    return op(heads(in[0], 0), heads(in[0], 1), heads(in[0], 2), causal);
-                  },
-                  [&](const std::vector<DT>& in) {
-                    // Split the fused (B, T, 3*H*d) reference into heads (B*H, T, d) each.
-                    DT q{{B * H, T, d}, {}}, k = q, v = q;
-                    for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
-                    for (int64_t b = 0; b < B; ++b)
-                      for (int64_t t = 0; t < T; ++t)
-                        for (int64_t h = 0; h < H; ++h)
-                          for (int64_t j = 0; j < d; ++j) {
-                            const int64_t src = (b * T + t) * 3 * H * d + h * d + j;
-                            const int64_t dst = ((b * H + h) * T + t) * d + j;
-                            q.v[dst] = in[0].v[src];
-                            k.v[dst] = in[0].v[src + H * d];
-                            v.v[dst] = in[0].v[src + 2 * H * d];
-                          }
-                    DT y = matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal),
-                                      v);
-                    y.shape = {B, H, T, d};
-                    return y;
-                  },
-                  2e-5});
+  // The attention kernels' fp32 products on the libraries and on the small GEMM
+  // (backend/cpu/block_products.h), each forced in turn.
+  for (cpu::BlockProducts products : {cpu::BlockProducts::kLibrary, cpu::BlockProducts::kSmall}) {
+    cpu::set_block_products(products);
+    for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
+                            std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
+      auto shapes = std::vector<std::array<int64_t, 4>>{
+          {1, 1, 1, 3}, {2, 2, 5, 3}, {1, 1, 64, 4}, {1, 1, 70, 3}, {1, 1, 131, 1}};
+      if (std::string(name) == "flash_attention") shapes.push_back({1, 1, 135, 2});
+      for (auto [B, H, T, d] : shapes) {
+        for (bool causal : {true, false}) {
+          Tensor qkv = rand_tensor({B, T, 3 * H * d}, 80 + T, 1.5f);
+          auto heads = [&](const Tensor& t, int i) {
+            return transpose(reshape(chunk(t, 3, -1)[i], {B, T, H, d}), 1, 2);
+          };
+          const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+          check_op({name,
+                    {qkv},
+                    [&](auto& in) {
+                      return op(heads(in[0], 0), heads(in[0], 1), heads(in[0], 2), causal);
+                    },
+                    [&](const std::vector<DT>& in) {
+                      // Split the fused (B, T, 3*H*d) reference into heads (B*H, T, d) each.
+                      DT q{{B * H, T, d}, {}}, k = q, v = q;
+                      for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
+                      for (int64_t b = 0; b < B; ++b)
+                        for (int64_t t = 0; t < T; ++t)
+                          for (int64_t h = 0; h < H; ++h)
+                            for (int64_t j = 0; j < d; ++j) {
+                              const int64_t src = (b * T + t) * 3 * H * d + h * d + j;
+                              const int64_t dst = ((b * H + h) * T + t) * d + j;
+                              q.v[dst] = in[0].v[src];
+                              k.v[dst] = in[0].v[src + H * d];
+                              v.v[dst] = in[0].v[src + 2 * H * d];
+                            }
+                      DT y = matmul_ref(
+                          softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal), v);
+                      y.shape = {B, H, T, d};
+                      return y;
+                    },
+                    2e-5});
+        }
       }
     }
   }
+  cpu::set_block_products(cpu::BlockProducts::kAuto);
   // The fused primitive and the matmul/softmax/matmul composition agree.
   Tensor q = rand_tensor({2, 3, 33, 8}, 90), k = rand_tensor({2, 3, 33, 8}, 91),
          v = rand_tensor({2, 3, 33, 8}, 92);
@@ -646,43 +653,49 @@ TEST(Ops, GroupedQueryAttention) {
   // (B, T, (H + 2 Hkv) d) buffer like the LLaMA model passes them; naive and flash, causal and
   // not, T across the blocks. The reference repeats each key/value head over its group.
   using Op = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, bool);
-  for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
-                          std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
-    for (auto [B, H, Hkv, T, d] : std::vector<std::array<int64_t, 5>>{
-             {1, 2, 1, 1, 3}, {2, 4, 2, 5, 3}, {1, 4, 2, 66, 2}, {1, 3, 1, 131, 1}}) {
-      for (bool causal : {true, false}) {
-        const int64_t W = (H + 2 * Hkv) * d;
-        Tensor qkv = rand_tensor({B, T, W}, 180 + T + H, 1.5f);
-        check_op({name,
-                  {qkv},
-                  [&](auto& in) {
-                    auto p = split(reshape(in[0], {B, T, H + 2 * Hkv, d}), {H, Hkv, Hkv}, 2);
-                    return op(transpose(p[0], 1, 2), transpose(p[1], 1, 2), transpose(p[2], 1, 2),
-                              causal);
-                  },
-                  [&](const std::vector<DT>& in) {
-                    DT q{{B * H, T, d}, {}}, k = q, v = q;
-                    for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
-                    for (int64_t b = 0; b < B; ++b)
-                      for (int64_t t = 0; t < T; ++t)
-                        for (int64_t h = 0; h < H; ++h)
-                          for (int64_t j = 0; j < d; ++j) {
-                            const int64_t row = (b * T + t) * W, kh = h / (H / Hkv);
-                            const int64_t dst = ((b * H + h) * T + t) * d + j;
-                            q.v[dst] = in[0].v[row + h * d + j];
-                            k.v[dst] = in[0].v[row + (H + kh) * d + j];
-                            v.v[dst] = in[0].v[row + (H + Hkv + kh) * d + j];
-                          }
-                    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
-                    DT y = matmul_ref(softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal),
-                                      v);
-                    y.shape = {B, H, T, d};
-                    return y;
-                  },
-                  2e-5});
+  // The attention kernels' fp32 products on the libraries and on the small GEMM
+  // (backend/cpu/block_products.h), each forced in turn.
+  for (cpu::BlockProducts products : {cpu::BlockProducts::kLibrary, cpu::BlockProducts::kSmall}) {
+    cpu::set_block_products(products);
+    for (auto [name, op] : {std::pair<const char*, Op>{"attention", &scaled_dot_product_attention},
+                            std::pair<const char*, Op>{"flash_attention", &flash_attention}}) {
+      for (auto [B, H, Hkv, T, d] : std::vector<std::array<int64_t, 5>>{
+               {1, 2, 1, 1, 3}, {2, 4, 2, 5, 3}, {1, 4, 2, 66, 2}, {1, 3, 1, 131, 1}}) {
+        for (bool causal : {true, false}) {
+          const int64_t W = (H + 2 * Hkv) * d;
+          Tensor qkv = rand_tensor({B, T, W}, 180 + T + H, 1.5f);
+          check_op({name,
+                    {qkv},
+                    [&](auto& in) {
+                      auto p = split(reshape(in[0], {B, T, H + 2 * Hkv, d}), {H, Hkv, Hkv}, 2);
+                      return op(transpose(p[0], 1, 2), transpose(p[1], 1, 2), transpose(p[2], 1, 2),
+                                causal);
+                    },
+                    [&](const std::vector<DT>& in) {
+                      DT q{{B * H, T, d}, {}}, k = q, v = q;
+                      for (DT* t : {&q, &k, &v}) t->v.assign(B * H * T * d, 0.0);
+                      for (int64_t b = 0; b < B; ++b)
+                        for (int64_t t = 0; t < T; ++t)
+                          for (int64_t h = 0; h < H; ++h)
+                            for (int64_t j = 0; j < d; ++j) {
+                              const int64_t row = (b * T + t) * W, kh = h / (H / Hkv);
+                              const int64_t dst = ((b * H + h) * T + t) * d + j;
+                              q.v[dst] = in[0].v[row + h * d + j];
+                              k.v[dst] = in[0].v[row + (H + kh) * d + j];
+                              v.v[dst] = in[0].v[row + (H + Hkv + kh) * d + j];
+                            }
+                      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+                      DT y = matmul_ref(
+                          softmax_ref(matmul_ref(q, transpose_last2(k)), scale, causal), v);
+                      y.shape = {B, H, T, d};
+                      return y;
+                    },
+                    2e-5});
+        }
       }
     }
   }
+  cpu::set_block_products(cpu::BlockProducts::kAuto);
   EXPECT_THROW(
       scaled_dot_product_attention(zeros({1, 3, 4, 2}), zeros({1, 2, 4, 2}), zeros({1, 2, 4, 2})),
       std::invalid_argument);  // 2 does not divide 3

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kuai/backend/cpu/block_products.h"
 #include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
@@ -21,14 +22,22 @@ struct HeadView {
 };
 
 // p (T, T) = softmax(scale * q k^T) with masked entries 0; y (T, d), row stride ldy = p v.
+// With `bt` ((d, T) floats of work space), the products run on the small GEMM (block_products.h),
+// k transposed into bt first; without it, on the libraries.
 void attention_head_forward(const HeadView& h, float* p, float* y, int64_t ldy, int64_t T,
-                            int64_t d, float scale, bool causal, float* s);
+                            int64_t d, float scale, bool causal, float* s, float* bt = nullptr);
 
-// From p and dy (row stride lddy): dq, dk, dv (T, d) with row strides lddq, lddk, lddv.
+// From p and dy (row stride lddy): dq, dk, dv (T, d) with row strides lddq, lddk, lddv. With
+// `bt`, the products run on the small GEMM, v transposed into bt first.
 void attention_head_backward(const HeadView& h, const float* p, const float* dy, int64_t lddy,
                              float* dq, int64_t lddq, float* dk, int64_t lddk, float* dv,
                              int64_t lddv, int64_t T, int64_t d, float scale, bool causal,
-                             float* dp);
+                             float* dp, float* bt = nullptr);
+
+// The fp32 naive kernels' products for head_dim d: kLibrary or kSmall, measured the first time a
+// head_dim is asked for (block_products.h: forward and backward of both at T 256 with two heads
+// per thread; entry "naive products d64 t2").
+BlockProducts naive_attention_products(int64_t d);
 
 // The same on operands stored as f32, bf16 or f16: q, k, v and dy are read, and y, dq, dk, dv
 // written, in dtype `t` (rounded once from the fp32 result); p and the scratch are fp32. The
@@ -42,11 +51,13 @@ struct TypedHeadView {
   DType t;
 };
 
+// `bt` as above, used for fp32 heads only.
 void attention_head_forward(const TypedHeadView& h, float* p, void* y, int64_t ldy, int64_t T,
-                            int64_t d, float scale, bool causal, float* s);
+                            int64_t d, float scale, bool causal, float* s, float* bt = nullptr);
 
 void attention_head_backward(const TypedHeadView& h, const float* p, const void* dy, int64_t lddy,
                              void* dq, int64_t lddq, void* dk, int64_t lddk, void* dv, int64_t lddv,
-                             int64_t T, int64_t d, float scale, bool causal, float* dp);
+                             int64_t T, int64_t d, float scale, bool causal, float* dp,
+                             float* bt = nullptr);
 
 }  // namespace kuai::cpu

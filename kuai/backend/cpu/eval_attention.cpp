@@ -98,15 +98,19 @@ GradTarget grad_target(const Tensor& q, const Tensor& k, Tensor& g,
 // slot i at at(t, i).
 class HeadScratch {
  public:
-  HeadScratch(int64_t T, int64_t heads, int slots)
+  // `slots` T x T buffers per thread, then `extra` floats (the fp32 kernels' k^T or v^T, d x T).
+  HeadScratch(int64_t T, int64_t heads, int slots, int64_t extra = 0)
       : n_(T * T),
         slots_(slots),
-        buf_(n_ * slots * std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), heads))) {}
-  float* at(int slot) const { return buf_.data() + (omp_get_thread_num() * slots_ + slot) * n_; }
+        per_thread_(n_ * slots + extra),
+        buf_(per_thread_ * std::max<int64_t>(1, std::min<int64_t>(omp_get_max_threads(), heads))) {}
+  float* at(int slot) const { return buf_.data() + omp_get_thread_num() * per_thread_ + slot * n_; }
+  float* extra() const { return buf_.data() + omp_get_thread_num() * per_thread_ + slots_ * n_; }
 
  private:
   int64_t n_;
   int slots_;
+  int64_t per_thread_;
   ScratchFloats buf_;
 };
 
@@ -182,13 +186,14 @@ void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   float* y = out[0].device_data<float>();  // (B, T, H, d)
   float* p = out[1].device_data<float>();  // (B, H, T, T)
-  const HeadScratch scratch(T, B * H, 1);
+  const bool small = cpu::naive_attention_products(d) == cpu::BlockProducts::kSmall;
+  const HeadScratch scratch(T, B * H, 1, d * T);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
     const cpu::HeadView hv = head_view(q, k, v, b, h);
     cpu::attention_head_forward(hv, p + bh * T * T, y + (b * T * H + h) * d, H * d, T, d, scale_,
-                                causal_, scratch.at(0));
+                                causal_, scratch.at(0), small ? scratch.extra() : nullptr);
   }
 }
 
@@ -203,7 +208,8 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
   std::unique_ptr<ScratchBytes> kv_scratch;
   const GradTarget gt = grad_target(q, k, out[0], kv_scratch);
   auto f = [](char* c) { return reinterpret_cast<float*>(c); };
-  const HeadScratch scratch(T, B * H, 1);
+  const bool small = cpu::naive_attention_products(d) == cpu::BlockProducts::kSmall;
+  const HeadScratch scratch(T, B * H, 1, d * T);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
     const int64_t b = bh / H, h = bh % H;
@@ -211,7 +217,7 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
     cpu::attention_head_backward(
         hv, pp + bh * T * T, pdy + b * dy.strides()[0] + h * dy.strides()[2], dy.strides()[1],
         f(gt.dq(b, h)), gt.ldq(), f(gt.dkv(b, h, 0)), gt.ldkv(), f(gt.dkv(b, h, 1)), gt.ldkv(), T,
-        d, scale_, causal_, scratch.at(0));
+        d, scale_, causal_, scratch.at(0), small ? scratch.extra() : nullptr);
   }
   if (kv_scratch) sum_kv_groups(gt, B, DType::kF32);
 }

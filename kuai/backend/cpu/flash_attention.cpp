@@ -14,12 +14,11 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
-#include <mutex>
+#include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -27,9 +26,7 @@
 
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/gemm_lowp.h"
-#include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/backend/cpu/gemm/small_gemm.h"
-#include "kuai/backend/cpu/gemm/tuning.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/vec_math.h"
 #include "kuai/core/allocator.h"
@@ -339,7 +336,7 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
 }
 
 void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p,
-                              FlashProducts products) {
+                              BlockProducts products) {
   check(p, "flash_attention_backward");
   if (heads.empty() || p.tk == 0) return;
   const int64_t nh = static_cast<int64_t>(heads.size());
@@ -352,7 +349,7 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
   const bool per_head = nh % threads_max == 0 || nh >= 4 * threads_max;
   const int threads = threads_for(per_head ? nh : nh * std::max(q_blocks, k_blocks));
   const int64_t per_thread = flash_backward_work_floats(tq, d, per_head);
-  const bool small = products == FlashProducts::kSmall && t == DType::kF32;
+  const bool small = products == BlockProducts::kSmall && t == DType::kF32;
   ScratchFloats work(per_thread * threads);
   ScratchFloats Ds(nh * tq);  // D = rowsum(dout * o) per head
   if (tq == 0) {              // no queries: no gradient reaches the keys
@@ -414,70 +411,50 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
 }  // namespace kuai::cpu
 
 namespace kuai::cpu {
+
 namespace {
 
-std::atomic<FlashProducts>& forced_products() {
-  static std::atomic<FlashProducts> f{FlashProducts::kAuto};
-  return f;
-}
+// Heads of random operands at T 512 and the forward's o and lse, for the backward's measurement.
+struct FlashTrial {
+  int64_t T, nh, d;
+  float scale;
+  std::vector<float> buf;
+  std::vector<FlashHeadGrad> heads;
 
-const char* products_name(FlashProducts p) {
-  return p == FlashProducts::kSmall ? "small" : "library";
-}
-
-// Seconds of each backward (library, small) at T 512, two heads per thread, best of a race.
-std::vector<double> race_products(int64_t d, float scale) {
-  const int64_t T = 512, nh = 2 * std::max(1, omp_get_max_threads());
-  const int64_t n = nh * T * d;
-  std::mt19937 rng(31);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q(n), k(n), v(n), dout(n), o(n), lse(nh * T), dq(n), dk(n), dv(n);
-  for (std::vector<float>* x : {&q, &k, &v, &dout})
-    for (float& e : *x) e = normal(rng);
-  std::vector<FlashHead> fwd;
-  std::vector<FlashHeadGrad> bwd;
-  for (int64_t h = 0; h < nh; ++h) {
-    const int64_t off = h * T * d;
-    fwd.push_back({q.data() + off, k.data() + off, v.data() + off, o.data() + off,
-                   lse.data() + h * T, d, d, d, d});
-    bwd.push_back({q.data() + off, k.data() + off, v.data() + off, o.data() + off,
-                   dout.data() + off, lse.data() + h * T, dq.data() + off, dk.data() + off,
-                   dv.data() + off, d, d, d, d, d, d, d, d});
+  FlashTrial(int64_t T_, int64_t nh_, int64_t d_, float scale_)
+      : T(T_), nh(nh_), d(d_), scale(scale_) {
+    const int64_t n = nh * T * d;
+    buf.assign(static_cast<size_t>(9 * n + nh * T), 0.0f);
+    std::mt19937 rng(31);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (int64_t i = 0; i < 4 * n; ++i) buf[i] = normal(rng);
+    float *q = buf.data(), *k = q + n, *v = k + n, *dout = v + n, *o = dout + n, *dq = o + n,
+          *dk = dq + n, *dv = dk + n, *lse = dv + n;
+    std::vector<FlashHead> fwd;
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t off = h * T * d;
+      fwd.push_back({q + off, k + off, v + off, o + off, lse + h * T, d, d, d, d});
+      heads.push_back({q + off, k + off, v + off, o + off, dout + off, lse + h * T, dq + off,
+                       dk + off, dv + off, d, d, d, d, d, d, d, d});
+    }
+    flash_attention_forward(fwd, params());
   }
-  const FlashParams p{T, T, d, scale, true};
-  flash_attention_forward(fwd, p);
-  const std::function<void()> runs[] = {
-      [&] { flash_attention_backward(bwd, p, FlashProducts::kLibrary); },
-      [&] { flash_attention_backward(bwd, p, FlashProducts::kSmall); }};
-  return race(runs, {3, 20, 0.2});
-}
+  FlashParams params() const { return {T, T, d, scale, true}; }
+};
 
 }  // namespace
 
-FlashProducts flash_products(const FlashParams& p) {
-  const FlashProducts forced = forced_products().load();
-  if (forced != FlashProducts::kAuto) return forced;
-  if (p.dtype != DType::kF32) return FlashProducts::kLibrary;
-  TuningCache& cache = TuningCache::get();
-  if (!cache.enabled() || routes_to_default_here()) return FlashProducts::kLibrary;
-  const std::string key = fmt::format("flash products d{} t{}", p.d, omp_get_max_threads());
-  auto from_name = [](const std::string& name) {
-    return name == "small" ? FlashProducts::kSmall : FlashProducts::kLibrary;
-  };
-  if (const auto cached = cache.find(key)) return from_name(*cached);
-  if (!cache.may_calibrate()) return FlashProducts::kLibrary;
-  static std::mutex measuring;  // one measurement at a time; the first recorded stands
-  std::lock_guard<std::mutex> lock(measuring);
-  if (const auto cached = cache.find(key)) return from_name(*cached);
-  const std::vector<double> best = race_products(p.d, p.scale);
-  const FlashProducts winner =
-      best[1] < best[0] ? FlashProducts::kSmall : FlashProducts::kLibrary;  // a tie: library
-  const std::string measured =
-      fmt::format("library {:.2f} small {:.2f} ms, backward at T 512, {} heads", best[0] * 1e3,
-                  best[1] * 1e3, 2 * std::max(1, omp_get_max_threads()));
-  return from_name(cache.record({key, products_name(winner), measured}));
+BlockProducts flash_products(const FlashParams& p) {
+  if (p.dtype != DType::kF32) return BlockProducts::kLibrary;
+  const int64_t T = 512, nh = 2 * std::max(1, omp_get_max_threads());
+  return measured_block_products(
+      fmt::format("flash products d{} t{}", p.d, omp_get_max_threads()),
+      fmt::format("backward at T {}, {} heads", T, nh), [&]() -> BlockProductsRun {
+        auto trial = std::make_shared<FlashTrial>(T, nh, p.d, p.scale);
+        return [trial](BlockProducts products) {
+          flash_attention_backward(trial->heads, trial->params(), products);
+        };
+      });
 }
-
-void set_flash_products(FlashProducts products) { forced_products().store(products); }
 
 }  // namespace kuai::cpu

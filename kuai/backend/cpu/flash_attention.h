@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <span>
 
+#include "kuai/backend/cpu/block_products.h"
 #include "kuai/core/dtype.h"
 
 namespace kuai::cpu {
@@ -88,28 +89,17 @@ struct FlashHeadGrad {
 // per head, from the tracking allocator.
 void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p);
 
-// Which kernel runs the fp32 backward's block products: the GEMM libraries' (cpu::gemm: oneDNN or
-// OpenBLAS, as for every product) or the register-blocked small GEMM (gemm/small_gemm.h, with each
-// key block's k and v transposed once so that every product is NN or TN). The two differ in the
-// order of their sums, so in the last bits. kAuto resolves to the one measured faster on this
-// machine (flash_products()); bf16 and f16 heads always take the libraries' path (gemm_lowp).
-enum class FlashProducts { kAuto, kLibrary, kSmall };
-
-// The backward with its products on `products` (kAuto: flash_products(p)).
+// The backward with its fp32 products on `products` (block_products.h; kAuto: flash_products(p)).
+// The small GEMM reads each key block's k and v transposed, made once per key block.
 void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p,
-                              FlashProducts products);
+                              BlockProducts products);
 
-// kAuto resolved for p: kLibrary or kSmall. Measured the first time a head_dim is asked for, as the
-// GEMM router measures a product (router.h): the backward of both, at T 512 with two heads per
-// thread, A B A B ..., each keeping its best time; the faster is recorded in the GEMM tuning cache
-// ("flash products d64 t2": one file per CPU, tier, library and kuai version, entries never
-// replaced), so later runs make the same choice and get the same bits. Where nothing may be
-// measured (tuning off, one of several MPI ranks with no entry, inside a parallel region) and for
-// low-precision heads: kLibrary. A choice forced by set_flash_products wins.
-FlashProducts flash_products(const FlashParams& p);
-
-// Testing and benchmark hook: force the backward's products (kAuto restores the measured choice).
-void set_flash_products(FlashProducts products);
+// kAuto resolved for the backward at p: kLibrary or kSmall, measured the first time a head_dim is
+// asked for (block_products.h: the backward of both at T 512 with two heads per thread; entry
+// "flash products d64 t2"). Low-precision heads: kLibrary. The forward's products stay on the
+// libraries: the small GEMM measured no faster there (its scores would need k transposed per
+// query block).
+BlockProducts flash_products(const FlashParams& p);
 
 // Floats of per-thread work space the backward takes (one head per thread or split heads).
 int64_t flash_backward_work_floats(int64_t tq, int64_t d, bool per_head);

@@ -27,11 +27,14 @@ void kv_scratch(std::vector<int64_t>& s, const Tensor& q, const Tensor& k) {
     s.push_back(rounded(B * T * 2 * H * d * static_cast<int64_t>(dtype_size(q.dtype()))));
 }
 
-// eval_attention.cpp HeadScratch: T x T floats per thread, two slots in low precision.
+// eval_attention.cpp HeadScratch: per thread, T x T floats and d x T more (k^T or v^T for the
+// small GEMM) in fp32, two T x T slots in low precision.
 int64_t head_scratch(const Tensor& q) {
-  const int64_t B = q.size(0), H = q.size(1), T = q.size(2);
-  const int64_t slots = q.dtype() == DType::kF32 ? 1 : 2;
-  return rounded(4 * T * T * slots * threads_for(B * H));
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3);
+  const bool f32 = q.dtype() == DType::kF32;
+  // fp32: one T x T buffer and room for k^T or v^T (d x T); bf16/f16: two T x T buffers.
+  const int64_t per_thread = f32 ? T * T + d * T : 2 * T * T;
+  return rounded(4 * per_thread * threads_for(B * H));
 }
 
 // eval_nn.cpp for_widened_chunks: low-precision logits widened a chunk of rows per thread.

@@ -161,10 +161,8 @@ double max_error(const float* got, int64_t ld, const std::vector<double>& want, 
 }
 
 // Both kernels for the block products: the libraries' and the small GEMM (flash_attention.h).
-constexpr FlashProducts kProducts[] = {FlashProducts::kLibrary, FlashProducts::kSmall};
-const char* products_label(FlashProducts p) {
-  return p == FlashProducts::kSmall ? "small" : "library";
-}
+constexpr BlockProducts kProducts[] = {BlockProducts::kLibrary, BlockProducts::kSmall};
+const char* products_label(BlockProducts p) { return block_products_name(p); }
 
 TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
   const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},    {2, 65, 64}, {1, 130, 16},
@@ -216,6 +214,72 @@ TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
       }
     }
   }
+}
+
+// The naive kernels with their products on the small GEMM (k^T, v^T in `bt`): output, dq, dk, dv
+// against the float64 reference within twice the error of the same kernels on the libraries, plus
+// 1e-6 (the flash rule); T across the 64-row blocks and below head_dim (bt is d x T), strided rows.
+TEST(NaiveAttention, SmallGemmProductsMatchFloat64WithinTwiceTheLibraryError) {
+  const Shape shapes[] = {{1, 1, 16}, {2, 7, 33}, {1, 130, 16}, {2, 200, 64}, {1, 70, 128}};
+  for (const Shape& sh : shapes) {
+    for (bool causal : {true, false}) {
+      const Problem p = make(sh, static_cast<uint32_t>(sh.T * 13 + sh.d));
+      const float scale = 1.0f / std::sqrt(static_cast<float>(sh.d));
+      const int64_t T = sh.T, d = sh.d;
+      const std::vector<float> g = kuai::test::uniform(sh.heads * T * d, -1.0f, 1.0f, 98);
+      for (int64_t h = 0; h < sh.heads; ++h) {
+        const std::vector<float> gh(g.begin() + h * T * d, g.begin() + (h + 1) * T * d);
+        std::vector<double> y_ref, lse_ref, dq_ref, dk_ref, dv_ref;
+        reference(p, h, scale, causal, &y_ref, &lse_ref);
+        reference_backward(p, h, gh, scale, causal, &dq_ref, &dk_ref, &dv_ref);
+        const HeadView hv{p.q(h), p.k(h), p.v(h), p.ld, p.ld, p.ld};
+        // [0, T d): y; then dq, dk, dv.
+        auto run = [&](bool small) {
+          std::vector<float> pr(T * T), s(T * T), bt(d * T, NAN), out(4 * T * d, NAN);
+          float* b = small ? bt.data() : nullptr;
+          attention_head_forward(hv, pr.data(), out.data(), d, T, d, scale, causal, s.data(), b);
+          attention_head_backward(hv, pr.data(), gh.data(), d, out.data() + T * d, d,
+                                  out.data() + 2 * T * d, d, out.data() + 3 * T * d, d, T, d, scale,
+                                  causal, s.data(), b);
+          return out;
+        };
+        const std::vector<float> lib = run(false), small = run(true);
+        const std::vector<double>* refs[] = {&y_ref, &dq_ref, &dk_ref, &dv_ref};
+        const char* names[] = {"y", "dq", "dk", "dv"};
+        for (int x = 0; x < 4; ++x) {
+          const double e_small = max_error(small.data() + x * T * d, d, *refs[x], T, d);
+          const double e_lib = max_error(lib.data() + x * T * d, d, *refs[x], T, d);
+          EXPECT_LE(e_small, 2.0 * e_lib + 1e-6)
+              << names[x] << " T " << T << " d " << d << " causal " << causal << " head " << h
+              << ": library error " << e_lib;
+        }
+      }
+    }
+  }
+}
+
+// The naive kernels' products by measurement, as the flash backward's (below): recorded with both
+// times, the faster of the two, standing when asked again.
+TEST(NaiveAttention, TheProductsAreTheFasterMeasured) {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  const BlockProducts got = naive_attention_products(24);
+  const std::string key = fmt::format("naive products d24 t{}", omp_get_max_threads());
+  const std::optional<std::string> recorded = cache.find(key);
+  ASSERT_TRUE(recorded.has_value()) << key;
+  EXPECT_EQ(*recorded, block_products_name(got));
+  std::string measured;
+  for (const TuningEntry& e : cache.entries())
+    if (e.key == key) measured = e.measured;
+  double library_ms = 0, small_ms = 0;
+  ASSERT_EQ(std::sscanf(measured.c_str(), "library %lf small %lf ms", &library_ms, &small_ms), 2)
+      << measured;
+  EXPECT_EQ(got, small_ms < library_ms ? BlockProducts::kSmall : BlockProducts::kLibrary)
+      << measured;
+  EXPECT_EQ(naive_attention_products(24), got);
+  set_block_products(BlockProducts::kSmall);
+  EXPECT_EQ(naive_attention_products(24), BlockProducts::kSmall);
+  set_block_products(BlockProducts::kAuto);
 }
 
 // The forward's only scratch is the per-thread work space: at T = 1024 one T x T fp32 matrix is
@@ -371,7 +435,7 @@ TEST(FlashAttention, BackwardIsTheSameBitForBitWhateverTheThreads) {
     fwd.push_back(
         {p.q(h), p.k(h), p.v(h), o.data() + h * T * d, lse.data() + h * T, p.ld, p.ld, p.ld, d});
   flash_attention_forward(fwd, fp);
-  auto run = [&](int threads, bool one_head_at_a_time, FlashProducts products) {
+  auto run = [&](int threads, bool one_head_at_a_time, BlockProducts products) {
     std::vector<float> dqkv(H * T * 3 * d, NAN);
     std::vector<FlashHeadGrad> bwd;
     for (int64_t h = 0; h < H; ++h) {
@@ -390,7 +454,7 @@ TEST(FlashAttention, BackwardIsTheSameBitForBitWhateverTheThreads) {
     omp_set_num_threads(saved);
     return dqkv;
   };
-  for (FlashProducts products : kProducts) {
+  for (BlockProducts products : kProducts) {
     const std::vector<float> one_thread = run(1, false, products);  // one head per thread
     for (auto [threads, split] :
          {std::pair{2, true}, std::pair{2, false}, std::pair{3, true}, std::pair{3, false}}) {
@@ -410,7 +474,7 @@ TEST(FlashAttention, TheBackwardsProductsAreTheFasterMeasured) {
   TuningCache& cache = TuningCache::get();
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
   const FlashParams fp{64, 64, 24, 0.2f, true};  // a head_dim of its own: measured here
-  const FlashProducts got = flash_products(fp);
+  const BlockProducts got = flash_products(fp);
   const std::string key = fmt::format("flash products d24 t{}", omp_get_max_threads());
   const std::optional<std::string> recorded = cache.find(key);
   ASSERT_TRUE(recorded.has_value()) << key;
@@ -423,27 +487,27 @@ TEST(FlashAttention, TheBackwardsProductsAreTheFasterMeasured) {
       << measured;
   EXPECT_GT(library_ms, 0.0);
   EXPECT_GT(small_ms, 0.0);
-  EXPECT_EQ(got, small_ms < library_ms ? FlashProducts::kSmall : FlashProducts::kLibrary)
+  EXPECT_EQ(got, small_ms < library_ms ? BlockProducts::kSmall : BlockProducts::kLibrary)
       << measured;
   EXPECT_EQ(flash_products(fp), got);
 
-  const FlashProducts other =
-      got == FlashProducts::kSmall ? FlashProducts::kLibrary : FlashProducts::kSmall;
-  set_flash_products(other);
+  const BlockProducts other =
+      got == BlockProducts::kSmall ? BlockProducts::kLibrary : BlockProducts::kSmall;
+  set_block_products(other);
   EXPECT_EQ(flash_products(fp), other);
-  set_flash_products(FlashProducts::kAuto);
+  set_block_products(BlockProducts::kAuto);
   EXPECT_EQ(flash_products(fp), got);
 
   const FlashParams bf16{64, 64, 40, 0.2f, true, DType::kBF16};
-  EXPECT_EQ(flash_products(bf16), FlashProducts::kLibrary);
+  EXPECT_EQ(flash_products(bf16), BlockProducts::kLibrary);
   const FlashParams d40{64, 64, 40, 0.2f, true};
-  FlashProducts inside = FlashProducts::kSmall;
+  BlockProducts inside = BlockProducts::kSmall;
 #pragma omp parallel num_threads(2)
   {
 #pragma omp single
     inside = flash_products(d40);
   }
-  EXPECT_EQ(inside, FlashProducts::kLibrary);
+  EXPECT_EQ(inside, BlockProducts::kLibrary);
   EXPECT_FALSE(cache.find(fmt::format("flash products d40 t{}", omp_get_max_threads())));
 }
 

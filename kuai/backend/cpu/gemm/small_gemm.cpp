@@ -11,18 +11,31 @@
 namespace kuai::cpu {
 namespace {
 
-struct V16 {
+template <int W>
+struct Vec;
+template <>
+struct Vec<16> {
   typedef float v __attribute__((vector_size(64)));
+};
+template <>
+struct Vec<8> {
+  typedef float v __attribute__((vector_size(32)));
+};
+template <>
+struct Vec<4> {
+  typedef float v __attribute__((vector_size(16)));
+};
+
+// The micro-tile per tier: 6 rows x NV vectors of W floats.
+struct Avx512 {
   static constexpr int kW = 16, kNV = 4;  // 6 x 64: 24 zmm accumulators of 32
   static constexpr bool kFma = true;
 };
-struct V8 {
-  typedef float v __attribute__((vector_size(32)));
+struct Avx2 {
   static constexpr int kW = 8, kNV = 2;  // 6 x 16: 12 ymm accumulators of 16
   static constexpr bool kFma = true;
 };
-struct V4 {
-  typedef float v __attribute__((vector_size(16)));
+struct Baseline {
   static constexpr int kW = 4, kNV = 2;  // 6 x 8: 12 xmm accumulators of 16
   static constexpr bool kFma = false;    // the baseline tier has no FMA: multiply, then add
 };
@@ -41,12 +54,11 @@ struct Args {
   int64_t ldc;
 };
 
-// C tile (MR rows, NV vectors) = alpha * sum_k op(A)(r, k) B(k, :) + beta * C.
-template <class T, int MR, int NV, bool TA>
+// C tile (MR rows, NV vectors of W) = alpha * sum_k op(A)(r, k) B(k, :) + beta * C.
+template <int W, int MR, int NV, bool TA>
 KUAI_KERNEL void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B,
                       int64_t ldb, float beta, float* C, int64_t ldc) {
-  using v = typename T::v;
-  constexpr int W = T::kW;
+  using v = typename Vec<W>::v;
   v acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int j = 0; j < NV; ++j) acc[r][j] = v{};
@@ -88,28 +100,51 @@ KUAI_KERNEL void tile_tail(int mr, int nc, int64_t K, float alpha, const float* 
           s = s + a * B[k * ldb + c];
       }
       float out = alpha * s;
-      if (beta != 0.0f) out += beta * C[r * ldc + c];
+      if (beta != 0.0f) {
+        if constexpr (FMA)
+          out = __builtin_fmaf(beta, C[r * ldc + c], out);
+        else
+          out = out + beta * C[r * ldc + c];
+      }
       C[r * ldc + c] = out;
     }
 }
 
-// tile<T, mr, nv, TA> for the run-time mr in [1, MR] and nv in [1, NV].
-template <class T, int NV, bool TA, int MR>
+// tile<W, mr, NV, TA> for the run-time mr in [1, MR].
+template <int W, int NV, bool TA, int MR>
 KUAI_KERNEL void rows(int mr, const Args& a, const float* A, const float* B, float* C) {
   if constexpr (MR > 0) {
     if (mr == MR)
-      tile<T, MR, NV, TA>(a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc);
+      tile<W, MR, NV, TA>(a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc);
     else
-      rows<T, NV, TA, MR - 1>(mr, a, A, B, C);
+      rows<W, NV, TA, MR - 1>(mr, a, A, B, C);
   }
 }
-template <class T, bool TA, int NV>
+// The same for the run-time nv in [1, NV].
+template <int W, bool TA, int NV>
 KUAI_KERNEL void cols(int nv, int mr, const Args& a, const float* A, const float* B, float* C) {
   if constexpr (NV > 0) {
     if (nv == NV)
-      rows<T, NV, TA, kMR>(mr, a, A, B, C);
+      rows<W, NV, TA, kMR>(mr, a, A, B, C);
     else
-      cols<T, TA, NV - 1>(nv, mr, a, A, B, C);
+      cols<W, TA, NV - 1>(nv, mr, a, A, B, C);
+  }
+}
+
+// nt < 2W columns past the tier's whole vectors: one vector of W if they fill it, then narrower
+// vectors, then (fewer than 4) one scalar sum each; every lane does the same arithmetic.
+template <int W, bool TA, bool FMA>
+KUAI_KERNEL void tail(int nt, int mr, const Args& a, const float* A, const float* B, float* C) {
+  if constexpr (W >= 4) {
+    if (nt >= W) {
+      rows<W, 1, TA, kMR>(mr, a, A, B, C);
+      B += W;
+      C += W;
+      nt -= W;
+    }
+    tail<W / 2, TA, FMA>(nt, mr, a, A, B, C);
+  } else if (nt > 0) {
+    tile_tail<TA, FMA>(mr, nt, a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc);
   }
 }
 
@@ -125,10 +160,8 @@ KUAI_KERNEL void drive(const Args& a) {
       const int mr = static_cast<int>(std::min<int64_t>(kMR, a.M - m0));
       const float* A = TA ? a.A + m0 : a.A + m0 * a.lda;
       float* C = a.C + m0 * a.ldc + n0;
-      if (nv > 0) cols<T, TA, T::kNV>(nv, mr, a, A, a.B + n0, C);
-      if (nt > 0)
-        tile_tail<TA, T::kFma>(mr, nt, a.K, a.alpha, A, a.lda, a.B + n0 + nv * W, a.ldb, a.beta,
-                               C + nv * W, a.ldc);
+      if (nv > 0) cols<W, TA, T::kNV>(nv, mr, a, A, a.B + n0, C);
+      if (nt > 0) tail<W / 2, TA, T::kFma>(nt, mr, a, A, a.B + n0 + nv * W, C + nv * W);
     }
   }
 }
@@ -142,10 +175,10 @@ KUAI_KERNEL void run(const Args& a) {
 }
 
 #if KUAI_HAVE_ISA_CLONES
-KUAI_TARGET_AVX512 void run_avx512(const Args& a) { run<V16>(a); }
-KUAI_TARGET_AVX2 void run_avx2(const Args& a) { run<V8>(a); }
+KUAI_TARGET_AVX512 void run_avx512(const Args& a) { run<Avx512>(a); }
+KUAI_TARGET_AVX2 void run_avx2(const Args& a) { run<Avx2>(a); }
 #endif
-void run_baseline(const Args& a) { run<V4>(a); }
+void run_baseline(const Args& a) { run<Baseline>(a); }
 
 typedef float f32x8 __attribute__((vector_size(32)));
 
