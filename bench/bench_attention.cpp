@@ -95,28 +95,34 @@ void BM_FlashBackwardSmall(benchmark::State& state) {
   flash_backward(state, kuai::cpu::BlockProducts::kSmall);
 }
 
-void BM_NaiveForward(benchmark::State& state) {
+// The naive kernels with their products on the libraries (BM_Naive*) or on the small GEMM
+// (BM_Naive*Small: k^T or v^T in d x T more scratch).
+void naive_forward(benchmark::State& state, bool small) {
   Qkv x(state.range(0));
   const int64_t T = x.T;
   for (auto _ : state) {
 #pragma omp parallel for schedule(static)
     for (int64_t h = 0; h < kHeads; ++h) {
-      thread_local std::vector<float> p, s;
+      thread_local std::vector<float> p, s, bt;
       p.resize(T * T);
       s.resize(T * T);
+      bt.resize(kDim * T);
       const int64_t off = h * T * kDim;
       kuai::cpu::attention_head_forward(kuai::cpu::HeadView{x.q.data() + off, x.k.data() + off,
                                                             x.v.data() + off, kDim, kDim, kDim},
                                         p.data(), x.o.data() + off, kDim, T, kDim, kScale, true,
-                                        s.data());
+                                        s.data(), small ? bt.data() : nullptr);
     }
   }
   state.counters["GFLOP/s"] = benchmark::Counter(causal_flops(T, 2) * state.iterations() / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
 
+void BM_NaiveForward(benchmark::State& state) { naive_forward(state, false); }
+void BM_NaiveForwardSmall(benchmark::State& state) { naive_forward(state, true); }
+
 // The naive backward from each head's probabilities (made once by the forward): dq, dk, dv.
-void BM_NaiveBackward(benchmark::State& state) {
+void naive_backward(benchmark::State& state, bool small) {
   Qkv x(state.range(0));
   const int64_t T = x.T;
   std::vector<float> probs(kHeads * T * T);
@@ -131,19 +137,23 @@ void BM_NaiveBackward(benchmark::State& state) {
   for (auto _ : state) {
 #pragma omp parallel for schedule(static)
     for (int64_t h = 0; h < kHeads; ++h) {
-      thread_local std::vector<float> dp;
+      thread_local std::vector<float> dp, bt;
       dp.resize(T * T);
+      bt.resize(kDim * T);
       const int64_t off = h * T * kDim;
       kuai::cpu::attention_head_backward(kuai::cpu::HeadView{x.q.data() + off, x.k.data() + off,
                                                              x.v.data() + off, kDim, kDim, kDim},
                                          probs.data() + h * T * T, x.dout.data() + off, kDim,
                                          x.dq.data() + off, kDim, x.dk.data() + off, kDim,
-                                         x.dv.data() + off, kDim, T, kDim, kScale, true, dp.data());
+                                         x.dv.data() + off, kDim, T, kDim, kScale, true, dp.data(),
+                                         small ? bt.data() : nullptr);
     }
   }
   state.counters["GFLOP/s"] = benchmark::Counter(causal_flops(T, 4) * state.iterations() / 1e9,
                                                  benchmark::Counter::kIsRate);
 }
+void BM_NaiveBackward(benchmark::State& state) { naive_backward(state, false); }
+void BM_NaiveBackwardSmall(benchmark::State& state) { naive_backward(state, true); }
 
 BENCHMARK(BM_FlashForward)
     ->Arg(256)
@@ -168,5 +178,12 @@ BENCHMARK(BM_FlashBackwardSmall)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_NaiveForward)->Arg(256)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_NaiveBackward)->Arg(256)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_NaiveForwardSmall)
+    ->Arg(256)
+    ->Arg(512)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_NaiveBackwardSmall)->Arg(256)->Arg(512)->Arg(1024)->Unit(benchmark::kMillisecond);
 
 }  // namespace

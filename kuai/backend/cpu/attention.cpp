@@ -146,7 +146,7 @@ void attention_head_backward(const HeadView& h, const float* p, const float* dy,
 
 namespace {
 
-// Heads of random operands at T 256 (contiguous (T, d) each) and their buffers, for the
+// Heads of random operands at T (contiguous (T, d) each) and their buffers, for the
 // measurement of the products: forward and backward of every head, in parallel over heads as the
 // model's ops run them.
 struct NaiveTrial {
@@ -181,10 +181,11 @@ struct NaiveTrial {
 
 }  // namespace
 
-BlockProducts naive_attention_products(int64_t d) {
-  const int64_t T = 256, nh = 2 * std::max(1, omp_get_max_threads());
+BlockProducts naive_attention_products(int64_t T_call, int64_t d) {
+  const int64_t T = block_products_bucket(T_call, 64, 2048);
+  const int64_t nh = 2 * std::max(1, omp_get_max_threads());
   return measured_block_products(
-      fmt::format("naive products d{} t{}", d, omp_get_max_threads()),
+      fmt::format("naive products d{} T{} t{}", d, T, omp_get_max_threads()),
       fmt::format("forward and backward at T {}, {} heads", T, nh), [&]() -> BlockProductsRun {
         auto trial = std::make_shared<NaiveTrial>(T, nh, d);
         return [trial](BlockProducts products) { trial->run(products == BlockProducts::kSmall); };

@@ -34,10 +34,11 @@ void attention_head_backward(const HeadView& h, const float* p, const float* dy,
                              int64_t lddv, int64_t T, int64_t d, float scale, bool causal,
                              float* dp, float* bt = nullptr);
 
-// The fp32 naive kernels' products for head_dim d: kLibrary or kSmall, measured the first time a
-// head_dim is asked for (block_products.h: forward and backward of both at T 256 with two heads
-// per thread; entry "naive products d64 t2").
-BlockProducts naive_attention_products(int64_t d);
+// The fp32 naive kernels' products for T positions and head_dim d: kLibrary or kSmall, measured
+// the first time a head_dim and T bucket (the power of two at or above T, 64 to 2048) is asked for
+// (block_products.h: forward and backward of both at the bucket's T with two heads per thread;
+// entry "naive products d64 T256 t2").
+BlockProducts naive_attention_products(int64_t T, int64_t d);
 
 // The same on operands stored as f32, bf16 or f16: q, k, v and dy are read, and y, dq, dk, dv
 // written, in dtype `t` (rounded once from the fp32 result); p and the scratch are fp32. The

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <vector>
@@ -29,6 +30,12 @@ const char* block_products_name(BlockProducts p) {
     default:
       return "auto";
   }
+}
+
+int64_t block_products_bucket(int64_t T, int64_t lo, int64_t hi) {
+  int64_t b = lo;
+  while (b < T && b < hi) b *= 2;
+  return std::min(b, hi);
 }
 
 void set_block_products(BlockProducts products) { forced().store(products); }

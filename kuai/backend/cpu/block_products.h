@@ -18,6 +18,10 @@ enum class BlockProducts { kAuto, kLibrary, kSmall };
 
 const char* block_products_name(BlockProducts p);  // "library", "small", "auto"
 
+// The sequence length a measurement runs at for an attention of T positions: the power of two at
+// or above T, within [lo, hi] (a choice holds for every T of its bucket).
+int64_t block_products_bucket(int64_t T, int64_t lo, int64_t hi);
+
 // Testing and benchmark hook: force every attention kernel's products (kAuto restores the
 // measured choices).
 void set_block_products(BlockProducts products);

@@ -186,7 +186,7 @@ void Attention::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) cons
   const int64_t B = q.shape()[0], H = q.shape()[1], T = q.shape()[2], d = q.shape()[3];
   float* y = out[0].device_data<float>();  // (B, T, H, d)
   float* p = out[1].device_data<float>();  // (B, H, T, T)
-  const bool small = cpu::naive_attention_products(d) == cpu::BlockProducts::kSmall;
+  const bool small = cpu::naive_attention_products(T, d) == cpu::BlockProducts::kSmall;
   const HeadScratch scratch(T, B * H, 1, d * T);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {
@@ -208,7 +208,7 @@ void AttentionBackward::eval_cpu(std::span<const Tensor> in, std::span<Tensor> o
   std::unique_ptr<ScratchBytes> kv_scratch;
   const GradTarget gt = grad_target(q, k, out[0], kv_scratch);
   auto f = [](char* c) { return reinterpret_cast<float*>(c); };
-  const bool small = cpu::naive_attention_products(d) == cpu::BlockProducts::kSmall;
+  const bool small = cpu::naive_attention_products(T, d) == cpu::BlockProducts::kSmall;
   const HeadScratch scratch(T, B * H, 1, d * T);
 #pragma omp parallel for schedule(static) if (B * H > 1)
   for (int64_t bh = 0; bh < B * H; ++bh) {

@@ -414,7 +414,7 @@ namespace kuai::cpu {
 
 namespace {
 
-// Heads of random operands at T 512 and the forward's o and lse, for the backward's measurement.
+// Heads of random operands and the forward's o and lse, for the backward's measurement.
 struct FlashTrial {
   int64_t T, nh, d;
   float scale;
@@ -446,9 +446,10 @@ struct FlashTrial {
 
 BlockProducts flash_products(const FlashParams& p) {
   if (p.dtype != DType::kF32) return BlockProducts::kLibrary;
-  const int64_t T = 512, nh = 2 * std::max(1, omp_get_max_threads());
+  const int64_t T = block_products_bucket(p.tk, 128, 4096);
+  const int64_t nh = 2 * std::max(1, omp_get_max_threads());
   return measured_block_products(
-      fmt::format("flash products d{} t{}", p.d, omp_get_max_threads()),
+      fmt::format("flash products d{} T{} t{}", p.d, T, omp_get_max_threads()),
       fmt::format("backward at T {}, {} heads", T, nh), [&]() -> BlockProductsRun {
         auto trial = std::make_shared<FlashTrial>(T, nh, p.d, p.scale);
         return [trial](BlockProducts products) {

@@ -94,9 +94,10 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
 void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashParams& p,
                               BlockProducts products);
 
-// kAuto resolved for the backward at p: kLibrary or kSmall, measured the first time a head_dim is
-// asked for (block_products.h: the backward of both at T 512 with two heads per thread; entry
-// "flash products d64 t2"). Low-precision heads: kLibrary. The forward's products stay on the
+// kAuto resolved for the backward at p: kLibrary or kSmall, measured the first time a head_dim and
+// T bucket (the power of two at or above tk, 128 to 4096) is asked for (block_products.h: the
+// backward of both at the bucket's T with two heads per thread; entry "flash products d64 T1024
+// t2"). Low-precision heads: kLibrary. The forward's products stay on the
 // libraries: the small GEMM measured no faster there (its scores would need k transposed per
 // query block).
 BlockProducts flash_products(const FlashParams& p);

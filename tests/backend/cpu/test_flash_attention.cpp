@@ -258,13 +258,23 @@ TEST(NaiveAttention, SmallGemmProductsMatchFloat64WithinTwiceTheLibraryError) {
   }
 }
 
+// A choice holds for the T of its bucket: the power of two at or above T, within the bounds.
+TEST(NaiveAttention, ProductChoicesAreBucketedByT) {
+  EXPECT_EQ(block_products_bucket(1, 64, 2048), 64);
+  EXPECT_EQ(block_products_bucket(64, 64, 2048), 64);
+  EXPECT_EQ(block_products_bucket(65, 64, 2048), 128);
+  EXPECT_EQ(block_products_bucket(1000, 64, 2048), 1024);
+  EXPECT_EQ(block_products_bucket(1024, 128, 4096), 1024);
+  EXPECT_EQ(block_products_bucket(9000, 128, 4096), 4096);
+}
+
 // The naive kernels' products by measurement, as the flash backward's (below): recorded with both
 // times, the faster of the two, standing when asked again.
 TEST(NaiveAttention, TheProductsAreTheFasterMeasured) {
   TuningCache& cache = TuningCache::get();
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
-  const BlockProducts got = naive_attention_products(24);
-  const std::string key = fmt::format("naive products d24 t{}", omp_get_max_threads());
+  const BlockProducts got = naive_attention_products(100, 24);
+  const std::string key = fmt::format("naive products d24 T128 t{}", omp_get_max_threads());
   const std::optional<std::string> recorded = cache.find(key);
   ASSERT_TRUE(recorded.has_value()) << key;
   EXPECT_EQ(*recorded, block_products_name(got));
@@ -276,9 +286,9 @@ TEST(NaiveAttention, TheProductsAreTheFasterMeasured) {
       << measured;
   EXPECT_EQ(got, small_ms < library_ms ? BlockProducts::kSmall : BlockProducts::kLibrary)
       << measured;
-  EXPECT_EQ(naive_attention_products(24), got);
+  EXPECT_EQ(naive_attention_products(100, 24), got);
   set_block_products(BlockProducts::kSmall);
-  EXPECT_EQ(naive_attention_products(24), BlockProducts::kSmall);
+  EXPECT_EQ(naive_attention_products(100, 24), BlockProducts::kSmall);
   set_block_products(BlockProducts::kAuto);
 }
 
@@ -475,7 +485,7 @@ TEST(FlashAttention, TheBackwardsProductsAreTheFasterMeasured) {
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
   const FlashParams fp{64, 64, 24, 0.2f, true};  // a head_dim of its own: measured here
   const BlockProducts got = flash_products(fp);
-  const std::string key = fmt::format("flash products d24 t{}", omp_get_max_threads());
+  const std::string key = fmt::format("flash products d24 T128 t{}", omp_get_max_threads());
   const std::optional<std::string> recorded = cache.find(key);
   ASSERT_TRUE(recorded.has_value()) << key;
   EXPECT_EQ(*recorded, products_label(got));
@@ -508,7 +518,7 @@ TEST(FlashAttention, TheBackwardsProductsAreTheFasterMeasured) {
     inside = flash_products(d40);
   }
   EXPECT_EQ(inside, BlockProducts::kLibrary);
-  EXPECT_FALSE(cache.find(fmt::format("flash products d40 t{}", omp_get_max_threads())));
+  EXPECT_FALSE(cache.find(fmt::format("flash products d40 T128 t{}", omp_get_max_threads())));
 }
 
 }  // namespace
