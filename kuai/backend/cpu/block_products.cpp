@@ -62,7 +62,7 @@ BlockProducts measured_block_products(const std::string& key, const std::string&
   const BlockProducts winner =
       best[1] < best[0] ? BlockProducts::kSmall : BlockProducts::kLibrary;  // a tie: library
   const std::string measured =
-      fmt::format("library {:.2f} small {:.2f} ms, {}", best[0] * 1e3, best[1] * 1e3, what);
+      fmt::format("library {:.3f} small {:.3f} ms, {}", best[0] * 1e3, best[1] * 1e3, what);
   return from_name(cache.record({key, block_products_name(winner), measured}));
 }
 

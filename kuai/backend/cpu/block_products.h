@@ -33,7 +33,7 @@ using BlockProductsRun = std::function<void(BlockProducts)>;
 // The measured choice for `key` ("flash products d64 t2"): the cached entry, else (where the
 // tuning cache may calibrate, outside parallel regions) prepare() makes the operands and returns
 // the run, and a race of run(kLibrary) against run(kSmall), A B A B ..., best times, decides; the
-// faster is recorded with both times as "library 1.59 small 1.25 ms, <what>". Else kLibrary. A
+// faster is recorded with both times as "library 1.592 small 1.251 ms, <what>". Else kLibrary. A
 // forced choice wins.
 BlockProducts measured_block_products(const std::string& key, const std::string& what,
                                       const std::function<BlockProductsRun()>& prepare);
