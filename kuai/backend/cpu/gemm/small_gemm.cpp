@@ -29,15 +29,12 @@ struct Vec<4> {
 // The micro-tile per tier: 6 rows x NV vectors of W floats.
 struct Avx512 {
   static constexpr int kW = 16, kNV = 4;  // 6 x 64: 24 zmm accumulators of 32
-  static constexpr bool kFma = true;
 };
 struct Avx2 {
   static constexpr int kW = 8, kNV = 2;  // 6 x 16: 12 ymm accumulators of 16
-  static constexpr bool kFma = true;
 };
 struct Baseline {
   static constexpr int kW = 4, kNV = 2;  // 6 x 8: 12 xmm accumulators of 16
-  static constexpr bool kFma = false;    // the baseline tier has no FMA: multiply, then add
 };
 constexpr int kMR = 6;
 
@@ -54,10 +51,12 @@ struct Args {
   int64_t ldc;
 };
 
-// C tile (MR rows, NV vectors of W) = alpha * sum_k op(A)(r, k) B(k, :) + beta * C.
+// C tile (MR rows, NV vectors of W) = alpha * sum_k op(A)(r, k) B(k, :) + beta * C; of the last
+// vector, the first `skip` lanes are not stored (a window reaching back over columns already
+// done, so that a product's last few columns still run in vector lanes).
 template <int W, int MR, int NV, bool TA>
 KUAI_KERNEL void tile(int64_t K, float alpha, const float* A, int64_t lda, const float* B,
-                      int64_t ldb, float beta, float* C, int64_t ldc) {
+                      int64_t ldb, float beta, float* C, int64_t ldc, int skip) {
   using v = typename Vec<W>::v;
   v acc[MR][NV];
   for (int r = 0; r < MR; ++r)
@@ -79,45 +78,39 @@ KUAI_KERNEL void tile(int64_t K, float alpha, const float* A, int64_t lda, const
         std::memcpy(&old, c, sizeof(v));
         out += beta * old;
       }
-      std::memcpy(c, &out, sizeof(v));
+      if (skip == 0 || j < NV - 1) {
+        std::memcpy(c, &out, sizeof(v));
+      } else {
+        float lanes[W];
+        std::memcpy(lanes, &out, sizeof(v));
+        for (int l = skip; l < W; ++l) c[l] = lanes[l];
+      }
     }
 }
 
-// The columns past the last whole vector (fewer than W), one scalar sum each, with the vector
-// lanes' arithmetic (a fused multiply-add per term where the tier has FMA), so a column gives the
-// same bits in a lane and here.
-template <bool TA, bool FMA>
-KUAI_KERNEL void tile_tail(int mr, int nc, int64_t K, float alpha, const float* A, int64_t lda,
-                           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+// Products narrower than 4 columns: one scalar sum per element.
+template <bool TA>
+KUAI_KERNEL void tile_scalar(int mr, int nc, int64_t K, float alpha, const float* A, int64_t lda,
+                             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   for (int r = 0; r < mr; ++r)
     for (int c = 0; c < nc; ++c) {
       float s = 0.0f;
-      for (int64_t k = 0; k < K; ++k) {
-        const float a = TA ? A[k * lda + r] : A[r * lda + k];
-        if constexpr (FMA)
-          s = __builtin_fmaf(a, B[k * ldb + c], s);
-        else
-          s = s + a * B[k * ldb + c];
-      }
+      for (int64_t k = 0; k < K; ++k) s += (TA ? A[k * lda + r] : A[r * lda + k]) * B[k * ldb + c];
       float out = alpha * s;
-      if (beta != 0.0f) {
-        if constexpr (FMA)
-          out = __builtin_fmaf(beta, C[r * ldc + c], out);
-        else
-          out = out + beta * C[r * ldc + c];
-      }
+      if (beta != 0.0f) out += beta * C[r * ldc + c];
       C[r * ldc + c] = out;
     }
 }
 
 // tile<W, mr, NV, TA> for the run-time mr in [1, MR].
 template <int W, int NV, bool TA, int MR>
-KUAI_KERNEL void rows(int mr, const Args& a, const float* A, const float* B, float* C) {
+KUAI_KERNEL void rows(int mr, const Args& a, const float* A, const float* B, float* C,
+                      int skip = 0) {
   if constexpr (MR > 0) {
     if (mr == MR)
-      tile<W, MR, NV, TA>(a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc);
+      tile<W, MR, NV, TA>(a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc, skip);
     else
-      rows<W, NV, TA, MR - 1>(mr, a, A, B, C);
+      rows<W, NV, TA, MR - 1>(mr, a, A, B, C, skip);
   }
 }
 // The same for the run-time nv in [1, NV].
@@ -132,8 +125,11 @@ KUAI_KERNEL void cols(int nv, int mr, const Args& a, const float* A, const float
 }
 
 // nt < 2W columns past the tier's whole vectors: one vector of W if they fill it, then narrower
-// vectors, then (fewer than 4) one scalar sum each; every lane does the same arithmetic.
-template <int W, bool TA, bool FMA>
+// vectors; the last 1-3 columns in a 4-float window that reaches back over columns already done
+// (stored only in its last lanes). Every column thus runs in a vector lane with the same
+// arithmetic, whatever the compiler makes of it (FMA contraction at -O3, none at -O1), so an
+// element's bits do not depend on where its tile starts. Products under 4 columns run scalar.
+template <int W, bool TA>
 KUAI_KERNEL void tail(int nt, int mr, const Args& a, const float* A, const float* B, float* C) {
   if constexpr (W >= 4) {
     if (nt >= W) {
@@ -142,9 +138,12 @@ KUAI_KERNEL void tail(int nt, int mr, const Args& a, const float* A, const float
       C += W;
       nt -= W;
     }
-    tail<W / 2, TA, FMA>(nt, mr, a, A, B, C);
+    tail<W / 2, TA>(nt, mr, a, A, B, C);
   } else if (nt > 0) {
-    tile_tail<TA, FMA>(mr, nt, a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc);
+    if (a.N >= 4)
+      rows<4, 1, TA, kMR>(mr, a, A, B + nt - 4, C + nt - 4, 4 - nt);
+    else
+      tile_scalar<TA>(mr, nt, a.K, a.alpha, A, a.lda, B, a.ldb, a.beta, C, a.ldc);
   }
 }
 
@@ -161,7 +160,7 @@ KUAI_KERNEL void drive(const Args& a) {
       const float* A = TA ? a.A + m0 : a.A + m0 * a.lda;
       float* C = a.C + m0 * a.ldc + n0;
       if (nv > 0) cols<W, TA, T::kNV>(nv, mr, a, A, a.B + n0, C);
-      if (nt > 0) tail<W / 2, TA, T::kFma>(nt, mr, a, A, a.B + n0 + nv * W, C + nv * W);
+      if (nt > 0) tail<W / 2, TA>(nt, mr, a, A, a.B + n0 + nv * W, C + nv * W);
     }
   }
 }

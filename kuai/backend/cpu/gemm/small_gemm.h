@@ -7,10 +7,11 @@
 // when it is. The micro-tile is 6 rows x 4 zmm vectors (64 columns) at the AVX-512 tiers, 6 x 2
 // ymm at AVX2, so its accumulators fill the register file without spilling.
 //
-// Every element of C is one fp32 sum over k in order 0..K-1 (a fused multiply-add per term where
-// the tier has FMA), then alpha * sum + beta * C: the result does not depend on the blocking, on
-// where a tile starts or on the thread, so it is reproducible. Not bit-identical to oneDNN (its
-// order of summation is its own), nor across tiers.
+// Every element of C is one fp32 sum over k in order 0..K-1 in a vector lane (a fused multiply-add
+// per term where the tier has FMA and the compiler contracts, as GCC does from -O2), then
+// alpha * sum + beta * C: the result does not depend on the blocking, on where a tile starts or on
+// the thread, so it is reproducible. Not bit-identical to oneDNN (its order of summation is its
+// own), nor across tiers.
 #pragma once
 
 #include <cstdint>
