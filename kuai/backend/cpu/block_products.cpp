@@ -39,7 +39,6 @@ int64_t block_products_bucket(int64_t T, int64_t lo, int64_t hi) {
 }
 
 void set_block_products(BlockProducts products) { forced().store(products); }
-BlockProducts forced_block_products() { return forced().load(); }
 
 BlockProducts measured_block_products(const std::string& key, const std::string& what,
                                       const std::function<BlockProductsRun()>& prepare) {

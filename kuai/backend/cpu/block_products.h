@@ -25,7 +25,6 @@ int64_t block_products_bucket(int64_t T, int64_t lo, int64_t hi);
 // Testing and benchmark hook: force every attention kernel's products (kAuto restores the
 // measured choices).
 void set_block_products(BlockProducts products);
-BlockProducts forced_block_products();
 
 // A measurement's runs: run(products) runs the kernel once with its products on `products`.
 using BlockProductsRun = std::function<void(BlockProducts)>;

@@ -204,9 +204,9 @@ constexpr int64_t kTile = kBQ * kBK;
 // the libraries': the scores' and dp's products then read k and v of the key block transposed
 // (kt, vt: (d, cn) with row stride cn), made once per key block, so every product is NN or TN.
 struct Small {
-  bool on = false;
-  const float* kt = nullptr;
+  const float* kt = nullptr;  // null: the libraries' products
   const float* vt = nullptr;
+  bool on() const { return kt != nullptr; }
 };
 
 // kt, vt (d, cn) = the key block's k and v transposed (fp32 heads only).
@@ -225,7 +225,7 @@ void block_grads(const FlashHeadGrad& h, const FlashParams& p, const float* D, i
   const DType t = p.dtype;
   const void* q = row(h.q, t, h.ldq, r0);
   const void* dout = row(h.dout, t, h.lddout, r0);
-  if (sm.on) {
+  if (sm.on()) {
     const auto* qf = static_cast<const float*>(q);
     const auto* df = static_cast<const float*>(dout);
     small_gemm(false, false, rn, cn, p.d, p.scale, qf, h.ldq, sm.kt, cn, 0.0f, pr, cn, nullptr);
@@ -244,7 +244,7 @@ void block_grads(const FlashHeadGrad& h, const FlashParams& p, const float* D, i
   }
   // dv_blk += p^T dout_blk   (cn, d)
   if (dv_acc != nullptr) {
-    if (sm.on)
+    if (sm.on())
       small_gemm(true, false, cn, p.d, rn, 1.0f, pr, cn, static_cast<const float*>(dout), h.lddout,
                  1.0f, dv_acc, p.d, nullptr);
     else
@@ -257,7 +257,7 @@ void block_grads(const FlashHeadGrad& h, const FlashParams& p, const float* D, i
 // acc (M, d) += alpha op(ds) x (rows of x with row stride ldx): dk's and dq's products.
 void grad_product(bool t_ds, int64_t M, int64_t d, int64_t K, float alpha, const float* ds,
                   int64_t ld_ds, const void* x, DType t, int64_t ldx, float* acc, const Small& sm) {
-  if (sm.on)
+  if (sm.on())
     small_gemm(t_ds, false, M, d, K, alpha, ds, ld_ds, static_cast<const float*>(x), ldx, 1.0f, acc,
                d, nullptr);
   else
@@ -285,7 +285,7 @@ void key_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, int
   if (small) {
     float* kt = dv_acc + kBK * d;
     transpose_block(h, c0, cn, d, kt, kt + kBK * d);
-    sm = {true, kt, kt + kBK * d};
+    sm = {kt, kt + kBK * d};
   }
   std::fill(dk_acc, dk_acc + 2 * kBK * d, 0.0f);
   for (int64_t r0 = first_query_block(p, c0); r0 < p.tq; r0 += kBQ) {
@@ -316,7 +316,7 @@ void query_block(const FlashHeadGrad& h, const FlashParams& p, const float* D, i
     Small sm;
     if (small) {
       transpose_block(h, c0, cn, p.d, kt, kt + kBK * p.d);
-      sm = {true, kt, kt + kBK * p.d};
+      sm = {kt, kt + kBK * p.d};
     }
     block_grads(h, p, D, r0, rn, c0, cn, pr, dp, nullptr, sm);
     grad_product(false, rn, p.d, cn, p.scale, pr, cn, row(h.k, p.dtype, h.ldk, c0), p.dtype, h.ldk,
@@ -407,10 +407,6 @@ void flash_attention_backward(std::span<const FlashHeadGrad> heads, const FlashP
     }
   }
 }
-
-}  // namespace kuai::cpu
-
-namespace kuai::cpu {
 
 namespace {
 

@@ -162,7 +162,6 @@ double max_error(const float* got, int64_t ld, const std::vector<double>& want, 
 
 // Both kernels for the block products: the libraries' and the small GEMM (flash_attention.h).
 constexpr BlockProducts kProducts[] = {BlockProducts::kLibrary, BlockProducts::kSmall};
-const char* products_label(BlockProducts p) { return block_products_name(p); }
 
 TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
   const Shape shapes[] = {{1, 1, 16},   {2, 7, 33},    {2, 65, 64}, {1, 130, 16},
@@ -208,7 +207,7 @@ TEST(FlashAttention, BackwardMatchesFloat64WithinTwiceTheNaiveKernelsError) {
           const double e_naive = max_error(naive.data() + x * T * d, d, *refs[x], T, d);
           EXPECT_LE(e_flash, 2.0 * e_naive + 1e-6)
               << names[x] << " heads " << H << " T " << T << " d " << d << " causal " << causal
-              << " head " << h << " products " << products_label(products) << ": naive error "
+              << " head " << h << " products " << block_products_name(products) << ": naive error "
               << e_naive;
         }
       }
@@ -258,6 +257,28 @@ TEST(NaiveAttention, SmallGemmProductsMatchFloat64WithinTwiceTheLibraryError) {
   }
 }
 
+// The tuning cache's entry `key` names `got` and holds both measured times, and `got` is the
+// faster of them (swapping the choice's comparison fails this). The entry's times are rounded to
+// the microsecond: equal there, either may have been faster.
+void expect_recorded_as_the_faster(const std::string& key, BlockProducts got) {
+  TuningCache& cache = TuningCache::get();
+  const std::optional<std::string> recorded = cache.find(key);
+  ASSERT_TRUE(recorded.has_value()) << key;
+  EXPECT_EQ(*recorded, block_products_name(got));
+  std::string measured;
+  for (const TuningEntry& e : cache.entries())
+    if (e.key == key) measured = e.measured;
+  double library_ms = 0, small_ms = 0;
+  ASSERT_EQ(std::sscanf(measured.c_str(), "library %lf small %lf ms", &library_ms, &small_ms), 2)
+      << measured;
+  EXPECT_GT(library_ms, 0.0);
+  EXPECT_GT(small_ms, 0.0);
+  if (small_ms != library_ms) {
+    EXPECT_EQ(got, small_ms < library_ms ? BlockProducts::kSmall : BlockProducts::kLibrary)
+        << measured;
+  }
+}
+
 // A choice holds for the T of its bucket: the power of two at or above T, within the bounds.
 TEST(NaiveAttention, ProductChoicesAreBucketedByT) {
   EXPECT_EQ(block_products_bucket(1, 64, 2048), 64);
@@ -274,21 +295,8 @@ TEST(NaiveAttention, TheProductsAreTheFasterMeasured) {
   TuningCache& cache = TuningCache::get();
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
   const BlockProducts got = naive_attention_products(100, 24);
-  const std::string key = fmt::format("naive products d24 T128 t{}", omp_get_max_threads());
-  const std::optional<std::string> recorded = cache.find(key);
-  ASSERT_TRUE(recorded.has_value()) << key;
-  EXPECT_EQ(*recorded, block_products_name(got));
-  std::string measured;
-  for (const TuningEntry& e : cache.entries())
-    if (e.key == key) measured = e.measured;
-  double library_ms = 0, small_ms = 0;
-  ASSERT_EQ(std::sscanf(measured.c_str(), "library %lf small %lf ms", &library_ms, &small_ms), 2)
-      << measured;
-  // The entry's times are rounded to the microsecond: equal there, either may have been faster.
-  if (small_ms != library_ms) {
-    EXPECT_EQ(got, small_ms < library_ms ? BlockProducts::kSmall : BlockProducts::kLibrary)
-        << measured;
-  }
+  expect_recorded_as_the_faster(fmt::format("naive products d24 T128 t{}", omp_get_max_threads()),
+                                got);
   EXPECT_EQ(naive_attention_products(100, 24), got);
   set_block_products(BlockProducts::kSmall);
   EXPECT_EQ(naive_attention_products(100, 24), BlockProducts::kSmall);
@@ -474,7 +482,7 @@ TEST(FlashAttention, BackwardIsTheSameBitForBitWhateverTheThreads) {
       const std::vector<float> other = run(threads, split, products);
       ASSERT_EQ(std::memcmp(one_thread.data(), other.data(), other.size() * sizeof(float)), 0)
           << threads << " threads, heads " << (split ? "one at a time" : "together") << ", "
-          << products_label(products) << " products";
+          << block_products_name(products) << " products";
     }
   }
 }
@@ -488,23 +496,8 @@ TEST(FlashAttention, TheBackwardsProductsAreTheFasterMeasured) {
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
   const FlashParams fp{64, 64, 24, 0.2f, true};  // a head_dim of its own: measured here
   const BlockProducts got = flash_products(fp);
-  const std::string key = fmt::format("flash products d24 T128 t{}", omp_get_max_threads());
-  const std::optional<std::string> recorded = cache.find(key);
-  ASSERT_TRUE(recorded.has_value()) << key;
-  EXPECT_EQ(*recorded, products_label(got));
-  std::string measured;
-  for (const TuningEntry& e : cache.entries())
-    if (e.key == key) measured = e.measured;
-  double library_ms = 0, small_ms = 0;
-  ASSERT_EQ(std::sscanf(measured.c_str(), "library %lf small %lf ms", &library_ms, &small_ms), 2)
-      << measured;
-  EXPECT_GT(library_ms, 0.0);
-  EXPECT_GT(small_ms, 0.0);
-  // The entry's times are rounded to the microsecond: equal there, either may have been faster.
-  if (small_ms != library_ms) {
-    EXPECT_EQ(got, small_ms < library_ms ? BlockProducts::kSmall : BlockProducts::kLibrary)
-        << measured;
-  }
+  expect_recorded_as_the_faster(fmt::format("flash products d24 T128 t{}", omp_get_max_threads()),
+                                got);
   EXPECT_EQ(flash_products(fp), got);
 
   const BlockProducts other =

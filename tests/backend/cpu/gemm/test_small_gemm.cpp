@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../../../support/random.h"
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/small_gemm.h"
 
@@ -26,11 +27,7 @@ namespace {
 constexpr double kTolPerSqrtK = 1e-5;
 
 std::vector<float> random_buffer(int64_t size, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(size));
-  for (float& x : v) x = dist(rng);
-  return v;
+  return kuai::test::uniform(size, -1.0f, 1.0f, seed);
 }
 
 struct Case {
