@@ -58,7 +58,8 @@ double median_ms(int reps, const std::function<void()>& f) {
 
 // The machine's fp32 GEMM ceiling: the best median over a square 2048^3 product and the
 // GPT-shaped products of the tiny and GPT-2 124M models (forward NT, input-gradient NN, weight-
-// gradient TN), on each library forced in turn, 2 threads as configured. Training's model FLOPs
+// gradient TN), on each library and on kuai's own blocked GEMM forced in turn, 2 threads as
+// configured. Training's model FLOPs
 // are quoted against it: a step cannot run its products faster than the best of them.
 double bench_gemm() {
   struct Product {
@@ -84,14 +85,17 @@ double bench_gemm() {
     Tensor a = g.normal({p.m * p.k}), b = g.normal({p.k * p.n}), c = zeros({p.m * p.n});
     std::string row = fmt::format("gemm      {:<16} {}{} {}x{}x{}:", p.name, p.ta ? 'T' : 'N',
                                   p.tb ? 'T' : 'N', p.m, p.n, p.k);
-    for (cpu::GemmBackend backend : {cpu::GemmBackend::kOneDNN, cpu::GemmBackend::kOpenBLAS}) {
+    for (cpu::GemmBackend backend :
+         {cpu::GemmBackend::kOneDNN, cpu::GemmBackend::kOpenBLAS, cpu::GemmBackend::kKuai}) {
       cpu::set_gemm_backend(backend);
       const double ms = median_ms(5, [&] {
         cpu::gemm(p.ta, p.tb, p.m, p.n, p.k, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f,
                   c.data<float>(), p.n);
       });
       const double gflops = 2.0 * p.m * p.n * p.k / (ms * 1e6);
-      const char* lib = backend == cpu::GemmBackend::kOneDNN ? "oneDNN" : "OpenBLAS";
+      const char* lib = backend == cpu::GemmBackend::kOneDNN     ? "oneDNN"
+                        : backend == cpu::GemmBackend::kOpenBLAS ? "OpenBLAS"
+                                                                 : "kuai";
       row += fmt::format(" {} {:.1f}", lib, gflops);
       if (gflops > best) {
         best = gflops;

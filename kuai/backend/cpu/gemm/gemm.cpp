@@ -1,6 +1,6 @@
-// fp32 GEMM for the CPU backend: each product runs on oneDNN's matmul primitive or on OpenBLAS
-// (cblas_sgemm), as the router (router.h) chooses; also the batched form used by attention and
-// the double-accumulated reference the tests trust.
+// fp32 GEMM for the CPU backend: each product runs on oneDNN's matmul primitive, on OpenBLAS
+// (cblas_sgemm) or on kuai's blocked GEMM (blocked.h), as the router (router.h) chooses; also the
+// batched form used by attention and the double-accumulated reference the tests trust.
 #include "kuai/backend/cpu/gemm/gemm.h"
 
 #include <cblas.h>
@@ -13,6 +13,7 @@
 #include <memory>
 #include <stdexcept>
 
+#include "kuai/backend/cpu/gemm/blocked.h"
 #include "kuai/backend/cpu/gemm/libraries.h"
 #include "kuai/backend/cpu/gemm/onednn.h"
 #include "kuai/backend/cpu/gemm/router.h"
@@ -88,17 +89,18 @@ bool handle_degenerate(int64_t M, int64_t N, int64_t K, float alpha, float beta,
   return true;
 }
 
-// Runs the product on the forced backend, else on the router's choice among oneDNN, OpenBLAS
-// and, when `split_k` is given, oneDNN over slices of K (kSplitKCandidates). `snapshot` keeps a C
-// that the product reads (beta != 0) while the router measures.
+// Runs the product on the forced backend, else on the router's choice among oneDNN, OpenBLAS,
+// kuai's blocked GEMM and, when `split_k` is given, oneDNN over slices of K (kSplitKCandidates).
+// `snapshot` keeps a C that the product reads (beta != 0) while the router measures.
 void run_routed(const GemmShape& shape, const std::function<void()>& onednn,
-                const std::function<void()>& openblas, MatrixSnapshot* snapshot = nullptr,
+                const std::function<void()>& openblas, const std::function<void()>& blocked,
+                MatrixSnapshot* snapshot = nullptr,
                 const std::function<void(int64_t)>& split_k = {}) {
   GemmBackend backend = gemm_backend();
   if (backend == GemmBackend::kAuto) {
-    GemmCandidate candidates[2 + std::size(kSplitKCandidates)] = {{"onednn", onednn},
-                                                                  {"openblas", openblas}};
-    size_t n = 2;
+    GemmCandidate candidates[3 + std::size(kSplitKCandidates)] = {
+        {"onednn", onednn}, {"openblas", openblas}, {"kuai", blocked}};
+    size_t n = 3;
     for (const SplitK& sk : kSplitKCandidates)
       if (split_k && shape.k >= 2 * sk.slice)
         candidates[n++] = {sk.name, [&split_k, slice = sk.slice] { split_k(slice); }};
@@ -106,11 +108,12 @@ void run_routed(const GemmShape& shape, const std::function<void()>& onednn,
     const size_t i = snapshot != nullptr
                          ? route(shape, offered, 0, snapshot->save_fn(), snapshot->restore_fn())
                          : route(shape, offered, 0);
-    if (i >= 2) return run_profiled(shape, candidates[i].name, candidates[i].run);
-    backend = i == 0 ? GemmBackend::kOneDNN : GemmBackend::kOpenBLAS;
+    return run_profiled(shape, candidates[i].name, candidates[i].run);
   }
   if (backend == GemmBackend::kOpenBLAS)
     run_profiled(shape, "openblas", openblas);
+  else if (backend == GemmBackend::kKuai)
+    run_profiled(shape, "kuai", blocked);
   else
     run_profiled(shape, "onednn", onednn);
 }
@@ -130,10 +133,17 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
         fp32_matmul(matmul_key(trans_a, trans_b, M, N, K, alpha, lda, ldb, beta, ldc), hold), A, B,
         C);
   };
-  // Where the router takes its default (oneDNN) unless OpenBLAS is forced, the small per-thread
-  // products (attention's tiles) go straight there, without building the candidates (~0.5-1 us a
-  // call).
-  if (routes_to_default_here() && gemm_backend() != GemmBackend::kOpenBLAS) return onednn();
+  auto blocked = [&] {
+    gemm_blocked(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  };
+  // Where the router takes its default (oneDNN) unless another backend is forced, the small
+  // per-thread products (attention's tiles) go straight there, without building the candidates
+  // (~0.5-1 us a call).
+  if (routes_to_default_here()) {
+    const GemmBackend forced = gemm_backend();
+    if (forced == GemmBackend::kKuai) return blocked();
+    if (forced != GemmBackend::kOpenBLAS) return onednn();
+  }
   auto openblas = [&] {
     run_openblas(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   };
@@ -141,7 +151,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
     gemm_split_k(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, slice);
   };
   MatrixSnapshot snapshot(beta != 0.0f ? C : nullptr, M, N, ldc, sizeof(float));
-  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, &snapshot, split_k);
+  run_routed({"gemm", trans_a, trans_b, M, N, K}, onednn, openblas, blocked, &snapshot, split_k);
 }
 
 void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -175,11 +185,14 @@ void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, cons
     for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
     run_openblas(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 1.0f, C, ldc);
   };
+  auto blocked = [&] {
+    gemm_blocked(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, 0.0f, C, ldc, bias);
+  };
   if (K <= 0) {  // no product: the bias rows
     for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
     return;
   }
-  run_routed({"bias", trans_a, trans_b, M, N, K}, onednn, openblas);  // C is not read
+  run_routed({"bias", trans_a, trans_b, M, N, K}, onednn, openblas, blocked);  // C is not read
 }
 
 void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -221,9 +234,17 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
                    C + c_off[i], ldc);
     }
   };
+  auto parallel_blocked = [&] {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < batch; ++i) {
+      gemm_blocked(trans_a, trans_b, M, N, K, alpha, A + a_off[i], lda, B + b_off[i], ldb, beta,
+                   C + c_off[i], ldc);
+    }
+  };
   const GemmBackend forced = gemm_backend();
   if (forced == GemmBackend::kOneDNN) return parallel_onednn();
   if (forced == GemmBackend::kOpenBLAS) return parallel_openblas();
+  if (forced == GemmBackend::kKuai) return parallel_blocked();
   const GemmCandidate candidates[] = {
       {"onednn", parallel_onednn}, {"openblas", parallel_openblas}, {"loop", loop}};
   // C is read when beta != 0: calibrate only products that overwrite it (attention's).

@@ -1,15 +1,15 @@
 // Dense fp32 matrix multiply for the CPU backend: the single entry point every matmul, linear and
 // batched matmul goes through. Row-major, BLAS-style transposes and leading dimensions. Each call
-// runs on oneDNN's matmul primitive or on OpenBLAS, whichever the router (router.h) measured
-// faster for the product's shape on this machine. gemm_reference is the naive oracle the tests
-// compare against.
+// runs on oneDNN's matmul primitive, on OpenBLAS or on kuai's own blocked GEMM (blocked.h),
+// whichever the router (router.h) measured fastest for the product's shape on this machine.
+// gemm_reference is the naive oracle the tests compare against.
 #pragma once
 
 #include <cstdint>
 
 namespace kuai::cpu {
 
-enum class GemmBackend { kAuto, kOpenBLAS, kOneDNN };
+enum class GemmBackend { kAuto, kOpenBLAS, kOneDNN, kKuai };
 
 // Force a backend (tests, benchmarks); kAuto restores the measured choice.
 void set_gemm_backend(GemmBackend backend);
@@ -20,8 +20,8 @@ GemmBackend gemm_backend();
 void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
-// C(M,N) = op(A) @ op(B) + bias(N) on every row. oneDNN adds the bias in its epilogue (no extra
-// pass over C); OpenBLAS gets C pre-filled with the bias and beta = 1.
+// C(M,N) = op(A) @ op(B) + bias(N) on every row. oneDNN and kuai's blocked GEMM add the bias in
+// their epilogues (no extra pass over C); OpenBLAS gets C pre-filled with the bias and beta = 1.
 void gemm_bias(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, const float* A,
                int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
 

@@ -105,6 +105,7 @@ class Product {
     // recorded choice for the shape: automatic mode runs them again.
     GemmBackend forced = p_.impl == "openblas" ? GemmBackend::kOpenBLAS
                          : p_.impl == "onednn" ? GemmBackend::kOneDNN
+                         : p_.impl == "kuai"   ? GemmBackend::kKuai
                                                : GemmBackend::kAuto;
     set_gemm_backend(forced);
     if (op == "bias")

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "kuai/backend/cpu/gemm/blocked.h"
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/backend/cpu/gemm/tuning.h"
@@ -74,10 +75,21 @@ const Shape kShapes[] = {{1, 1, 1, 0},     {1, 17, 3, 0},   {17, 1, 5, 0},
                          {33, 65, 129, 0}, {1, 64, 256, 0}, {1, 300, 40, 5},
                          {33, 65, 129, 7}, {64, 48, 96, 3}, {7, 9, 1, 0}};
 
-const GemmBackend kBackends[] = {GemmBackend::kAuto, GemmBackend::kOpenBLAS, GemmBackend::kOneDNN};
+const GemmBackend kBackends[] = {GemmBackend::kAuto, GemmBackend::kOpenBLAS, GemmBackend::kOneDNN,
+                                 GemmBackend::kKuai};
 
 std::string backend_label(GemmBackend b) {
-  return b == GemmBackend::kAuto ? "auto" : b == GemmBackend::kOpenBLAS ? "openblas" : "onednn";
+  switch (b) {
+    case GemmBackend::kAuto:
+      return "auto";
+    case GemmBackend::kOpenBLAS:
+      return "openblas";
+    case GemmBackend::kOneDNN:
+      return "onednn";
+    case GemmBackend::kKuai:
+      break;
+  }
+  return "kuai";
 }
 
 // Restores the automatic backend choice whatever a test forced.
@@ -332,8 +344,8 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
   gemm(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, c.data(), N);
   set_calibration_timer({});
   if (fresh) {
-    EXPECT_EQ(offered,
-              (std::vector<std::string>{"onednn", "openblas", "onednn_k1024", "onednn_k4096"}));
+    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas", "kuai", "onednn_k1024",
+                                                 "onednn_k4096"}));
   }
   EXPECT_EQ(cache.find(routing_key({"gemm", false, false, M, N, K})), "onednn_k4096");
   gemm_reference(false, false, M, N, K, 1.0f, a.data(), K, b.data(), N, 1.0f, want.data(), N);
@@ -354,8 +366,105 @@ TEST_F(GemmTest, ALongKProductMayRunInSlicesOfK) {
   gemm(false, false, M, 64, k_short, 1.0f, a2.data(), k_short, b2.data(), 64, 0.0f, c2.data(), 64);
   set_calibration_timer({});
   if (fresh_short) {
-    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas"}));
+    EXPECT_EQ(offered, (std::vector<std::string>{"onednn", "openblas", "kuai"}));
   }
+}
+
+// kuai's blocked GEMM with blocks forced small (MC 12 rows, KC 16, NC 128 columns), so that
+// products of a few dozen rows and columns cross every edge: partial row tiles and partial B
+// slivers, several row blocks, column panels and K slices (the later slices accumulating), each
+// transpose, padded leading dimensions, beta 0 over NaN and beta != 0, alpha != 1; the padding of
+// C untouched (check_gemm). The block sizes in force are checked to be the forced ones.
+class BlockedGemmTest : public GemmTest {
+ protected:
+  void SetUp() override { set_blocked_gemm_blocking(12, 16, 128); }
+  void TearDown() override {
+    set_blocked_gemm_blocking(0, 0, 0);
+    GemmTest::TearDown();
+  }
+};
+
+TEST_F(BlockedGemmTest, EveryBlockingEdgeMatchesReference) {
+  const BlockedGemmBlocking blk = blocked_gemm_blocking();
+  EXPECT_EQ(blk.kc, 16);
+  EXPECT_EQ(blk.mc % blk.mr, 0);
+  EXPECT_GE(blk.mc, 12);
+  EXPECT_EQ(blk.nc % blk.nr, 0);
+  EXPECT_GE(blk.nc, 128);
+  for (int64_t m : {1, 5, 6, 7, 13, 25})
+    for (int64_t n : {1, 3, 17, 64, 65, 130, 200})
+      for (int64_t k : {1, 15, 16, 17, 40})
+        for (int t = 0; t < 4; ++t) {
+          const int64_t pad = (m + n + k) % 4;
+          check_gemm(GemmBackend::kKuai, t & 1, t & 2, {m, n, k, pad}, 1.0f, 0.0f);
+          check_gemm(GemmBackend::kKuai, t & 1, t & 2, {m, n, k, pad}, 0.37f, -1.5f);
+        }
+}
+
+// The bias rides in the first K slice's store only: with K over several slices and a padded C.
+TEST_F(BlockedGemmTest, BiasIsAddedOnceOverSeveralSlices) {
+  const int64_t M = 19, N = 70, K = 53, ldc = N + 3;
+  for (int t = 0; t < 4; ++t) {
+    const bool ta = t & 1, tb = t & 2;
+    const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    const std::vector<float> a = random_buffer(M * K, 41), b = random_buffer(K * N, 42);
+    const std::vector<float> bias = random_buffer(N, 43);
+    std::vector<float> got(M * ldc, std::numeric_limits<float>::quiet_NaN());
+    std::vector<float> want(M * ldc, 0.0f), zeros(M * ldc, 0.0f);
+    gemm_blocked(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, got.data(), ldc,
+                 bias.data());
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) want[i * ldc + j] = bias[j];
+    gemm_reference(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), ldc);
+    expect_close(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), got.data(),
+                 want.data(), ldc, "blocked + bias");
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = N; j < ldc; ++j) EXPECT_TRUE(std::isnan(got[i * ldc + j]));
+  }
+}
+
+// An element's sums depend on K and KC only: the same bits on 1 and 2 threads, inside a parallel
+// region (one thread) and outside, with the default blocks and with small ones.
+TEST_F(GemmTest, BlockedResultDoesNotDependOnThreads) {
+  const int64_t M = 61, N = 150,
+                K = 4000;  // K over two or more default slices (KC is at most 2048)
+  const std::vector<float> a = random_buffer(M * K, 51), b = random_buffer(K * N, 52);
+  for (bool small : {false, true}) {
+    if (small) set_blocked_gemm_blocking(12, 16, 128);
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      std::vector<float> runs[3];
+      for (int r = 0; r < 3; ++r) {
+        runs[r].assign(M * N, 0.5f);
+        auto run = [&] {
+          gemm_blocked(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, runs[r].data(),
+                       N);
+        };
+        if (r == 0) {
+          run();  // the team of omp_get_max_threads()
+        } else if (r == 1) {
+          const int before = omp_get_max_threads();
+          omp_set_num_threads(1);
+          run();
+          omp_set_num_threads(before);
+        } else {
+#pragma omp parallel num_threads(2)
+          {
+#pragma omp single
+            run();
+          }
+        }
+      }
+      EXPECT_EQ(runs[0], runs[1]) << "t=" << t << " small=" << small;
+      EXPECT_EQ(runs[0], runs[2]) << "t=" << t << " small=" << small;
+      std::vector<float> want(M * N, 0.5f), init(M * N, 0.5f);
+      gemm_reference(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), N);
+      expect_close(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, init.data(),
+                   runs[0].data(), want.data(), N, "blocked threads");
+    }
+  }
+  set_blocked_gemm_blocking(0, 0, 0);
 }
 
 TEST_F(GemmTest, BackendSelectionRoundTrips) {
@@ -374,7 +483,8 @@ namespace {
 // gemm_bias = gemm_reference + bias on every row, on each backend, every transpose case, with a
 // padded ldc (the padding must stay untouched). Same tolerance as the other gemm tests.
 TEST(GemmBias, MatchesReferencePlusBias) {
-  for (GemmBackend backend : {GemmBackend::kAuto, GemmBackend::kOneDNN, GemmBackend::kOpenBLAS}) {
+  for (GemmBackend backend :
+       {GemmBackend::kAuto, GemmBackend::kOneDNN, GemmBackend::kOpenBLAS, GemmBackend::kKuai}) {
     set_gemm_backend(backend);
     for (auto [M, N, K] :
          std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {17, 5, 33}, {64, 96, 7}}) {
