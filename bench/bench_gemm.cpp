@@ -68,6 +68,8 @@ const char* backend_name(GemmBackend backend) {
       return "openblas";
     case GemmBackend::kOneDNN:
       return "onednn";
+    case GemmBackend::kKuai:
+      return "kuai";
     case GemmBackend::kAuto:
       break;
   }
@@ -110,7 +112,8 @@ void register_linear(const Linear& layer) {
       {"dW_TN", {true, false, N, K, M, 1.0f}},   // dW += dY^T X (accumulated gradient)
   };
   for (const auto& pass : passes) {
-    for (GemmBackend backend : {GemmBackend::kOneDNN, GemmBackend::kOpenBLAS, GemmBackend::kAuto}) {
+    for (GemmBackend backend :
+         {GemmBackend::kOneDNN, GemmBackend::kOpenBLAS, GemmBackend::kKuai, GemmBackend::kAuto}) {
       const std::string name =
           std::string("BM_Gemm/") + layer.name + "/" + pass.pass + "/" + backend_name(backend);
       benchmark::RegisterBenchmark(name.c_str(), bench_gemm, backend, pass.problem)

@@ -5,10 +5,11 @@
 // packed once into NR-column slivers shared by the threads; each thread packs an MC-row block of
 // op(A) (k-major, so a tile's MR values of one k sit together) and runs the MR x NR register tile
 // over it, one B sliver at a time, the sliver held in L1 while every row tile of the block passes
-// over it. One body in GCC vector types, compiled per tier: 12 x 32 (two zmm per row, 24
-// accumulators) at the AVX-512 tiers, 6 x 16 (two ymm) at AVX2, 6 x 8 at the baseline. The block
-// sizes come from the running CPU's cache sizes (KC so that a B sliver fills half of L1d, MC so
-// that the A block fills half of L2), not from constants measured on one CPU.
+// over it. op(A) not transposed is read in place instead (a tile's six rows are six streams
+// the prefetchers follow; only a last partial tile is packed). One body in GCC vector types,
+// compiled per tier: 6 x 64 (four zmm per row, 24 accumulators) at the AVX-512 tiers, 6 x 16
+// (two ymm) at AVX2, 6 x 8 at the baseline. The block sizes come from the running CPU's cache
+// sizes (blocked.cpp says how), not from constants measured on one CPU.
 //
 // Every element of C is the fp32 sum over one K slice in order (a fused multiply-add per term
 // where the tier has FMA and the compiler contracts), alpha times that plus beta C (plus the bias)
