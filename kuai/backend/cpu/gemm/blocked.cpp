@@ -291,13 +291,14 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   {
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
     float* ap = a_pack.data() + 2 * tid * a_stride;
-    // Columns split between the threads too when there are few row blocks; each part packs its
-    // own copy of the A block then.
-    const int64_t col_parts = m_blocks >= 2 * nth ? 1 : nth;
+    // Columns split between the threads too when the row blocks do not divide evenly among them
+    // (a product of a few rows); each part packs its own copy of the A block then.
+    const int64_t col_parts = m_blocks % nth == 0 ? 1 : nth;
     for (int64_t jc = 0; jc < N; jc += blk.nc) {
       const int64_t nc = std::min(blk.nc, N - jc), slivers = (nc + NR - 1) / NR;
       for (int64_t pc = 0; pc < K; pc += kc_max) {
         const int64_t kc = std::min(kc_max, K - pc);
+        int64_t packed_block = -1;  // the row block this thread's A buffer holds for this slice
 #pragma omp for schedule(static)
         for (int64_t s = 0; s < slivers; ++s)
           pack_b(B, ldb, trans_b, pc, kc, jc + s * NR, std::min(NR, nc - s * NR), NR,
@@ -312,11 +313,14 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
           // A non-transposed A is read in place (its rows are the tiles' streams) but for a last
           // partial tile, packed.
           const float* a_rows = trans_a ? nullptr : A + i0 * lda + pc;
-          if (trans_a) {
-            pack_a(A, lda, trans_a, i0, rows, pc, kc, MR, ap, ap + a_stride);
-          } else if (rows % MR != 0) {
-            const int64_t whole = rows / MR * MR;
-            pack_a(A, lda, trans_a, i0 + whole, rows - whole, pc, kc, MR, ap, ap + a_stride);
+          if (ib != packed_block) {
+            if (trans_a) {
+              pack_a(A, lda, trans_a, i0, rows, pc, kc, MR, ap, ap + a_stride);
+            } else if (rows % MR != 0) {
+              const int64_t whole = rows / MR * MR;
+              pack_a(A, lda, trans_a, i0 + whole, rows - whole, pc, kc, MR, ap, ap + a_stride);
+            }
+            packed_block = ib;
           }
           BlockWork w{kc,
                       ap,
