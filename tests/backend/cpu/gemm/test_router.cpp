@@ -74,9 +74,50 @@ TEST_F(RouterTest, TiesKeepTheEarlierCandidateAndParallelRegionsTakeTheDefault) 
   EXPECT_EQ(route(fresh_shape(3), candidates, 1), 0u);  // measured at top level
 }
 
+// A race whose winner ran far below what the cache holds for a smaller product of the same kind
+// (a neighbour held a core) is run again before anything is recorded, each candidate keeping its
+// best time; a race that is not an outlier runs once. Shapes of an op of this test's own.
+TEST_F(RouterTest, AnOutlierRaceIsRunAgainBeforeItIsRecorded) {
+  TuningCache& cache = TuningCache::get();
+  if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  const int64_t m = static_cast<int64_t>(getpid()) * 8;
+  const GemmShape small{"probe", false, true, m, 512, 512};
+  const GemmShape large{"probe", false, true, m, 512, 1024};   // twice the FLOPs
+  const GemmShape steady{"probe", false, true, m, 512, 2048};  // four times
+  for (const GemmShape& s : {small, large, steady})
+    if (cache.find(routing_key(s))) GTEST_SKIP() << "a process of this pid measured these";
+  int large_calls = 0, steady_calls = 0;
+  set_calibration_timer([&](const GemmShape& s, const char* name) {
+    const bool a = std::string(name) == "a";
+    if (s.k == 1024) {  // first race 40-50x slower than small's rate: an outlier; then b wins
+      ++large_calls;
+      return large_calls <= 2 ? (a ? 40e-3 : 50e-3) : (a ? 2e-3 : 1.5e-3);
+    }
+    if (s.k == 2048) ++steady_calls;
+    return a ? 1e-3 : 2e-3;
+  });
+  const GemmCandidate candidates[] = {{"a", [] {}}, {"b", [] {}}};
+  EXPECT_EQ(route(small, candidates, 0), 0u);
+  EXPECT_EQ(route(large, candidates, 0), 1u);  // b: its best over the two races
+  EXPECT_EQ(large_calls, 4);
+  EXPECT_EQ(route(steady, candidates, 0), 0u);
+  EXPECT_EQ(steady_calls, 2);
+  for (const TuningEntry& e : cache.entries()) {
+    if (e.key == routing_key(large)) {
+      EXPECT_NE(e.measured.find(" races 2"), std::string::npos);
+    }
+    if (e.key == routing_key(steady)) {
+      EXPECT_EQ(e.measured.find("races"), std::string::npos);
+    }
+  }
+  const std::string report = gemm_routing_report();
+  EXPECT_NE(report.find("best of 2 races, the first an outlier"), std::string::npos) << report;
+}
+
 TEST_F(RouterTest, CalibrationLeavesCAsItFoundIt) {
   TuningCache& cache = TuningCache::get();
   if (!cache.may_calibrate()) GTEST_SKIP() << "tuning off or read-only here";
+  set_calibration_timer([](const GemmShape&, const char*) { return 1e-3; });
   std::vector<float> c = {1, 2, 3, 4, 5, 6};  // 2 x 2 inside a leading dimension of 3
   const std::vector<float> before = c;
   MatrixSnapshot snapshot(c.data(), 2, 2, 3, sizeof(float));
