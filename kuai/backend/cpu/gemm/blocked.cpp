@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <type_traits>
 
 #include "kuai/backend/cpu/gemm/small_gemm.h"
 #include "kuai/backend/cpu/isa.h"
@@ -212,8 +213,8 @@ BlockedGemmBlocking blocking_for(Isa variant) {
 // op(A) rows [i0, i0 + rows) by K [p0, p0 + kc) into MR-row slivers, sliver t at dst + t * kc *
 // MR holding dst[k * MR + r] (rows past `rows` zero), so a tile reads its A values in one stream.
 // A non-transposed A goes through `tmp` (kc x rows, from the 8 x 8 transposes) first.
-void pack_a(const float* A, int64_t lda, bool trans, int64_t i0, int64_t rows, int64_t p0,
-            int64_t kc, int64_t MR, float* dst, float* tmp) {
+KUAI_KERNEL void pack_a_kernel(const float* A, int64_t lda, bool trans, int64_t i0, int64_t rows,
+                               int64_t p0, int64_t kc, int64_t MR, float* dst, float* tmp) {
   const float* src = A + i0 + p0 * lda;  // op(A)(i0 + r, p0 + k) = src[k * ld + r]
   int64_t ld = lda;
   if (!trans) {
@@ -235,17 +236,33 @@ void pack_a(const float* A, int64_t lda, bool trans, int64_t i0, int64_t rows, i
 }
 
 // op(B) rows [p0, p0 + kc) by columns [j0, j0 + nr) into dst[k * NR + c] (columns past nr zero).
-void pack_b(const float* B, int64_t ldb, bool trans, int64_t p0, int64_t kc, int64_t j0, int64_t nr,
-            int64_t NR, float* dst) {
+KUAI_KERNEL void pack_b_kernel(const float* B, int64_t ldb, bool trans, int64_t p0, int64_t kc,
+                               int64_t j0, int64_t nr, int64_t NR, float* dst) {
   if (trans) {
     transpose_floats(B + j0 * ldb + p0, ldb, nr, kc, dst, NR);
   } else {
-    for (int64_t k = 0; k < kc; ++k)
-      std::memcpy(dst + k * NR, B + (p0 + k) * ldb + j0, static_cast<size_t>(nr) * 4);
+    const float* src = B + p0 * ldb + j0;
+    // A whole sliver's row is a copy of fixed size the compiler inlines (a call per row of 64
+    // floats took a tenth of a 256-row weight gradient's time).
+    auto rows = [&](auto width) {
+      for (int64_t k = 0; k < kc; ++k) std::memcpy(dst + k * NR, src + k * ldb, width * 4);
+    };
+    if (nr == 64 && NR == 64)
+      rows(std::integral_constant<size_t, 64>());
+    else if (nr == 16 && NR == 16)
+      rows(std::integral_constant<size_t, 16>());
+    else if (nr == 8 && NR == 8)
+      rows(std::integral_constant<size_t, 8>());
+    else
+      rows(static_cast<size_t>(nr));
   }
   if (nr < NR)
     for (int64_t k = 0; k < kc; ++k) std::fill(dst + k * NR + nr, dst + (k + 1) * NR, 0.0f);
 }
+
+// The packing copies compiled per tier (vector moves of the tier's width).
+KUAI_CLONE(pack_a, pack_a_kernel)
+KUAI_CLONE(pack_b, pack_b_kernel)
 
 }  // namespace
 
