@@ -320,7 +320,10 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
         for (int64_t s = 0; s < slivers; ++s)
           pack_b(B, ldb, trans_b, pc, kc, jc + s * NR, std::min(NR, nc - s * NR), NR,
                  b_pack.data() + s * kc * NR);
-#pragma omp for schedule(static)
+        // Handed out one at a time: on a shared host one core is often slower than the other,
+        // and a static split left the faster one waiting at the barrier for a tenth of the time.
+        // (Which thread computes a block never changes its bits.)
+#pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < m_blocks * col_parts; ++item) {
           const int64_t ib = item / col_parts, part = item % col_parts;
           const int64_t s_begin = slivers * part / col_parts;
