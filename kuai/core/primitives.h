@@ -281,6 +281,8 @@ class Matmul final : public Primitive {
   KUAI_PRIMITIVE_COMMON("matmul", OpClass::kMatmul)
   bool accepts_strided(size_t) const override { return true; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
 };
 
 class Linear final : public Primitive {  // (x, w[, b])
@@ -288,6 +290,8 @@ class Linear final : public Primitive {  // (x, w[, b])
   KUAI_PRIMITIVE_COMMON("linear", OpClass::kMatmul)
   bool saves_input(size_t i) const override { return i < 2; }
   Cost cost(std::span<const Tensor> in, std::span<const Tensor> out) const override;
+  std::vector<int64_t> cpu_scratch(std::span<const Tensor> in,
+                                   std::span<const Tensor> out) const override;
 };
 
 // ---- normalisation, softmax, losses ----

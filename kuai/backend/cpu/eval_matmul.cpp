@@ -113,6 +113,30 @@ void Matmul::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
                     ob.data(), 0.0f, py, N, oy.data(), batch);
 }
 
+// The scratch of the fp32 product eval_cpu runs, when kuai's blocked GEMM runs it (gemm.h); a
+// batch of products takes one product's at a time.
+std::vector<int64_t> Matmul::cpu_scratch(std::span<const Tensor> in,
+                                         std::span<const Tensor> out) const {
+  const Tensor &a = in[0], &b = in[1];
+  if (a.dtype() != DType::kF32 || out[0].numel() == 0) return {};
+  std::optional<MatLayout> la = mat_layout(a), lb = mat_layout(b);
+  const int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1], N = b.shape().back();
+  const int64_t batch = out[0].numel() / (M * N);
+  if (la && lb && b.dim() == 2 && folds_into_rows(a, *la))
+    return cpu::gemm_scratch_bytes("gemm", false, lb->trans, M * batch, N, K);
+  // A copied to contiguous (not scratch: a tensor) is not transposed.
+  return cpu::gemm_scratch_bytes("gemm", la && la->trans, lb && lb->trans, M, N, K);
+}
+
+std::vector<int64_t> Linear::cpu_scratch(std::span<const Tensor> in,
+                                         std::span<const Tensor> out) const {
+  const Tensor &x = in[0], &w = in[1];
+  const int64_t N = w.shape()[0], K = w.shape()[1];
+  if (x.dtype() != DType::kF32 || out[0].numel() == 0) return {};
+  return cpu::gemm_scratch_bytes(in.size() == 3 ? "bias" : "gemm", false, true, out[0].numel() / N,
+                                 N, K);
+}
+
 void Linear::eval_cpu(std::span<const Tensor> in, std::span<Tensor> out) const {
   const Tensor& x = in[0];
   const Tensor& w = in[1];

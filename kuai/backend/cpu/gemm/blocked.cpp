@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "kuai/backend/cpu/gemm/small_gemm.h"
 #include "kuai/backend/cpu/isa.h"
@@ -264,9 +265,43 @@ KUAI_KERNEL void pack_b_kernel(const float* B, int64_t ldb, bool trans, int64_t 
 KUAI_CLONE(pack_a, pack_a_kernel)
 KUAI_CLONE(pack_b, pack_b_kernel)
 
+// A product's slices, row blocks and buffers (floats), as gemm_blocked takes them.
+struct Sizes {
+  int64_t kc_max, m_blocks, mc_even;
+  int64_t b_floats;    // the packed B panel
+  int64_t a_floats;    // per thread: the packed A block (transposed A), else a last partial tile
+  int64_t tmp_floats;  // per thread: that tile's transpose
+  int threads;
+};
+Sizes sizes_for(const BlockedGemmBlocking& blk, bool trans_a, int64_t M, int64_t N, int64_t K) {
+  Sizes z;
+  // K in slices of equal depth, the depth a function of K alone.
+  const int64_t slices = (K + blk.kc - 1) / blk.kc;
+  z.kc_max = (K + slices - 1) / slices;
+  z.threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // Row blocks of equal size, as many as a multiple of the threads.
+  int64_t m_blocks = (M + blk.mc - 1) / blk.mc;
+  m_blocks = (m_blocks + z.threads - 1) / z.threads * z.threads;
+  z.mc_even = round_up((M + m_blocks - 1) / m_blocks, blk.mr);
+  z.m_blocks = (M + z.mc_even - 1) / z.mc_even;
+  z.b_floats = z.kc_max * std::min(blk.nc, round_up(N, blk.nr));
+  z.a_floats = round_up((trans_a ? z.mc_even : blk.mr) * z.kc_max, 16);
+  z.tmp_floats = trans_a ? 0 : round_up(blk.mr * z.kc_max, 16);
+  return z;
+}
+
 }  // namespace
 
 BlockedGemmBlocking blocked_gemm_blocking() { return blocking_for(clone_variant()); }
+
+std::vector<int64_t> gemm_blocked_scratch_bytes(bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                                int64_t K) {
+  (void)trans_b;
+  if (M <= 0 || N <= 0 || K <= 0) return {};
+  const Sizes z = sizes_for(blocking_for(clone_variant()), trans_a, M, N, K);
+  const int64_t f = sizeof(float);
+  return {z.b_floats * f, (z.a_floats + z.tmp_floats) * z.threads * f};
+}
 
 void set_blocked_gemm_blocking(int64_t mc, int64_t kc, int64_t nc) {
   g_mc.store(std::max<int64_t>(mc, 0), std::memory_order_relaxed);
@@ -287,27 +322,20 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
     return;
   }
   const Isa variant = clone_variant();
-  BlockedGemmBlocking blk = blocking_for(variant);
-  const int64_t MR = blk.mr, NR = blk.nr;
-  // K in slices of equal depth, the depth a function of K alone.
-  const int64_t slices = (K + blk.kc - 1) / blk.kc;
-  const int64_t kc_max = (K + slices - 1) / slices;
-  const int64_t nc_max = std::min(blk.nc, round_up(N, NR));
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  // Row blocks of equal size, as many as a multiple of the threads.
-  int64_t m_blocks = (M + blk.mc - 1) / blk.mc;
-  m_blocks = (m_blocks + nt - 1) / nt * nt;
-  const int64_t mc_even = round_up((M + m_blocks - 1) / m_blocks, MR);
-  m_blocks = (M + mc_even - 1) / mc_even;
-  const int64_t a_stride = round_up(mc_even * kc_max, 16) + 16;  // a block, then its tmp
-  ScratchFloats b_pack(kc_max * nc_max + 16);
-  ScratchFloats a_pack(2 * a_stride * nt);
+  const BlockedGemmBlocking blk = blocking_for(variant);
+  const Sizes z = sizes_for(blk, trans_a, M, N, K);
+  const int64_t MR = blk.mr, NR = blk.nr, kc_max = z.kc_max, m_blocks = z.m_blocks;
+  const int64_t mc_even = z.mc_even, a_stride = z.a_floats + z.tmp_floats;
+  const int nt = z.threads;
+  ScratchFloats b_pack(z.b_floats);
+  ScratchFloats a_pack(a_stride * nt);
   Epilogue first{alpha, beta, false}, later{alpha, 0.0f, true};
 
 #pragma omp parallel num_threads(nt) if (nt > 1)
   {
     const int tid = omp_get_thread_num(), nth = omp_get_num_threads();
-    float* ap = a_pack.data() + 2 * tid * a_stride;
+    float* ap = a_pack.data() + tid * a_stride;
+    float* tmp = ap + z.a_floats;
     // Columns split between the threads too when the row blocks do not divide evenly among them
     // (a product of a few rows); each part packs its own copy of the A block then.
     const int64_t col_parts = m_blocks % nth == 0 ? 1 : nth;
@@ -320,9 +348,9 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
         for (int64_t s = 0; s < slivers; ++s)
           pack_b(B, ldb, trans_b, pc, kc, jc + s * NR, std::min(NR, nc - s * NR), NR,
                  b_pack.data() + s * kc * NR);
-        // Handed out one at a time: on a shared host one core is often slower than the other,
-        // and a static split left the faster one waiting at the barrier for a tenth of the time.
-        // (Which thread computes a block never changes its bits.)
+          // Handed out one at a time: on a shared host one core is often slower than the other,
+          // and a static split left the faster one waiting at the barrier for a tenth of the time.
+          // (Which thread computes a block never changes its bits.)
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < m_blocks * col_parts; ++item) {
           const int64_t ib = item / col_parts, part = item % col_parts;
@@ -335,10 +363,10 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
           const float* a_rows = trans_a ? nullptr : A + i0 * lda + pc;
           if (ib != packed_block) {
             if (trans_a) {
-              pack_a(A, lda, trans_a, i0, rows, pc, kc, MR, ap, ap + a_stride);
+              pack_a(A, lda, trans_a, i0, rows, pc, kc, MR, ap, tmp);
             } else if (rows % MR != 0) {
               const int64_t whole = rows / MR * MR;
-              pack_a(A, lda, trans_a, i0 + whole, rows - whole, pc, kc, MR, ap, ap + a_stride);
+              pack_a(A, lda, trans_a, i0 + whole, rows - whole, pc, kc, MR, ap, tmp);
             }
             packed_block = ib;
           }

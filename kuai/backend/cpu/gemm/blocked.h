@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace kuai::cpu {
 
@@ -27,6 +28,13 @@ namespace kuai::cpu {
 void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc, const float* bias = nullptr);
+
+// The scratch gemm_blocked takes for this product here (bytes of each of its allocations, from
+// the tracking allocator or the calling thread's ScratchRegion): a compiled step's memory plan
+// sets it aside for the product's node. alpha == 0 takes none (not modelled: callers plan for
+// the product).
+std::vector<int64_t> gemm_blocked_scratch_bytes(bool trans_a, bool trans_b, int64_t M, int64_t N,
+                                                int64_t K);
 
 // The blocking in force at the tier in force: the register tile (MR x NR) and the block sizes.
 struct BlockedGemmBlocking {

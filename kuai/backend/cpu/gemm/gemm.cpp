@@ -17,6 +17,7 @@
 #include "kuai/backend/cpu/gemm/libraries.h"
 #include "kuai/backend/cpu/gemm/onednn.h"
 #include "kuai/backend/cpu/gemm/router.h"
+#include "kuai/backend/cpu/gemm/tuning.h"
 
 namespace kuai::cpu {
 namespace {
@@ -251,6 +252,18 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   const GemmShape shape{"batched", trans_a, trans_b, M, N, K, batch};
   const size_t i = beta == 0.0f ? route(shape, candidates, 0) : 0;
   run_profiled(shape, candidates[i].name, candidates[i].run);
+}
+
+std::vector<int64_t> gemm_scratch_bytes(const char* op, bool trans_a, bool trans_b, int64_t M,
+                                        int64_t N, int64_t K) {
+  if (M <= 0 || N <= 0 || K <= 0) return {};
+  bool blocked = gemm_backend() == GemmBackend::kKuai;
+  if (gemm_backend() == GemmBackend::kAuto && !routes_to_default_here()) {
+    TuningCache& cache = TuningCache::get();
+    blocked = cache.enabled() && cache.find(routing_key({op, trans_a, trans_b, M, N, K})) == "kuai";
+  }
+  if (!blocked) return {};
+  return gemm_blocked_scratch_bytes(trans_a, trans_b, M, N, K);
 }
 
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

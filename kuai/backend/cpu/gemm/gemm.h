@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace kuai::cpu {
 
@@ -38,6 +39,14 @@ void gemm_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
 void gemm_split_k(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                   const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
                   int64_t ldc, int64_t slice);
+
+// The scratch (bytes of each allocation) an fp32 product of this shape takes here from the
+// tracking allocator when kuai's blocked GEMM runs it: forced, or the choice the tuning cache
+// holds for the shape; none otherwise (oneDNN's scratchpad is small and not counted, OpenBLAS
+// keeps its own buffers). `op` is "gemm" or "bias" as the router keys them. For a memory plan
+// made on meta tensors (the compiled step's), which runs no product.
+std::vector<int64_t> gemm_scratch_bytes(const char* op, bool trans_a, bool trans_b, int64_t M,
+                                        int64_t N, int64_t K);
 
 // Naive triple loop in double accumulation: the oracle.
 void gemm_reference(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,

@@ -20,6 +20,7 @@
 #include "kuai/backend/cpu/gemm/gemm.h"
 #include "kuai/backend/cpu/gemm/router.h"
 #include "kuai/backend/cpu/gemm/tuning.h"
+#include "kuai/core/allocator.h"
 
 namespace kuai::cpu {
 namespace {
@@ -462,6 +463,54 @@ TEST_F(GemmTest, BlockedResultDoesNotDependOnThreads) {
       gemm_reference(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, want.data(), N);
       expect_close(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 1.0f, init.data(),
                    runs[0].data(), want.data(), N, "blocked threads");
+    }
+  }
+  set_blocked_gemm_blocking(0, 0, 0);
+}
+
+// The scratch a compiled step's memory plan sets aside for a product on kuai's GEMM is what the
+// product takes (this thread's scratch high-water mark, allocations rounded to 64 bytes), for
+// each transpose, with default and small blocks, on the team and inside a parallel region; none
+// when another backend runs it.
+TEST_F(GemmTest, BlockedScratchIsWhatTheFormulaSays) {
+  const int64_t M = 75, N = 130, K = 300;
+  const std::vector<float> a = random_buffer(M * K, 61), b = random_buffer(K * N, 62);
+  std::vector<float> c(M * N);
+  auto rounded_sum = [](const std::vector<int64_t>& sizes) {
+    int64_t sum = 0;
+    for (int64_t s : sizes) sum += (s + 63) / 64 * 64;
+    return sum;
+  };
+  for (bool small : {false, true}) {
+    set_blocked_gemm_blocking(small ? 12 : 0, small ? 16 : 0, small ? 128 : 0);
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+      ScratchRegion::reset_peak();
+      const int64_t before = ScratchRegion::peak();
+      gemm_blocked(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
+      EXPECT_EQ(ScratchRegion::peak() - before,
+                rounded_sum(gemm_blocked_scratch_bytes(ta, tb, M, N, K)))
+          << "t=" << t << " small=" << small;
+      set_gemm_backend(GemmBackend::kKuai);
+      EXPECT_EQ(gemm_scratch_bytes("gemm", ta, tb, M, N, K),
+                gemm_blocked_scratch_bytes(ta, tb, M, N, K));
+      set_gemm_backend(GemmBackend::kOneDNN);
+      EXPECT_TRUE(gemm_scratch_bytes("gemm", ta, tb, M, N, K).empty());
+      set_gemm_backend(GemmBackend::kAuto);
+      int64_t inside = -1, formula = -2;
+#pragma omp parallel num_threads(2)
+      {
+#pragma omp single
+        {
+          ScratchRegion::reset_peak();
+          const int64_t at = ScratchRegion::peak();
+          gemm_blocked(ta, tb, M, N, K, 1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
+          inside = ScratchRegion::peak() - at;
+          formula = rounded_sum(gemm_blocked_scratch_bytes(ta, tb, M, N, K));
+        }
+      }
+      EXPECT_EQ(inside, formula) << "in a parallel region, t=" << t << " small=" << small;
     }
   }
   set_blocked_gemm_blocking(0, 0, 0);
