@@ -122,10 +122,12 @@ std::vector<int64_t> Matmul::cpu_scratch(std::span<const Tensor> in,
   std::optional<MatLayout> la = mat_layout(a), lb = mat_layout(b);
   const int64_t M = a.shape()[a.dim() - 2], K = a.shape()[a.dim() - 1], N = b.shape().back();
   const int64_t batch = out[0].numel() / (M * N);
-  if (la && lb && b.dim() == 2 && folds_into_rows(a, *la))
-    return cpu::gemm_scratch_bytes("gemm", false, lb->trans, M * batch, N, K);
-  // A copied to contiguous (not scratch: a tensor) is not transposed.
-  return cpu::gemm_scratch_bytes("gemm", la && la->trans, lb && lb->trans, M, N, K);
+  // An operand eval_cpu first copies to contiguous (a tensor, not scratch) is not transposed,
+  // and a contiguous A folds into rows.
+  const bool ta = la && la->trans, tb = lb && lb->trans;
+  if (b.dim() == 2 && (!la || folds_into_rows(a, *la)))
+    return cpu::gemm_scratch_bytes("gemm", false, tb, M * batch, N, K);
+  return cpu::gemm_scratch_bytes("gemm", ta, tb, M, N, K);
 }
 
 std::vector<int64_t> Linear::cpu_scratch(std::span<const Tensor> in,
