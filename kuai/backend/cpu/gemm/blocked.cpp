@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kuai/backend/cpu/gemm/register_tile.h"
 #include "kuai/backend/cpu/gemm/small_gemm.h"
 #include "kuai/backend/cpu/isa.h"
 #include "kuai/core/allocator.h"
@@ -18,32 +19,11 @@
 namespace kuai::cpu {
 namespace {
 
-template <int W>
-struct Vec;
-template <>
-struct Vec<16> {
-  typedef float v __attribute__((vector_size(64)));
-};
-template <>
-struct Vec<8> {
-  typedef float v __attribute__((vector_size(32)));
-};
-template <>
-struct Vec<4> {
-  typedef float v __attribute__((vector_size(16)));
-};
-
-// The register tile per tier: MR rows x NV vectors of W floats, MR * NV accumulators plus NV
-// vectors of B and one broadcast of A within the register file (32 zmm; 16 ymm or xmm).
-struct Avx512 {
-  static constexpr int kW = 16, kNV = 4, kMR = 6;
-};
-struct Avx2 {
-  static constexpr int kW = 8, kNV = 2, kMR = 6;
-};
-struct Baseline {
-  static constexpr int kW = 4, kNV = 2, kMR = 6;
-};
+using tile::Avx2;
+using tile::Avx512;
+using tile::Baseline;
+using tile::Vec;
+constexpr int kMR = tile::kTileRows;  // every tier's tile has six rows (register_tile.h)
 
 // What a tile's store does with its sums s: C = alpha s + beta C + bias (the first K slice; beta
 // 0 never reads C) or, for the later slices, C += alpha s.
@@ -132,7 +112,7 @@ KUAI_KERNEL void tile(int64_t kc, const float* a, int64_t lda, const float* b, f
 
 template <class T>
 KUAI_KERNEL void block_tiles(const BlockWork& w) {
-  constexpr int W = T::kW, MR = T::kMR, NV = T::kNV, NR = W * NV;
+  constexpr int W = T::kW, MR = kMR, NV = T::kNV, NR = W * NV;
   for (int64_t s = w.s_begin; s < w.s_end; ++s) {
     const float* bs = w.b + s * w.kc * NR;
     const int nr = static_cast<int>(std::min<int64_t>(NR, w.panel_cols - s * NR));
@@ -167,7 +147,7 @@ void run_tiles(Isa variant, const BlockWork& w) {
 template <class T>
 constexpr BlockedGemmBlocking tile_of() {
   BlockedGemmBlocking b;
-  b.mr = T::kMR;
+  b.mr = kMR;
   b.nr = T::kW * T::kNV;
   return b;
 }
@@ -215,7 +195,8 @@ BlockedGemmBlocking blocking_for(Isa variant) {
 // MR holding dst[k * MR + r] (rows past `rows` zero), so a tile reads its A values in one stream.
 // A non-transposed A goes through `tmp` (kc x rows, from the 8 x 8 transposes) first.
 KUAI_KERNEL void pack_a_kernel(const float* A, int64_t lda, bool trans, int64_t i0, int64_t rows,
-                               int64_t p0, int64_t kc, int64_t MR, float* dst, float* tmp) {
+                               int64_t p0, int64_t kc, float* dst, float* tmp) {
+  constexpr int64_t MR = kMR;
   const float* src = A + i0 + p0 * lda;  // op(A)(i0 + r, p0 + k) = src[k * ld + r]
   int64_t ld = lda;
   if (!trans) {
@@ -227,8 +208,8 @@ KUAI_KERNEL void pack_a_kernel(const float* A, int64_t lda, bool trans, int64_t 
     const int64_t mr = std::min(MR, rows - t * MR);
     float* d = dst + t * kc * MR;
     const float* from = src + t * MR;
-    if (mr == MR && MR == 6) {  // the tiers' MR: a fixed-size copy the compiler inlines
-      for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * 6, from + k * ld, 6 * sizeof(float));
+    if (mr == MR) {  // a fixed-size copy the compiler inlines
+      for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * MR, from + k * ld, MR * sizeof(float));
     } else {
       for (int64_t k = 0; k < kc; ++k)
         for (int64_t r = 0; r < MR; ++r) d[k * MR + r] = r < mr ? from[k * ld + r] : 0.0f;
@@ -345,12 +326,13 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
         const int64_t kc = std::min(kc_max, K - pc);
         int64_t packed_block = -1;  // the row block this thread's A buffer holds for this slice
 #pragma omp for schedule(static)
-        for (int64_t s = 0; s < slivers; ++s)
+        for (int64_t s = 0; s < slivers; ++s) {
           pack_b(B, ldb, trans_b, pc, kc, jc + s * NR, std::min(NR, nc - s * NR), NR,
                  b_pack.data() + s * kc * NR);
-          // Handed out one at a time: on a shared host one core is often slower than the other,
-          // and a static split left the faster one waiting at the barrier for a tenth of the time.
-          // (Which thread computes a block never changes its bits.)
+        }
+        // Handed out one at a time: on a shared host one core is often slower than the other,
+        // and a static split left the faster one waiting at the barrier for a tenth of the time.
+        // (Which thread computes a block never changes its bits.)
 #pragma omp for schedule(dynamic)
         for (int64_t item = 0; item < m_blocks * col_parts; ++item) {
           const int64_t ib = item / col_parts, part = item % col_parts;
@@ -363,10 +345,10 @@ void gemm_blocked(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
           const float* a_rows = trans_a ? nullptr : A + i0 * lda + pc;
           if (ib != packed_block) {
             if (trans_a) {
-              pack_a(A, lda, trans_a, i0, rows, pc, kc, MR, ap, tmp);
+              pack_a(A, lda, trans_a, i0, rows, pc, kc, ap, tmp);
             } else if (rows % MR != 0) {
               const int64_t whole = rows / MR * MR;
-              pack_a(A, lda, trans_a, i0 + whole, rows - whole, pc, kc, MR, ap, tmp);
+              pack_a(A, lda, trans_a, i0 + whole, rows - whole, pc, kc, ap, tmp);
             }
             packed_block = ib;
           }

@@ -6,37 +6,17 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kuai/backend/cpu/gemm/register_tile.h"
 #include "kuai/backend/cpu/isa.h"
 
 namespace kuai::cpu {
 namespace {
 
-template <int W>
-struct Vec;
-template <>
-struct Vec<16> {
-  typedef float v __attribute__((vector_size(64)));
-};
-template <>
-struct Vec<8> {
-  typedef float v __attribute__((vector_size(32)));
-};
-template <>
-struct Vec<4> {
-  typedef float v __attribute__((vector_size(16)));
-};
-
-// The micro-tile per tier: 6 rows x NV vectors of W floats.
-struct Avx512 {
-  static constexpr int kW = 16, kNV = 4;  // 6 x 64: 24 zmm accumulators of 32
-};
-struct Avx2 {
-  static constexpr int kW = 8, kNV = 2;  // 6 x 16: 12 ymm accumulators of 16
-};
-struct Baseline {
-  static constexpr int kW = 4, kNV = 2;  // 6 x 8: 12 xmm accumulators of 16
-};
-constexpr int kMR = 6;
+using tile::Avx2;
+using tile::Avx512;
+using tile::Baseline;
+using tile::Vec;
+constexpr int kMR = tile::kTileRows;  // the micro-tile per tier: 6 rows x NV vectors of W floats
 
 struct Args {
   bool ta;
