@@ -97,6 +97,12 @@ class MpiProcessGroup final : public ProcessGroup {
       sigemptyset(&sa.sa_mask);
       sa.sa_flags = SA_RESTART;
       sigaction(SIGTERM, &sa, nullptr);
+      // A peer that dies leaves its sockets half-closed, and the transport's next write to one
+      // would raise SIGPIPE here and end this rank by a signal before the dead one is reported:
+      // the launcher would then name this rank's host, not the failed one. Ignored, the write
+      // fails with EPIPE, the collective does not complete, and the watchdog or mpirun's SIGTERM
+      // names the rank that is gone.
+      signal(SIGPIPE, SIG_IGN);
     }
     thread_ = std::thread([this] { loop(); });
   }

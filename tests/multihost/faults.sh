@@ -114,6 +114,14 @@ for fault in "${faults[@]}"; do
   host=${live[RANDOM % ${#live[@]}]}
   [ "$fault" = link ] && [ "$host" = 0 ] && host=${live[1]}  # node0 runs the launcher
   pid=$(rank_pid "$host")
+  # Every rank ignores SIGPIPE: a write to a dead peer's socket must not end it by a signal before
+  # the dead rank is named (mpirun would report this one first).
+  for h in "${live[@]}"; do
+    p=$(rank_pid "$h")
+    ign=$(awk '/^SigIgn:/ {print $2}' "/proc/$p/status" 2>/dev/null)
+    [ -n "$ign" ] && (( (16#$ign >> 12) & 1 )) ||
+      fail "$fault: the rank on node$h (pid $p) does not ignore SIGPIPE (SigIgn ${ign:-unread})"
+  done
   before=$(failures)
   t0=$(date +%s.%N)
   case $fault in
