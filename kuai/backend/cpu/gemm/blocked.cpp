@@ -204,15 +204,23 @@ KUAI_KERNEL void pack_a_kernel(const float* A, int64_t lda, bool trans, int64_t 
     src = tmp;
     ld = rows;
   }
-  for (int64_t t = 0; t * MR < rows; ++t) {
-    const int64_t mr = std::min(MR, rows - t * MR);
-    float* d = dst + t * kc * MR;
-    const float* from = src + t * MR;
-    if (mr == MR) {  // a fixed-size copy the compiler inlines
-      for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * MR, from + k * ld, MR * sizeof(float));
-    } else {
-      for (int64_t k = 0; k < kc; ++k)
-        for (int64_t r = 0; r < MR; ++r) d[k * MR + r] = r < mr ? from[k * ld + r] : 0.0f;
+  // A few rows of src at a time, each copied into every sliver: the rows' lines are read once
+  // while in L1 (sliver by sliver over the whole depth, a transposed A's row stride of M floats
+  // brought each line in again from L2 for every sliver it feeds).
+  constexpr int64_t kRows = 16;
+  for (int64_t k0 = 0; k0 < kc; k0 += kRows) {
+    const int64_t k1 = std::min(kc, k0 + kRows);
+    for (int64_t t = 0; t * MR < rows; ++t) {
+      const int64_t mr = std::min(MR, rows - t * MR);
+      float* d = dst + t * kc * MR;
+      const float* from = src + t * MR;
+      if (mr == MR) {  // a fixed-size copy the compiler inlines
+        for (int64_t k = k0; k < k1; ++k)
+          std::memcpy(d + k * MR, from + k * ld, MR * sizeof(float));
+      } else {
+        for (int64_t k = k0; k < k1; ++k)
+          for (int64_t r = 0; r < MR; ++r) d[k * MR + r] = r < mr ? from[k * ld + r] : 0.0f;
+      }
     }
   }
 }
