@@ -57,9 +57,9 @@ TuningCache& TuningCache::get() {
 // or when a candidate ran differently (3: oneDNN's per-call cost cut, which made attention's
 // per-head kernels faster; 4: flash attention's row maximum and row tails vectorised, its forward
 // 1.2-1.7x faster; 5: flash's backward may run its products on the small GEMM, 1.3-1.5x faster
-// where it does; 6: kuai's blocked GEMM a candidate for every fp32 product; 7: its transposed A packed a
-// few rows at a time, TN products of 1024 rows 1.15x faster), would keep its old answers for
-// ever, entries never being replaced: a new set is a new file.
+// where it does; 6: kuai's blocked GEMM a candidate for every fp32 product; 7: its transposed A
+// packed a few rows at a time, TN products of 1024 rows 1.15x faster), would keep its old answers
+// for ever, entries never being replaced: a new set is a new file.
 constexpr int kChoiceSet = 7;
 
 TuningCache::TuningCache() {
