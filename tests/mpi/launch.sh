@@ -44,10 +44,7 @@ wait_step one 50
 grep -q "in use by pid $launcher" "$dir/intruder.log" || { cat "$dir/intruder.log"; fail "the refusal does not name the launcher"; }
 # Both ranks ignore SIGPIPE: rank 0 writing to the killed rank's socket must not die by a signal
 # before it names rank 1 (mpirun would report rank 0 first).
-for r in 0 1; do
-  ign=$(awk '/^SigIgn:/ {print $2}' "/proc/$(rank_pid one $r)/status" 2>/dev/null)
-  [ -n "$ign" ] && (( (16#$ign >> 12) & 1 )) || fail "rank $r does not ignore SIGPIPE (SigIgn ${ign:-unread})"
-done
+for r in 0 1; do expect_sigpipe_ignored "$(rank_pid one $r)" "rank $r"; done
 kill -9 "$(rank_pid one 1)"
 wait "$launcher"
 rc=$?

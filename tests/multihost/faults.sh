@@ -118,9 +118,7 @@ for fault in "${faults[@]}"; do
   # the dead rank is named (mpirun would report this one first).
   for h in "${live[@]}"; do
     p=$(rank_pid "$h")
-    ign=$(awk '/^SigIgn:/ {print $2}' "/proc/$p/status" 2>/dev/null)
-    [ -n "$ign" ] && (( (16#$ign >> 12) & 1 )) ||
-      fail "$fault: the rank on node$h (pid $p) does not ignore SIGPIPE (SigIgn ${ign:-unread})"
+    expect_sigpipe_ignored "$p" "$fault: the rank on node$h (pid $p)"
   done
   before=$(failures)
   t0=$(date +%s.%N)

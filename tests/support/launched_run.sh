@@ -30,3 +30,11 @@ wait_step() {
     sleep 0.05
   done
 }
+
+# Fails with message $2 unless process $1 ignores SIGPIPE (bit 13 of its SigIgn mask): a rank
+# writing to a dead peer's socket must not die by a signal before it names the dead rank.
+expect_sigpipe_ignored() {
+  local ign
+  ign=$(awk '/^SigIgn:/ {print $2}' "/proc/$1/status" 2>/dev/null)
+  [ -n "$ign" ] && (( (16#$ign >> 12) & 1 )) || fail "$2 does not ignore SIGPIPE (SigIgn ${ign:-unread})"
+}
