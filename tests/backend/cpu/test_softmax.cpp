@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "../../support/random.h"
+#include "kuai/backend/cpu/isa.h"
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/reference.h"
 #include "kuai/backend/cpu/vec_math.h"
@@ -123,6 +126,83 @@ TEST(VecMath, MaxOfEqualsTheChain) {
     }
     std::vector<float> ninf(n, -INFINITY);
     EXPECT_EQ(vm::max_of(ninf.data(), n), -INFINITY) << n;
+  }
+}
+
+// vm::exp as the library's kernels run it: a loop in a KUAI_CLONE kernel, one copy per ISA.
+KUAI_KERNEL void exp_kernel(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] = vm::exp(x[i]);
+}
+KUAI_CLONE(exp_rows, exp_kernel)
+
+using ExpCopy = void (*)(const float*, float*, int64_t);
+
+// The copies this CPU runs at the tier in force and below it.
+std::vector<std::pair<const char*, ExpCopy>> exp_copies() {
+  std::vector<std::pair<const char*, ExpCopy>> copies{
+      {"baseline", [](const float* x, float* y, int64_t n) { exp_rows_baseline(x, y, n); }}};
+#if KUAI_HAVE_ISA_CLONES
+  if (clone_variant() >= Isa::kAvx2)
+    copies.push_back({"avx2", [](const float* x, float* y, int64_t n) { exp_rows_avx2(x, y, n); }});
+  if (clone_variant() >= Isa::kAvx512)
+    copies.push_back(
+        {"avx512", [](const float* x, float* y, int64_t n) { exp_rows_avx512(x, y, n); }});
+#endif
+  return copies;
+}
+
+// Every 4099th float of both signs, 4096 floats on each side of every edge of exp's range (its
+// clamps at 89 and -104, where a float result overflows, turns subnormal and rounds to 0, 0 and
+// 1), the input of the largest error measured over every float (1.010 ulp at AVX2 and AVX-512),
+// infinities and NaNs.
+std::vector<float> exp_inputs() {
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099)
+    x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (float edge : {89.0f, -104.0f, 88.7228394f, -87.3365479f, -103.972076f, 0.0f, -0.0f, 1.0f,
+                     -0x1.782f42p+2f}) {
+    const auto e = std::bit_cast<uint32_t>(edge);
+    for (uint32_t d = 0; d < 4096; ++d) {
+      x.push_back(std::bit_cast<float>(e + d));
+      if (d <= e) x.push_back(std::bit_cast<float>(e - d));
+    }
+  }
+  for (float v : {INFINITY, -INFINITY, NAN, -NAN, FLT_MAX, -FLT_MAX, FLT_MIN, -FLT_MIN})
+    x.push_back(v);
+  x.push_back(std::bit_cast<float>(uint32_t{0x7f800001}));  // a signalling NaN
+  return x;
+}
+
+// Against exp in double: results within 1.02 ulp where they are normal floats (1.010 is the
+// largest error over every float), within one step of 2^-149 where they are subnormal (0.75
+// measured), +inf or FLT_MAX where the exact value passes FLT_MAX, 0 for x at or below -104; NaN
+// for NaN, 0 for -inf, +inf for +inf.
+TEST(VecMath, ExpIsWithinAnUlpOverTheFloatsOnEveryIsaCopy) {
+  const std::vector<float> x = exp_inputs();
+  std::vector<float> y(x.size());
+  for (auto [name, copy] : exp_copies()) {
+    SCOPED_TRACE(name);
+    std::fill(y.begin(), y.end(), -1.0f);
+    copy(x.data(), y.data(), static_cast<int64_t>(x.size()));
+    int failures = 0;
+    for (size_t i = 0; i < x.size() && failures < 5; ++i) {
+      bool ok;
+      const double want = std::exp(static_cast<double>(x[i]));
+      if (std::isnan(x[i])) {
+        ok = std::isnan(y[i]);
+      } else if (want > FLT_MAX) {
+        ok = y[i] == INFINITY || y[i] == FLT_MAX;
+      } else if (want < FLT_MIN) {
+        ok = std::fabs(y[i] - want) <= std::ldexp(1.0, -149) && (x[i] > -104.0f || y[i] == 0.0f);
+      } else {
+        const double ulp = std::ldexp(1.0, std::ilogb(static_cast<float>(want)) - 23);
+        ok = std::fabs(y[i] - want) <= 1.02 * ulp;
+      }
+      if (!ok) {
+        ++failures;
+        ADD_FAILURE() << "exp(" << std::hexfloat << x[i] << ") = " << y[i] << ", want " << want;
+      }
+    }
   }
 }
 
