@@ -115,11 +115,10 @@ template <class T>
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) {
     const float xi = load(x, i);
-    float xc = vm::select(xi > kGeluClamp, kGeluClamp, xi);
-    xc = vm::select(xc < -kGeluClamp, -kGeluClamp, xc);
+    const float xc = vm::clamp_bits(xi, -kGeluClamp, kGeluClamp);  // NaN: xi * s below is NaN
     const float z = 2.0f * kSqrt2OverPi * (xc + kGeluCubic * xc * xc * xc);
     float s, sc;
-    vm::sigmoid_pair(z, s, sc);
+    vm::sigmoid_pair_finite(z, s, sc);  // z is finite: xc is clamped
     store(y, i, vm::select(xi < -kGeluClamp, -0.0f, xi * s));
   }
 }
@@ -139,14 +138,14 @@ template <class T>
 #pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) {
     const float xi = load(x, i);
-    float xc = vm::select(xi > kGeluClamp, kGeluClamp, xi);
-    xc = vm::select(xc < -kGeluClamp, -kGeluClamp, xc);
+    const float xc = vm::clamp_bits(xi, -kGeluClamp, kGeluClamp);
     const float x2 = xc * xc;
     const float z = 2.0f * kSqrt2OverPi * (xc + kGeluCubic * x2 * xc);
     const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x2);
     float s, sc;
-    vm::sigmoid_pair(z, s, sc);
-    const float d = s + 2.0f * xc * du * (s * sc);
+    vm::sigmoid_pair_finite(z, s, sc);  // z is finite: xc is clamped
+    // A NaN x, which the clamp made finite, gives NaN (itself) as the derivative.
+    const float d = vm::select(xi != xi, xi, s + 2.0f * xc * du * (s * sc));
     store(dx, i, load(dy, i) * d);
   }
 }

@@ -18,20 +18,29 @@ namespace kuai::cpu::vm {
   return std::bit_cast<float>((std::bit_cast<uint32_t>(a) & m) | (std::bit_cast<uint32_t>(b) & ~m));
 }
 
+// x clamped to [lo, hi] (lo < 0 < hi, both finite) on its bits, with two integer minima: as
+// signed integers the floats up to +inf keep their order and every negative float lies below hi;
+// as unsigned ones the non-negative floats lie below every negative one, and the negative ones
+// grow with their magnitude. One vpminsd and one vpminud at AVX2 and AVX-512, where a compare and
+// a blend for each bound cost 3-4 times the micro-ops (vpblendvb is 2-3 of them on Intel cores),
+// with the same result for every float but NaN, which becomes hi (sign clear) or lo (sign set).
+[[gnu::always_inline]] inline float clamp_bits(float x, float lo, float hi) {
+  const auto xb = std::bit_cast<int32_t>(x);
+  const auto hb = std::bit_cast<int32_t>(hi);
+  const auto below_hi = static_cast<uint32_t>(xb < hb ? xb : hb);
+  const auto lb = std::bit_cast<uint32_t>(lo);
+  return std::bit_cast<float>(below_hi < lb ? below_hi : lb);
+}
+
 // exp(x) for float x. exp(-inf) = 0, large x -> +inf, NaN -> NaN, results in the subnormal range
 // are rounded once (not flushed). Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, a degree-6
 // polynomial for exp(r) (Cephes coefficients), then the scale 2^n applied as two factors 2^a 2^b
 // (a + b = n) so that n in [-150, 128] never builds an invalid exponent field. Within 1.01 ulp of
 // the exact value over every float (tests/backend/cpu/test_softmax.cpp, VecMath.Exp*).
-//
-// x is clamped to [kMin, kMax] on its bits, with two integer minima: as signed integers the
-// floats up to +inf keep their order and every negative float lies below kMax; as unsigned ones
-// the non-negative floats lie below every negative one, and the negative ones grow with their
-// magnitude. One vpminsd and one vpminud, where a compare and a blend for each bound cost 3-4
-// times the micro-ops at AVX2 (vpblendvb is 2-3 of them on Intel cores) and made exp_sum 1.25-1.35x
-// slower there (1.05-1.2x at AVX-512). The results are those of the compare-and-blend form bit
-// for bit (every float checked at each tier); a NaN, which the clamp turns into kMax or kMin, is
-// given back by the last select.
+// x is clamped to [kMin, kMax] by clamp_bits: a compare and a blend for each bound made exp_sum
+// 1.25-1.35x slower at AVX2 (1.05-1.2x at AVX-512), with the same results bit for bit (every float
+// checked at each tier); a NaN, which the clamp turns into kMax or kMin, is given back by the
+// last select.
 [[gnu::always_inline]] inline float exp(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693359375f;  // few mantissa bits: n * kLn2Hi is exact
@@ -39,11 +48,7 @@ namespace kuai::cpu::vm {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
   constexpr float kMax = 89.0f;          // exp(89) overflows: result +inf
   constexpr float kMin = -104.0f;        // exp(-104) < half the smallest subnormal: result 0
-  constexpr int32_t kMaxBits = std::bit_cast<int32_t>(kMax);
-  constexpr uint32_t kMinBits = std::bit_cast<uint32_t>(kMin);
-  const int32_t xb = std::bit_cast<int32_t>(x);
-  const auto below_max = static_cast<uint32_t>(xb < kMaxBits ? xb : kMaxBits);
-  const float xc = std::bit_cast<float>(below_max < kMinBits ? below_max : kMinBits);
+  const float xc = vm::clamp_bits(x, kMin, kMax);
   const float t = xc * kLog2e + kRound;
   const int32_t n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kRound);
   const float nf = t - kRound;
@@ -139,7 +144,9 @@ namespace kuai::cpu::vm {
 // Logistic sigmoid 1 / (1 + exp(-z)) and its complement 1 - sigmoid(z) = sigmoid(-z), both with
 // small relative error everywhere (no cancellation): with t = exp(-|z|) <= 1, the one on the
 // side of z is 1 / (1 + t) and the other t / (1 + t).
-[[gnu::always_inline]] inline void sigmoid_pair(float z, float& s, float& sc) {
+// sigmoid_pair_finite is the same for a z that cannot be NaN (GELU's, whose argument is clamped),
+// without the two selects that give a NaN back.
+[[gnu::always_inline]] inline void sigmoid_pair_finite(float z, float& s, float& sc) {
   const float az = __builtin_fabsf(z);
   const float t = vm::exp(-az);
   const float inv = 1.0f / (1.0f + t);
@@ -147,6 +154,9 @@ namespace kuai::cpu::vm {
   const float small = t * inv;
   s = vm::select(z >= 0.0f, big, small);
   sc = vm::select(z >= 0.0f, small, big);
+}
+[[gnu::always_inline]] inline void sigmoid_pair(float z, float& s, float& sc) {
+  vm::sigmoid_pair_finite(z, s, sc);
   s = vm::select(z != z, z, s);
   sc = vm::select(z != z, z, sc);
 }
