@@ -18,13 +18,13 @@
 #include "kuai/backend/cpu/kernels.h"
 #include "kuai/backend/cpu/vec_math_ce.h"
 
-// The f32x8 helpers below are always inlined into the ISA clones (see vec_math_ce.h).
+// The vector helpers below are always inlined into the ISA clones (see vec_math_ce.h).
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace kuai::cpu {
 namespace {
 
-constexpr int64_t kLanes = 16;             // two ce::f32x8 (max, sum) pairs per row
+constexpr int kLanes = 16;                 // (max, sum) pairs per row: two ce::f32x8
 constexpr int64_t kMinParallel = 1 << 14;  // elements below which one thread does it all
 
 inline void thread_range(int64_t n, int t, int nt, int64_t* begin, int64_t* end) {
@@ -46,13 +46,15 @@ void check_targets(const char* op, const int32_t* targets, int64_t N, int64_t V,
 
 // -|d|, for a float or lane-wise.
 KUAI_CE_INLINE float neg_abs(float d) { return -std::fabs(d); }
-KUAI_CE_INLINE ce::f32x8 neg_abs(const ce::f32x8& d) {
-  // __builtin_bit_cast, not std::bit_cast: an out-of-line call (at -O0) would pass the 32-byte
-  // vector with the default ISA's ABI into an AVX clone.
-  return __builtin_bit_cast(ce::f32x8, __builtin_bit_cast(ce::i32x8, d) | INT32_MIN);  // sign bit
+template <class F>
+KUAI_CE_INLINE F neg_abs(const F& d) {
+  // __builtin_bit_cast, not std::bit_cast: an out-of-line call (at -O0) would pass the vector
+  // with the default ISA's ABI into an AVX clone.
+  using I = decltype(d < d);  // the int32 vector of F's width
+  return __builtin_bit_cast(F, __builtin_bit_cast(I, d) | INT32_MIN);  // sign bit
 }
 
-// One step of the online logsumexp, lane-wise for F = ce::f32x8 or on one float: max m and sum s
+// One step of the online logsumexp, lane-wise for a vector F or on one float: max m and sum s
 // of exp(x - m) so far.
 template <class F>
 KUAI_CE_INLINE void lse_update(const F& v, F& m, F& s) {
@@ -64,57 +66,68 @@ KUAI_CE_INLINE void lse_update(const F& v, F& m, F& s) {
   m = up ? v : m;
 }
 
-// logsumexp of one row (V), in double for the caller's loss arithmetic.
+// logsumexp of one row (V), in double for the caller's loss arithmetic, on vectors F (ce::f32x8,
+// or ce::f32x4 in the baseline copy: the same lanes and the same arithmetic in each).
+template <class F>
 KUAI_CE_INLINE double row_lse(const float* x, int64_t V) {
-  // kLanes independent (max, sum) pairs: two vectors; the scalar tail updates the first lanes.
-  // -FLT_MAX rather than -inf: v - m stays a number when v = -inf (masked logits).
-  ce::f32x8 m0 = ce::splat<ce::f32x8>(-FLT_MAX), m1 = m0;
-  ce::f32x8 s0 = ce::splat<ce::f32x8>(0.0f), s1 = s0;
+  // kLanes independent (max, sum) pairs, lane j at entries c + j; the scalar tail updates the
+  // first lanes. -FLT_MAX rather than -inf: v - m stays a number when v = -inf (masked logits).
+  constexpr int W = ce::kWidth<F>, NV = kLanes / W, H = NV / 2;  // H vectors hold 8 lanes
+  F m[NV], s[NV];
+  for (int q = 0; q < NV; ++q) {
+    m[q] = ce::splat<F>(-FLT_MAX);
+    s[q] = ce::splat<F>(0.0f);
+  }
   const int64_t vv = V - V % kLanes;
-  for (int64_t c = 0; c < vv; c += kLanes) {
-    lse_update(ce::load8(x + c), m0, s0);
-    lse_update(ce::load8(x + c + 8), m1, s1);
-  }
+  for (int64_t c = 0; c < vv; c += kLanes)
+    for (int q = 0; q < NV; ++q) lse_update(ce::load<F>(x + c + q * W), m[q], s[q]);
   if (vv < V) {
-    float m[kLanes], s[kLanes];
-    ce::store8(m, m0);
-    ce::store8(m + 8, m1);
-    ce::store8(s, s0);
-    ce::store8(s + 8, s1);
-    for (int64_t c = vv; c < V; ++c) lse_update(x[c], m[c - vv], s[c - vv]);
-    m0 = ce::load8(m);
-    m1 = ce::load8(m + 8);
-    s0 = ce::load8(s);
-    s1 = ce::load8(s + 8);
+    float ml[kLanes], sl[kLanes];
+    for (int q = 0; q < NV; ++q) {
+      ce::store(ml + q * W, m[q]);
+      ce::store(sl + q * W, s[q]);
+    }
+    for (int64_t c = vv; c < V; ++c) lse_update(x[c], ml[c - vv], sl[c - vv]);
+    for (int q = 0; q < NV; ++q) {
+      m[q] = ce::load<F>(ml + q * W);
+      s[q] = ce::load<F>(sl + q * W);
+    }
   }
-  // Merge the lanes: rescale every lane's sum to the row max.
-  ce::f32x8 mv = m0 > m1 ? m0 : m1;
+  // Merge the lanes: lane j (j < 8) with lane j + 8, then every sum rescaled to the row max.
+  float mv[8];
+  for (int h = 0; h < H; ++h) ce::store(mv + h * W, m[h] > m[h + H] ? m[h] : m[h + H]);
   float mx = mv[0];
   for (int j = 1; j < 8; ++j) mx = std::max(mx, mv[j]);
-  const ce::f32x8 sv = s0 * ce::exp_fast(m0 - mx) + s1 * ce::exp_fast(m1 - mx);
   double sum = 0.0;
-  for (int j = 0; j < 8; ++j) sum += sv[j];
+  for (int h = 0; h < H; ++h) {
+    float sv[W];
+    ce::store(sv, s[h] * ce::exp_fast(m[h] - mx) + s[h + H] * ce::exp_fast(m[h + H] - mx));
+    for (int j = 0; j < W; ++j) sum += sv[j];
+  }
   return static_cast<double>(mx) + std::log(sum);
 }
 
 // Rows [r0, r1): lse (float) and each row's loss (0 for ignored rows).
+template <class F>
 KUAI_KERNEL void forward_rows_kernel(const float* logits, const int32_t* targets, float* lse,
                                      double* row_loss, int64_t r0, int64_t r1, int64_t V,
                                      int32_t ignore_index) {
   for (int64_t i = r0; i < r1; ++i) {
     const float* x = logits + i * V;  // (V)
-    const double l = row_lse(x, V);
+    const double l = row_lse<F>(x, V);
     lse[i] = static_cast<float>(l);
     const int32_t t = targets[i];
     row_loss[i] = t == ignore_index ? 0.0 : l - static_cast<double>(x[t]);
   }
 }
-KUAI_CLONE(forward_rows, forward_rows_kernel)
+KUAI_CLONE_WIDTHS(forward_rows, forward_rows_kernel<ce::f32x8>, forward_rows_kernel<ce::f32x4>)
 
 // Rows [r0, r1) of dlogits (N, V).
+template <class F>
 KUAI_KERNEL void backward_rows_kernel(const float* logits, const int32_t* targets, const float* lse,
                                       float* dlogits, int64_t r0, int64_t r1, int64_t V,
                                       int32_t ignore_index, float grad_scale) {
+  constexpr int W = ce::kWidth<F>;
   for (int64_t i = r0; i < r1; ++i) {
     const float* x = logits + i * V;  // (V)
     float* d = dlogits + i * V;       // (V)
@@ -125,14 +138,14 @@ KUAI_KERNEL void backward_rows_kernel(const float* logits, const int32_t* target
     }
     const float l = lse[i];
     const float xt = x[t];  // read before the row is overwritten (dlogits may alias logits)
-    const int64_t v8 = V - V % 8;
-    for (int64_t c = 0; c < v8; c += 8)
-      ce::store8(d + c, ce::exp_fast(ce::load8(x + c) - l) * grad_scale);
-    for (int64_t c = v8; c < V; ++c) d[c] = ce::exp_fast(x[c] - l) * grad_scale;
+    const int64_t vw = V - V % W;
+    for (int64_t c = 0; c < vw; c += W)
+      ce::store(d + c, ce::exp_fast(ce::load<F>(x + c) - l) * grad_scale);
+    for (int64_t c = vw; c < V; ++c) d[c] = ce::exp_fast(x[c] - l) * grad_scale;
     d[t] = (ce::exp_fast(xt - l) - 1.0f) * grad_scale;
   }
 }
-KUAI_CLONE(backward_rows, backward_rows_kernel)
+KUAI_CLONE_WIDTHS(backward_rows, backward_rows_kernel<ce::f32x8>, backward_rows_kernel<ce::f32x4>)
 
 }  // namespace
 

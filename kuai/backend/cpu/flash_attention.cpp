@@ -46,8 +46,11 @@ constexpr int kLanes = 16;  // independent accumulators: the row sums vectorise,
 }
 
 // A NaN score is skipped here but propagates through exp and the sum.
-KUAI_KERNEL float row_max_kernel(const float* s, int64_t n) { return vm::max_of(s, n); }
-KUAI_CLONE(row_max, row_max_kernel)
+template <int W>
+KUAI_KERNEL float row_max_kernel(const float* s, int64_t n) {
+  return vm::max_of<W>(s, n);
+}
+KUAI_CLONE_WIDTHS(row_max, row_max_kernel<8>, row_max_kernel<4>)
 
 // p[j] = exp(s[j] - m) in place; returns their sum.
 KUAI_KERNEL float exp_shifted_kernel(float* s, int64_t n, float m) {

@@ -17,6 +17,11 @@
 // according to isa(). (GCC's target_clones would pick by the loader's ifunc resolver, which
 // nothing can cap.) Call clones from inside parallel regions, on one chunk each; put no OpenMP
 // pragmas inside them.
+//
+// A body written with 32-byte GCC vectors (vector_size(32)) is one register at AVX2 and up, but
+// at the baseline GCC 12 lowers their compares and selects (`a < b ? a : b`) one lane at a time,
+// with branches; KUAI_CLONE_WIDTHS(name, body, baseline_body) gives the baseline copy a body of
+// its own (the same arithmetic on 16-byte vectors, which SSE2 compares and selects natively).
 #pragma once
 
 #include <optional>
@@ -80,7 +85,7 @@ inline Isa clone_variant() {
 #define KUAI_KERNEL [[gnu::always_inline]] inline
 
 #if KUAI_HAVE_ISA_CLONES
-#define KUAI_CLONE(name, body)                                      \
+#define KUAI_CLONE_WIDTHS(name, body, baseline_body)                \
   template <class... Args>                                          \
   KUAI_TARGET_AVX512 decltype(auto) name##_avx512(Args&&... args) { \
     return body(std::forward<Args>(args)...);                       \
@@ -91,7 +96,7 @@ inline Isa clone_variant() {
   }                                                                 \
   template <class... Args>                                          \
   decltype(auto) name##_baseline(Args&&... args) {                  \
-    return body(std::forward<Args>(args)...);                       \
+    return baseline_body(std::forward<Args>(args)...);              \
   }                                                                 \
   template <class... Args>                                          \
   decltype(auto) name(Args&&... args) {                             \
@@ -105,9 +110,10 @@ inline Isa clone_variant() {
     }                                                               \
   }
 #else
-#define KUAI_CLONE(name, body)                \
-  template <class... Args>                    \
-  decltype(auto) name(Args&&... args) {       \
-    return body(std::forward<Args>(args)...); \
+#define KUAI_CLONE_WIDTHS(name, body, baseline_body)   \
+  template <class... Args>                             \
+  decltype(auto) name(Args&&... args) {                \
+    return baseline_body(std::forward<Args>(args)...); \
   }
 #endif
+#define KUAI_CLONE(name, body) KUAI_CLONE_WIDTHS(name, body, body)

@@ -24,25 +24,29 @@ constexpr int kLanes = 16;                    // independent accumulators for ma
   return acc[0];
 }
 
-// y = softmax(scale * x) over the first len entries of one row, zeros over [len, cols).
+// y = softmax(scale * x) over the first len entries of one row, zeros over [len, cols); W is
+// max_of's vector width (4 in the baseline copy).
+template <int W>
 [[gnu::always_inline]] inline void softmax_row(const float* x, float* y, int64_t len, int64_t cols,
                                                float scale) {
   // NaN in x propagates through the exp/sum below whatever the max makes of it.
-  const float mx = vm::max_of(x, len, scale);
+  const float mx = vm::max_of<W>(x, len, scale);
   const float inv = 1.0f / vm::exp_sum(x, y, len, scale, mx);
   for (int64_t j = 0; j < len; ++j) y[j] *= inv;
   for (int64_t j = len; j < cols; ++j) y[j] = 0.0f;
 }
 
 // Rows [r0, r0 + nrows) of x, y (rows, cols).
+template <int W>
 KUAI_KERNEL void softmax_forward_rows_kernel(const float* x, float* y, int64_t r0, int64_t nrows,
                                              int64_t cols, float scale, bool causal) {
   for (int64_t r = r0; r < r0 + nrows; ++r) {
     const int64_t len = causal ? r % cols + 1 : cols;
-    softmax_row(x + r * cols, y + r * cols, len, cols, scale);
+    softmax_row<W>(x + r * cols, y + r * cols, len, cols, scale);
   }
 }
-KUAI_CLONE(softmax_forward_rows, softmax_forward_rows_kernel)
+KUAI_CLONE_WIDTHS(softmax_forward_rows, softmax_forward_rows_kernel<8>,
+                  softmax_forward_rows_kernel<4>)
 
 // dx = scale * y * (dy - sum(y * dy)) over the first len entries of rows [r0, r0 + nrows) of
 // row stride ld.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 namespace kuai::cpu::vm {
@@ -69,43 +70,63 @@ namespace kuai::cpu::vm {
 }
 
 // max over j < n of scale * x[j] (-inf for n = 0). A NaN entry is skipped (its comparison is
-// false), as std::max(m, v) skips it. Four 8-float GCC vectors of running maxima (each ISA
-// clone lowers one to an AVX register, two SSE ones or half an AVX-512 one). A plain chain,
-// m = std::max(m, x[j]) under `omp simd reduction(max)`, was left scalar by GCC 12 in flash
-// attention's row maximum (std::max's NaN and signed-zero rules are not a vector max): one vmaxss
-// per element on the latency of the last, twice the time of the exp after it (29% against 14% of
-// flash's forward on Emerald Rapids). The maximum is exact, so the result is the chain's in any
-// order (up to which of +0 and -0 is returned for a zero maximum).
+// false), as std::max(m, v) skips it. 32 running maxima in GCC vectors of W floats: four of 8 (an
+// AVX register each, or half an AVX-512 one) in the AVX2 and AVX-512 copies; eight of 4 in the
+// baseline copy (W = 4: at SSE2 GCC 12 compares and selects 8-float vectors one lane at a time,
+// with branches, which made this 9x slower than the 4-float form), the same 32 slots combined in
+// the same order, so both give the same bits. A plain chain, m = std::max(m, x[j]) under `omp
+// simd reduction(max)`, was left scalar by GCC 12 in flash attention's row maximum (std::max's
+// NaN and signed-zero rules are not a vector max): one vmaxss per element on the latency of the
+// last, twice the time of the exp after it (29% against 14% of flash's forward on Emerald
+// Rapids). The maximum is exact, so the result is the chain's in any order (up to which of +0 and
+// -0 is returned for a zero maximum).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
+template <int W>
+struct FloatVec;  // W floats in one GCC vector
+template <>
+struct FloatVec<8> {
+  typedef float type __attribute__((vector_size(32)));
+};
+template <>
+struct FloatVec<4> {
+  typedef float type __attribute__((vector_size(16)));
+};
+
+template <int W = 8>
 [[gnu::always_inline]] inline float max_of(const float* x, int64_t n, float scale = 1.0f) {
-  typedef float f32x8 __attribute__((vector_size(32)));
-  constexpr int kVecs = 4, kWidth = 8;
-  const f32x8 lowest = f32x8{} - __builtin_inff();
-  f32x8 acc[kVecs] = {lowest, lowest, lowest, lowest};
+  using vec = typename FloatVec<W>::type;
+  constexpr int kSlots = 32, kVecs = kSlots / W, kHalf = 8 / W;  // kHalf vectors hold 8 slots
+  const vec lowest = vec{} - __builtin_inff();
+  vec acc[kVecs];
+  for (int k = 0; k < kVecs; ++k) acc[k] = lowest;
   int64_t j = 0;
-  for (; j + kVecs * kWidth <= n; j += kVecs * kWidth)
+  for (; j + kSlots <= n; j += kSlots)
     for (int k = 0; k < kVecs; ++k) {
-      f32x8 v;
-      __builtin_memcpy(&v, x + j + k * kWidth, sizeof(v));
+      vec v;
+      __builtin_memcpy(&v, x + j + k * W, sizeof(v));
       v *= scale;
       acc[k] = v > acc[k] ? v : acc[k];
     }
-  for (; j + kWidth <= n; j += kWidth) {
-    f32x8 v;
-    __builtin_memcpy(&v, x + j, sizeof(v));
-    v *= scale;
-    acc[0] = v > acc[0] ? v : acc[0];
-  }
+  for (; j + 8 <= n; j += 8)
+    for (int k = 0; k < kHalf; ++k) {
+      vec v;
+      __builtin_memcpy(&v, x + j + k * W, sizeof(v));
+      v *= scale;
+      acc[k] = v > acc[k] ? v : acc[k];
+    }
   float m = -__builtin_inff();
   for (; j < n; ++j) {
     const float v = scale * x[j];
     m = v > m ? v : m;
   }
-  const f32x8 a = acc[0] > acc[1] ? acc[0] : acc[1];
-  const f32x8 b = acc[2] > acc[3] ? acc[2] : acc[3];
-  const f32x8 c = a > b ? a : b;
-  for (int k = 0; k < kWidth; ++k) m = c[k] > m ? c[k] : m;
+  // Slots s and s + 8, then s + 16 and s + 24, then the two results, for s < 8; then s = 0..7.
+  for (int h = 0; h < kHalf; ++h) {
+    const vec a = acc[h] > acc[kHalf + h] ? acc[h] : acc[kHalf + h];
+    const vec b = acc[2 * kHalf + h] > acc[3 * kHalf + h] ? acc[2 * kHalf + h] : acc[3 * kHalf + h];
+    const vec c = a > b ? a : b;
+    for (int k = 0; k < W; ++k) m = c[k] > m ? c[k] : m;
+  }
   return m;
 }
 #pragma GCC diagnostic pop

@@ -1,5 +1,6 @@
-// Branch-free float exp for the cross-entropy kernels, for scalars and for 8-float GCC vectors
-// (f32x8; each ISA clone lowers it to one AVX register, two SSE registers or half an AVX-512 one).
+// Branch-free float exp for the cross-entropy kernels, for scalars and for 8- and 4-float GCC
+// vectors (f32x8: one AVX register or half an AVX-512 one; f32x4, for the baseline copies: at SSE2
+// GCC 12 compares and selects f32x8 one lane at a time, f32x4 in one instruction each).
 // No libm call and no table; selects instead of branches, so loops over it vectorise. Relative
 // error about 2 ulp; exp(x) is 0 for x < -87.33 (no subnormals), +inf for x > 88.37 (a little
 // before true float overflow at 88.72; the kernels only call it with x <= 0), NaN for NaN.
@@ -20,14 +21,24 @@ namespace kuai::cpu::ce {
 
 typedef float f32x8 __attribute__((vector_size(32)));
 typedef int32_t i32x8 __attribute__((vector_size(32)));
+typedef float f32x4 __attribute__((vector_size(16)));
+typedef int32_t i32x4 __attribute__((vector_size(16)));
 
-KUAI_CE_INLINE f32x8 load8(const float* p) {
-  f32x8 v;
+// The number of floats in F (a vector type above or float).
+template <class F>
+inline constexpr int kWidth = static_cast<int>(sizeof(F) / sizeof(float));
+
+template <class F>
+KUAI_CE_INLINE F load(const float* p) {
+  F v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-KUAI_CE_INLINE void store8(float* p, const f32x8& v) { std::memcpy(p, &v, sizeof(v)); }
+template <class F>
+KUAI_CE_INLINE void store(float* p, const F& v) {
+  std::memcpy(p, &v, sizeof(v));
+}
 
 // A float or an f32x8 with every lane equal to v.
 template <class F>
@@ -75,6 +86,7 @@ KUAI_CE_INLINE F exp_impl(const F& x) {
 
 KUAI_CE_INLINE float exp_fast(float x) { return exp_impl<float, int32_t>(x); }
 KUAI_CE_INLINE f32x8 exp_fast(const f32x8& x) { return exp_impl<f32x8, i32x8>(x); }
+KUAI_CE_INLINE f32x4 exp_fast(const f32x4& x) { return exp_impl<f32x4, i32x4>(x); }
 
 }  // namespace kuai::cpu::ce
 

@@ -102,8 +102,11 @@ TEST(Softmax, ForwardInPlace) {
 // The lane-parallel row maximum (softmax's and flash attention's) against the one-element-at-a-
 // time chain m = max(m, scale * x[j]): equal (the maximum is exact), at every length around its
 // 8- and 32-element steps, with the maximum in the vector body and in the tail, NaN skipped,
-// -inf rows and scales below and above 1.
-TEST(VecMath, MaxOfEqualsTheChain) {
+// -inf rows and scales below and above 1; for both vector widths (8 floats in the AVX copies, 4
+// in the baseline one), which also return the same zero (+0 or -0) for a zero maximum.
+template <int W>
+void check_max_of() {
+  SCOPED_TRACE(testing::Message() << "W=" << W);
   auto chain = [](const float* x, int64_t n, float scale) {
     float m = -INFINITY;
     for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
@@ -112,21 +115,35 @@ TEST(VecMath, MaxOfEqualsTheChain) {
   for (int64_t n = 0; n <= 100; ++n) {
     for (float scale : {1.0f, 0.125f, 0.37f, 3.0f}) {
       auto x = uniform(n, -50.0f, 50.0f, static_cast<uint32_t>(7 + n));
-      EXPECT_EQ(vm::max_of(x.data(), n, scale), chain(x.data(), n, scale)) << n;
+      EXPECT_EQ(vm::max_of<W>(x.data(), n, scale), chain(x.data(), n, scale)) << n;
       for (int64_t at : {int64_t{0}, n / 2, n - 1}) {  // the maximum at the head, middle, tail
         if (n == 0) continue;
         auto y = x;
         y[at] = 60.0f;
-        EXPECT_EQ(vm::max_of(y.data(), n, scale), 60.0f * scale) << n << " " << at;
+        EXPECT_EQ(vm::max_of<W>(y.data(), n, scale), 60.0f * scale) << n << " " << at;
         y[(at + 1) % n] = NAN;  // skipped, wherever it lands
         if ((at + 1) % n != at) {
-          EXPECT_EQ(vm::max_of(y.data(), n, scale), 60.0f * scale) << n << " " << at;
+          EXPECT_EQ(vm::max_of<W>(y.data(), n, scale), 60.0f * scale) << n << " " << at;
         }
+        // A zero maximum of mixed signs: the same zero at either width.
+        auto z = x;
+        for (auto& v : z) v = -std::fabs(v) - 1.0f;
+        z[at] = -0.0f;
+        z[(at + 7) % n] = 0.0f;
+        z[(at + 19) % n] = -0.0f;
+        EXPECT_EQ(std::bit_cast<uint32_t>(vm::max_of<W>(z.data(), n, scale)),
+                  std::bit_cast<uint32_t>(vm::max_of<8>(z.data(), n, scale)))
+            << n << " " << at;
       }
     }
     std::vector<float> ninf(n, -INFINITY);
-    EXPECT_EQ(vm::max_of(ninf.data(), n), -INFINITY) << n;
+    EXPECT_EQ(vm::max_of<W>(ninf.data(), n), -INFINITY) << n;
   }
+}
+
+TEST(VecMath, MaxOfEqualsTheChain) {
+  check_max_of<8>();
+  check_max_of<4>();
 }
 
 // vm::exp as the library's kernels run it: a loop in a KUAI_CLONE kernel, one copy per ISA.
