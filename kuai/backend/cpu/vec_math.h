@@ -73,7 +73,7 @@ namespace kuai::cpu::vm {
 // false), as std::max(m, v) skips it. 32 running maxima in GCC vectors of W floats: four of 8 (an
 // AVX register each, or half an AVX-512 one) in the AVX2 and AVX-512 copies; eight of 4 in the
 // baseline copy (W = 4: at SSE2 GCC 12 compares and selects 8-float vectors one lane at a time,
-// with branches, which made this 9x slower than the 4-float form), the same 32 slots combined in
+// with branches, which made this 12x slower than the 4-float form), the same 32 slots combined in
 // the same order, so both give the same bits. A plain chain, m = std::max(m, x[j]) under `omp
 // simd reduction(max)`, was left scalar by GCC 12 in flash attention's row maximum (std::max's
 // NaN and signed-zero rules are not a vector max): one vmaxss per element on the latency of the
