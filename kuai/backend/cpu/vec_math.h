@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kuai/backend/cpu/float_vec.h"
+
 namespace kuai::cpu::vm {
 
 // c ? a : b on the bits. A plain ?: between computed floats is turned back into a branch (the
@@ -83,18 +85,8 @@ namespace kuai::cpu::vm {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpsabi"
 template <int W>
-struct FloatVec;  // W floats in one GCC vector
-template <>
-struct FloatVec<8> {
-  typedef float type __attribute__((vector_size(32)));
-};
-template <>
-struct FloatVec<4> {
-  typedef float type __attribute__((vector_size(16)));
-};
-
-template <int W = 8>
 [[gnu::always_inline]] inline float max_of(const float* x, int64_t n, float scale = 1.0f) {
+  static_assert(W == 4 || W == 8);
   using vec = typename FloatVec<W>::type;
   constexpr int kSlots = 32, kVecs = kSlots / W, kHalf = 8 / W;  // kHalf vectors hold 8 slots
   const vec lowest = vec{} - __builtin_inff();

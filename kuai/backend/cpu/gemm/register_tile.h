@@ -4,21 +4,13 @@
 // register file. The kernels are compiled once per tier with these (isa.h's KUAI_TARGET_*).
 #pragma once
 
+#include "kuai/backend/cpu/float_vec.h"
+
 namespace kuai::cpu::tile {
 
 template <int W>
-struct Vec;
-template <>
-struct Vec<16> {
-  typedef float v __attribute__((vector_size(64)));
-};
-template <>
-struct Vec<8> {
-  typedef float v __attribute__((vector_size(32)));
-};
-template <>
-struct Vec<4> {
-  typedef float v __attribute__((vector_size(16)));
+struct Vec {
+  typedef typename FloatVec<W>::type v;
 };
 
 constexpr int kTileRows = 6;
